@@ -1,0 +1,101 @@
+"""Which still-float weights join the quantized group at a stage.
+
+A partition is cumulative: at stage k exactly ``quantized_count(portion_k, N)`` weights of a layer
+are quantized, the new ones drawn only from the weights that are still float. A quantized weight
+never returns to the float group.
+
+- ``magnitude`` (the paper's "pruning-inspired" rule, the default): largest ``|w|`` first, ties
+  broken by the lower flat index, so the choice is deterministic.
+- ``random``: uniform over the still-float weights, from a CPU generator seeded by
+  ``(seed, layer name, stage)``; every process of a distributed run draws the same set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from fractions import Fraction
+
+import torch
+
+__all__ = ["STRATEGIES", "grow_mask", "quantized_count"]
+
+STRATEGIES = ("magnitude", "random")
+
+
+def quantized_count(portion: float, numel: int) -> int:
+    """``round(portion * numel)``, half up, on the exact decimal value of ``portion``.
+
+    Using the decimal the user wrote (``0.3`` is 3/10, not the binary float just below it) keeps
+    the count free of floating-point surprises: ``quantized_count(0.5, 5) == 3``.
+
+    Example:
+        >>> quantized_count(0.3, 10), quantized_count(0.5, 7), quantized_count(1.0, 7)
+        (3, 4, 7)
+    """
+    exact = Fraction(repr(float(portion))) * numel
+    return int(exact + Fraction(1, 2)) if exact >= 0 else 0  # int() floors non-negatives
+
+
+def grow_mask(
+    weight: torch.Tensor,
+    mask: torch.Tensor,
+    count: int,
+    strategy: str = "magnitude",
+    seed: int = 0,
+    key: str = "",
+) -> torch.Tensor:
+    """A new mask with exactly ``count`` entries set: ``mask`` plus weights chosen by ``strategy``.
+
+    Args:
+        weight: the layer's weights (any shape, any device).
+        mask: bool tensor of the same shape, True where a weight is already quantized.
+        count: how many weights must be quantized after this call (``>= mask.sum()``).
+        strategy: ``"magnitude"`` or ``"random"``.
+        seed, key: seed the ``random`` draw (key names the layer and stage).
+
+    Example:
+        >>> w = torch.tensor([0.1, -0.5, 0.3, 0.5])
+        >>> grow_mask(w, torch.zeros(4, dtype=torch.bool), 2)
+        tensor([False,  True, False,  True])
+
+    Raises:
+        ValueError: on an unknown strategy, mismatched shapes, or a count outside
+            ``[mask.sum(), weight.numel()]``.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown partition strategy {strategy!r}; choose one of {STRATEGIES}")
+    if mask.shape != weight.shape or mask.dtype != torch.bool:
+        raise ValueError("mask must be a bool tensor with the weight's shape")
+    have = int(mask.sum())
+    if not have <= count <= weight.numel():
+        raise ValueError(f"count {count} outside [{have}, {weight.numel()}] (masks only grow)")
+    need = count - have
+    if need == 0:
+        return mask.clone()
+    flat_mask = mask.flatten()
+    free = (~flat_mask).nonzero().squeeze(1)  # still-float flat indices, ascending
+    if need == free.numel():
+        chosen = free
+    elif strategy == "magnitude":
+        chosen = free[_largest_first(weight.detach().flatten()[free].abs(), need)]
+    else:
+        generator = torch.Generator().manual_seed(_seed_for(seed, key))
+        chosen = free[torch.randperm(free.numel(), generator=generator)[:need].to(free.device)]
+    new = flat_mask.clone()
+    new[chosen] = True
+    return new.view_as(mask)
+
+
+def _largest_first(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the ``k`` largest values, ties to the lower position; O(n), no full sort."""
+    values = values.float()
+    threshold = torch.kthvalue(values, values.numel() - k + 1).values
+    above = values > threshold
+    at = values == threshold
+    take_at = at & (at.cumsum(0) <= k - int(above.sum()))
+    return (above | take_at).nonzero().squeeze(1)
+
+
+def _seed_for(seed: int, key: str) -> int:
+    digest = hashlib.sha256(f"{seed}/{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)

@@ -1,0 +1,236 @@
+"""Power-of-two arithmetic of INQ: n1, the level set, Eq. 4 rounding, and integer codes.
+
+For a layer quantized to ``bits`` bits (2 <= bits <= 8) one bit encodes zero, so the layer has
+``2**(bits-2)`` magnitudes ``2**n2 .. 2**n1`` with ``n2 = n1 + 1 - 2**(bits-2)`` and the level set
+
+    P = {0} U {+-2**e : n2 <= e <= n1}            (2**(bits-1) + 1 values)
+
+Rounding (Eq. 4 of the INQ paper, made exact) sends a weight to the nearest level on a linear
+scale; a weight halfway between two levels goes to the larger magnitude ("ties go up"). The
+literal Eq. 4 sends ``|w| >= 1.5 * 2**n1`` to zero; that can only happen to weights that grew
+past the layer's initial maximum during retraining, and zeroing the largest weights of a layer is
+never what a user wants, so here they clamp to ``2**n1`` instead.
+
+Codes (``bits`` bits in a ``uint8``)::
+
+    0                    -> 0
+    1 s o_{b-3} .. o_0   -> (-1)**s * 2**(n1 - o),   0 <= o < 2**(bits-2)
+
+i.e. a set top bit marks a non-zero weight, then its sign, then its exponent offset below n1.
+Codes with the top bit clear other than 0 are invalid.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "MAX_BITS",
+    "MIN_BITS",
+    "check_bits",
+    "exp2",
+    "pow2_decode",
+    "pow2_encode",
+    "pow2_levels",
+    "pow2_n1",
+    "pow2_n2",
+    "pow2_quantize",
+]
+
+MIN_BITS = 2
+MAX_BITS = 8
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_bits(bits: int) -> int:
+    """Return ``bits`` if it is an int in [2, 8]; raise ``ValueError`` otherwise.
+
+    Example:
+        >>> check_bits(5)
+        5
+    """
+    if isinstance(bits, bool) or not isinstance(bits, int) or not MIN_BITS <= bits <= MAX_BITS:
+        raise ValueError(
+            f"bits must be an integer from {MIN_BITS} to {MAX_BITS} (one bit encodes zero), "
+            f"got {bits!r}"
+        )
+    return bits
+
+
+def pow2_n1(weight: torch.Tensor) -> int:
+    """Largest exponent of a layer: ``floor(log2(4 * max|w| / 3))``, computed exactly.
+
+    ``2**n1`` is the largest level, so every weight up to ``1.5 * 2**n1`` rounds to within the
+    level set. For an all-zero tensor there is no scale; it returns 0, and since zero always
+    rounds to zero the tensor stays zero whatever n1 is.
+
+    Example:
+        >>> pow2_n1(torch.tensor([0.1, -0.75, 0.2]))
+        0
+        >>> pow2_n1(torch.tensor([0.74]))
+        -1
+
+    Raises:
+        ValueError: if the tensor is empty, not floating point, or holds NaN or infinity.
+    """
+    _check_float(weight)
+    if weight.numel() == 0:
+        raise ValueError("pow2_n1 needs a non-empty tensor")
+    s = weight.detach().abs().max().item()
+    if not math.isfinite(s):
+        raise ValueError("pow2_n1: the weight holds NaN or infinity; fix the model before quantizing")
+    if s == 0.0:
+        return 0
+    # 2**n <= 4s/3  <=>  3 * 2**(n-2) <= s; both sides are exact in float64 (s comes from <= fp32).
+    n = math.floor(math.log2(4.0 * s / 3.0))
+    while math.ldexp(3.0, n - 2) > s:
+        n -= 1
+    while math.ldexp(3.0, n - 1) <= s:
+        n += 1
+    return n
+
+
+def pow2_n2(n1: int, bits: int) -> int:
+    """Smallest exponent of the level set: ``n1 + 1 - 2**(bits-2)``.
+
+    Example:
+        >>> pow2_n2(0, 5)
+        -7
+    """
+    return n1 + 1 - 2 ** (check_bits(bits) - 2)
+
+
+def pow2_levels(n1: int, bits: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The level set ``P`` in ascending order: ``2**(bits-1) + 1`` values.
+
+    Example:
+        >>> pow2_levels(0, 2)
+        tensor([-1.,  0.,  1.])
+        >>> len(pow2_levels(-3, 5))
+        17
+    """
+    mags = [math.ldexp(1.0, e) for e in range(pow2_n2(n1, bits), n1 + 1)]
+    return torch.tensor([-m for m in reversed(mags)] + [0.0] + mags, dtype=torch.float64).to(dtype)
+
+
+def pow2_quantize(weight: torch.Tensor, n1: int, bits: int) -> torch.Tensor:
+    """Round every weight to the nearest level of ``P(n1, bits)`` (Eq. 4; ties go up).
+
+    Vectorised and exact on any device, for float32, float16 and bfloat16 tensors; the
+    result has the input's dtype, shape and device. ``|w| >= 1.5 * 2**n1`` clamps to ``2**n1``;
+    ``|w| < 2**(n2-1)`` becomes zero.
+
+    Example:
+        >>> w = torch.tensor([0.9, -0.3, 0.05, 0.0])
+        >>> pow2_quantize(w, n1=0, bits=3)
+        tensor([ 1.0000, -0.5000,  0.0000,  0.0000])
+
+    Raises:
+        ValueError: on a non-float tensor, bits outside [2, 8], NaN/infinite weights, or an n1
+            whose level ``2**n1`` overflows the dtype.
+    """
+    _check_float(weight)
+    n2 = pow2_n2(n1, bits)
+    _check_top_level(n1, weight.dtype)
+    if not bool(torch.isfinite(weight).all()):
+        raise ValueError("pow2_quantize: the weight holds NaN or infinity")
+    work = weight.detach().to(torch.float32)  # exact for every supported dtype
+    mantissa, exponent = torch.frexp(work.abs())  # |w| = m * 2**k, m in [0.5, 1)
+    # |w| in [2**(k-1), 2**k): the midpoint 1.5 * 2**(k-1) is m = 0.75; ties go up.
+    e = (exponent - 1 + (mantissa >= 0.75).to(exponent.dtype)).clamp_(n2, n1)
+    # k >= n2  <=>  |w| >= 2**(n2-1), the midpoint between 0 and 2**n2.
+    zero = (exponent < n2) | (work == 0)
+    # masked_fill writes +0.0, so tiny negative weights do not become -0.0
+    return (torch.sign(work) * exp2(e)).masked_fill_(zero, 0.0).to(weight.dtype)
+
+
+def pow2_encode(quantized: torch.Tensor, n1: int, bits: int) -> torch.Tensor:
+    """Integer codes (``uint8``, same shape) of a tensor whose values lie in ``P(n1, bits)``.
+
+    Example:
+        >>> pow2_encode(torch.tensor([1.0, -0.5, 0.0]), n1=0, bits=3)
+        tensor([4, 7, 0], dtype=torch.uint8)
+
+    Raises:
+        ValueError: if a value is not in the level set (use :func:`pow2_quantize` first).
+    """
+    _check_float(quantized)
+    n2 = pow2_n2(n1, bits)
+    work = quantized.detach().to(torch.float32)
+    mantissa, exponent = torch.frexp(work.abs())
+    e = exponent.to(torch.int32) - 1
+    nonzero = work != 0
+    valid = ~nonzero | ((mantissa == 0.5) & (e >= n2) & (e <= n1))
+    if not bool(valid.all()):
+        bad = int((~valid).sum())
+        first = work[~valid].flatten()[0].item()
+        raise ValueError(
+            f"pow2_encode: {bad} value(s) are not in the {bits}-bit level set of n1={n1} "
+            f"(first: {first!r}); quantize with pow2_quantize first"
+        )
+    top = 1 << (bits - 1)
+    sign = (work < 0).to(torch.int32) << (bits - 2)
+    codes = torch.where(nonzero, top | sign | (n1 - e), torch.zeros_like(e))
+    return codes.to(torch.uint8)
+
+
+def pow2_decode(
+    codes: torch.Tensor, n1: int, bits: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Values of integer codes made by :func:`pow2_encode`; the exact inverse.
+
+    Example:
+        >>> pow2_decode(torch.tensor([4, 7, 0], dtype=torch.uint8), n1=0, bits=3)
+        tensor([ 1.0000, -0.5000,  0.0000])
+
+    Raises:
+        ValueError: if a code is not a valid ``bits``-bit code.
+    """
+    check_bits(bits)
+    c = codes.to(torch.int32)
+    top = 1 << (bits - 1)
+    valid = (c == 0) | ((c >= top) & (c < 2 * top))
+    if not bool(valid.all()):
+        first = int(c[~valid].flatten()[0])
+        raise ValueError(f"pow2_decode: invalid {bits}-bit code {first} (valid: 0 and {top}..{2 * top - 1})")
+    return decode_unchecked(c, n1, bits, dtype)
+
+
+def decode_unchecked(codes: torch.Tensor, n1: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`pow2_decode` without validation, for codes this library produced itself."""
+    c = codes.to(torch.int32)
+    sign = 1 - 2 * ((c >> (bits - 2)) & 1)
+    magnitude = (c >> (bits - 1)).to(torch.float32) * sign
+    offset = c & ((1 << (bits - 2)) - 1)
+    return (magnitude * exp2(n1 - offset)).to(dtype)
+
+
+def exp2(e: torch.Tensor) -> torch.Tensor:
+    """``2.0**e`` in float32 for an int32 tensor, exact (built from exponent bits, no ``pow``).
+
+    Results below float32's subnormal range are 0. The product of two normal powers of two is
+    rounded once, so subnormal results are exact too.
+
+    Example:
+        >>> exp2(torch.tensor([0, -3, -149], dtype=torch.int32)).tolist() == [1.0, 0.125, 2**-149]
+        True
+    """
+    e = e.to(torch.int32).clamp(-200, 127)
+    high = e.clamp(min=-126)
+    return _normal_exp2(high) * _normal_exp2(e - high)
+
+
+def _normal_exp2(e: torch.Tensor) -> torch.Tensor:
+    return ((e + 127) << 23).view(torch.float32)  # sign 0, biased exponent, mantissa 0
+
+
+def _check_float(t: torch.Tensor) -> None:
+    if t.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"expected a float32, float16 or bfloat16 tensor, got {t.dtype}")
+
+
+def _check_top_level(n1: int, dtype: torch.dtype) -> None:
+    if n1 > math.log2(torch.finfo(dtype).max):
+        raise ValueError(f"the largest level 2**{n1} overflows {dtype}")

@@ -1,0 +1,364 @@
+"""INQScheduler: staged partition, power-of-two snapping and frozen weights (Algorithm 1).
+
+The scheduler owns, per target layer, a bool ``mask`` (True = quantized, frozen) and the ``uint8``
+power-of-two ``codes`` of the frozen weights: 2 bytes per weight, no float shadow copy. Freezing
+is enforced twice:
+
+1. a gradient hook zeroes the gradient of every frozen weight before it is accumulated, so
+   gradient clipping, AMP's inf checks and DDP's all-reduce only ever see the float weights;
+2. after every ``optimizer.step()`` (a step post-hook, installed by :meth:`INQScheduler.attach`),
+   every frozen weight is rewritten from its code, so weight decay, momentum or any other state
+   of any optimizer cannot move it, not even by one ulp.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from inq.partition import STRATEGIES, grow_mask, quantized_count
+from inq.pow2 import check_bits, decode_unchecked, pow2_encode, pow2_n1, pow2_quantize
+
+__all__ = ["DEFAULT_PORTIONS", "TARGET_TYPES", "INQScheduler", "QuantizedLayer"]
+
+DEFAULT_PORTIONS = (0.3, 0.6, 0.8, 1.0)
+TARGET_TYPES = (
+    nn.Linear,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+)
+_STATE_VERSION = 1
+
+
+@dataclass
+class QuantizedLayer:
+    """One target weight: its module name, the parameter, and its INQ state.
+
+    ``n1`` is None until the first partition; ``mask`` marks quantized entries; ``codes`` holds
+    their power-of-two codes (see :mod:`inq.pow2`), zero elsewhere; ``count`` is ``mask.sum()``.
+    """
+
+    name: str
+    weight: nn.Parameter
+    mask: torch.Tensor
+    codes: torch.Tensor
+    n1: int | None = None
+    count: int = 0
+
+    def frozen_values(self, bits: int) -> torch.Tensor:
+        """The snapped values of the quantized entries (zero where the weight is still float)."""
+        self._follow_weight_device()
+        return decode_unchecked(self.codes, self.n1 or 0, bits, self.weight.dtype)
+
+    def _follow_weight_device(self) -> None:
+        # model.to(device) after the scheduler was built moves the weights but not our state
+        if self.mask.device != self.weight.device:
+            self.mask = self.mask.to(self.weight.device)
+            self.codes = self.codes.to(self.weight.device)
+
+
+class INQScheduler:
+    """Incremental Network Quantization of a model's conv/linear weights.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+        >>> sched = INQScheduler(model, bits=5)
+        >>> sched.attach(optimizer)
+        >>> sched.step()                      # stage 1: 30 % of each layer snapped and frozen
+        0.3
+        >>> round(sched.quantized_fraction(), 2)
+        0.3
+
+    Args:
+        model: the float model; its conv/linear weights are the targets (never biases or norms).
+        bits: bit-width b in [2, 8]; 2**(b-2) magnitudes plus zero, signed.
+        portions: accumulated quantized fractions, strictly increasing, ending at 1.0.
+        strategy: ``"magnitude"`` (largest weights first) or ``"random"``.
+        seed: seeds the ``random`` partition (identical draw on every process).
+        include: glob patterns (``fnmatch``) of module names to quantize; default all targets.
+        exclude: glob patterns of module names to leave in float.
+
+    Raises:
+        ValueError: on bad bits, portions or strategy, a pattern that matches no conv/linear
+            layer, or a model with no target layer left.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        bits: int = 5,
+        portions: Sequence[float] = DEFAULT_PORTIONS,
+        strategy: str = "magnitude",
+        seed: int = 0,
+        include: str | Sequence[str] | None = None,
+        exclude: str | Sequence[str] | None = None,
+    ) -> None:
+        self.bits = check_bits(bits)
+        self.portions = _check_portions(portions)
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        self.strategy = strategy
+        self.seed = int(seed)
+        self.stage = 0
+        self._layers = tuple(
+            QuantizedLayer(
+                name=name,
+                weight=weight,
+                mask=torch.zeros_like(weight, dtype=torch.bool),
+                codes=torch.zeros_like(weight, dtype=torch.uint8),
+            )
+            for name, weight in _select_targets(model, include, exclude)
+        )
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._hooks = [layer.weight.register_hook(self._grad_hook(layer)) for layer in self._layers]
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def layers(self) -> tuple[QuantizedLayer, ...]:
+        """The target layers, in module order."""
+        return self._layers
+
+    @property
+    def done(self) -> bool:
+        """True once the last portion (1.0) has been applied."""
+        return self.stage == len(self.portions)
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
+        """Keep frozen weights exact after every ``optimizer.step()``; call once per optimizer.
+
+        Also clears the optimizer state of frozen entries now and at every later :meth:`step`.
+
+        Raises:
+            ValueError: if the optimizer holds none of the target weights.
+        """
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if not any(id(layer.weight) in held for layer in self._layers):
+            raise ValueError(
+                "attach(): the optimizer holds none of the quantized weights; build it from "
+                "model.parameters() of the model given to INQScheduler"
+            )
+        if any(optimizer is o for o in self._optimizers):
+            return
+        self._optimizers.append(optimizer)
+        self._hooks.append(optimizer.register_step_post_hook(lambda *_: self.enforce()))
+        self._clear_optimizer_state(optimizer)
+
+    def step(self) -> float:
+        """Go to the next stage: partition each layer, snap the new weights, freeze them.
+
+        Returns the new accumulated portion. n1 of each layer is taken from its weights at the
+        first call and kept from then on. Either every layer advances or, on error, none does.
+
+        Raises:
+            RuntimeError: if every stage is already done.
+            ValueError: if a weight holds NaN or infinity.
+        """
+        if self.done:
+            raise RuntimeError(
+                f"INQScheduler.step(): all {len(self.portions)} stages are done (portion "
+                f"{self.portions[-1]} reached); check sched.done before stepping"
+            )
+        portion = self.portions[self.stage]
+        updates = [self._advance(layer, portion) for layer in self._layers]
+        for layer, (n1, mask, codes) in zip(self._layers, updates):
+            layer.n1, layer.mask, layer.codes = n1, mask, codes
+            layer.count = quantized_count(portion, mask.numel())
+        self.stage += 1
+        self.enforce()
+        for optimizer in self._optimizers:
+            self._clear_optimizer_state(optimizer)
+        return portion
+
+    @torch.no_grad()
+    def enforce(self) -> None:
+        """Write every frozen weight's snapped value into the model (exact, idempotent).
+
+        :meth:`attach` runs this after each optimizer step; call it yourself after updating
+        weights by other means (a custom optimizer, EMA, loading a float state dict).
+        """
+        for layer in self._layers:
+            if layer.count == 0:
+                continue
+            values = layer.frozen_values(self.bits)
+            if layer.count == layer.weight.numel():
+                layer.weight.copy_(values)
+            else:
+                layer.weight.copy_(torch.where(layer.mask, values, layer.weight))
+
+    def quantized_fraction(self, per_layer: bool = False) -> float | dict[str, float]:
+        """Fraction of target weights that are quantized: in total, or ``{name: fraction}``."""
+        if per_layer:
+            return {layer.name: layer.count / layer.weight.numel() for layer in self._layers}
+        total = sum(layer.weight.numel() for layer in self._layers)
+        return sum(layer.count for layer in self._layers) / total
+
+    def remove_hooks(self) -> None:
+        """Detach the scheduler from the model and optimizers (frozen weights are no longer kept)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        self._optimizers.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed for an exact resume: settings, stage, and per layer n1, mask, codes.
+
+        Holds only ints, floats, strings and tensors: loads with ``torch.load(weights_only=True)``.
+        """
+        return {
+            "version": _STATE_VERSION,
+            "bits": self.bits,
+            "portions": list(self.portions),
+            "strategy": self.strategy,
+            "seed": self.seed,
+            "stage": self.stage,
+            "layers": {
+                layer.name: {
+                    "n1": layer.n1,
+                    "mask": layer.mask.cpu(),
+                    "codes": layer.codes.cpu(),
+                }
+                for layer in self._layers
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output and write the frozen values into the model.
+
+        Raises:
+            ValueError: if the state was made with other settings or for another model.
+        """
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"unsupported INQ scheduler state version {state.get('version')!r}")
+        for key in ("bits", "portions", "strategy", "seed"):
+            mine = getattr(self, key)
+            theirs = tuple(state[key]) if key == "portions" else state[key]
+            if theirs != mine:
+                raise ValueError(
+                    f"INQ state was saved with {key}={theirs!r} but this scheduler has "
+                    f"{key}={mine!r}; build the scheduler with the same settings to resume"
+                )
+        saved = state["layers"]
+        names = [layer.name for layer in self._layers]
+        if list(saved) != names:
+            raise ValueError(
+                f"INQ state holds layers {list(saved)} but this model's target layers are "
+                f"{names}; resume with the same model and include/exclude patterns"
+            )
+        stage = int(state["stage"])
+        if not 0 <= stage <= len(self.portions):
+            raise ValueError(f"INQ state has stage {stage}, outside 0..{len(self.portions)}")
+        for layer in self._layers:
+            entry = saved[layer.name]
+            if entry["mask"].shape != layer.weight.shape or entry["mask"].dtype != torch.bool:
+                raise ValueError(f"INQ state for {layer.name!r} does not match the weight's shape")
+            layer.mask = entry["mask"].to(layer.weight.device, copy=True)
+            layer.codes = entry["codes"].to(device=layer.weight.device, dtype=torch.uint8, copy=True)
+            layer.n1 = None if entry["n1"] is None else int(entry["n1"])
+            layer.count = int(layer.mask.sum())
+        self.stage = stage
+        self.enforce()
+
+    def __repr__(self) -> str:
+        return (
+            f"INQScheduler(bits={self.bits}, portions={self.portions}, strategy={self.strategy!r}, "
+            f"stage={self.stage}/{len(self.portions)}, layers={len(self._layers)}, "
+            f"quantized={self.quantized_fraction():.1%})"
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _advance(
+        self, layer: QuantizedLayer, portion: float
+    ) -> tuple[int, torch.Tensor, torch.Tensor]:
+        layer._follow_weight_device()
+        weight = layer.weight.detach()
+        n1 = pow2_n1(weight) if layer.n1 is None else layer.n1
+        count = quantized_count(portion, weight.numel())
+        key = f"{layer.name}/stage{self.stage + 1}"
+        mask = grow_mask(weight, layer.mask, count, self.strategy, self.seed, key)
+        new = mask & ~layer.mask
+        codes = layer.codes.clone()
+        codes[new] = pow2_encode(pow2_quantize(weight[new], n1, self.bits), n1, self.bits)
+        return n1, mask, codes
+
+    @staticmethod
+    def _grad_hook(layer: QuantizedLayer):
+        def mask_frozen_grad(grad: torch.Tensor) -> torch.Tensor | None:
+            if layer.count == 0:
+                return None
+            layer._follow_weight_device()
+            return grad.masked_fill(layer.mask, 0.0)
+
+        return mask_frozen_grad
+
+    def _clear_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        # Momentum and adaptive statistics of a weight that was float before this stage would
+        # keep pushing it; zeroing them makes the frozen entries' update exactly zero.
+        with torch.no_grad():
+            for layer in self._layers:
+                for value in optimizer.state.get(layer.weight, {}).values():
+                    if isinstance(value, torch.Tensor) and value.shape == layer.weight.shape:
+                        value.masked_fill_(layer.mask.to(value.device), 0)
+
+
+def _as_patterns(patterns: str | Sequence[str] | None) -> list[str] | None:
+    return [patterns] if isinstance(patterns, str) else None if patterns is None else list(patterns)
+
+
+def _select_targets(
+    model: nn.Module,
+    include: str | Sequence[str] | None,
+    exclude: str | Sequence[str] | None,
+) -> Iterable[tuple[str, nn.Parameter]]:
+    candidates: dict[str, nn.Parameter] = {}
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(module, TARGET_TYPES) or not isinstance(weight, nn.Parameter):
+            continue
+        if isinstance(weight, nn.parameter.UninitializedParameter):
+            raise ValueError(f"{name!r} is a lazy module; run one forward pass before INQScheduler")
+        if id(weight) not in seen:  # a tied weight is quantized once, under its first name
+            seen.add(id(weight))
+            candidates[name] = weight
+    if not candidates:
+        raise ValueError("the model has no Conv/ConvTranspose/Linear layer for INQ to quantize")
+    chosen = list(candidates)
+    for role, patterns in (("include", _as_patterns(include)), ("exclude", _as_patterns(exclude))):
+        if patterns is None:
+            continue
+        for pattern in patterns:
+            if not any(fnmatch.fnmatchcase(name, pattern) for name in candidates):
+                raise ValueError(
+                    f"{role} pattern {pattern!r} matches no conv/linear layer; layer names are "
+                    f"{list(candidates)}"
+                )
+        hit = [n for n in chosen if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+        chosen = hit if role == "include" else [n for n in chosen if n not in hit]
+    if not chosen:
+        raise ValueError("include/exclude leave no layer to quantize; relax the patterns")
+    return [(name, candidates[name]) for name in chosen]
+
+
+def _check_portions(portions: Sequence[float]) -> tuple[float, ...]:
+    values = tuple(float(p) for p in portions)
+    if not values:
+        raise ValueError("portions must not be empty; e.g. (0.3, 0.6, 0.8, 1.0)")
+    if any(not 0.0 < p <= 1.0 for p in values):
+        raise ValueError(f"every portion must lie in (0, 1], got {values}")
+    if any(b <= a for a, b in zip(values, values[1:])):
+        raise ValueError(f"portions must be strictly increasing, got {values}")
+    if values[-1] != 1.0:
+        raise ValueError(f"portions must end at 1.0 so every weight is quantized, got {values}")
+    return values
