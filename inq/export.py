@@ -1,0 +1,119 @@
+"""Masked checkpoint: the model's state with exact power-of-two weights, masks and metadata.
+
+A ``.safetensors`` file anyone can read with the ``safetensors`` library:
+
+- every tensor of ``model.state_dict()`` under its usual key (quantized weights exact);
+- one bool mask per quantized weight under ``"<weight key>.inq_mask"`` (True = quantized);
+- string metadata: ``format`` (``"inq-masked/1"``), ``bits``, ``portions``, ``stage``,
+  ``strategy``, ``layers`` (JSON ``{weight key: {"module": name, "n1": n1}}``) and ``model``
+  (JSON the caller passes to name the model, e.g. its config, so it can be rebuilt).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from inq.io import atomic_path
+from inq.scheduler import INQScheduler
+
+__all__ = ["MASK_SUFFIX", "MASKED_FORMAT", "MaskedCheckpoint", "load_masked", "save_masked"]
+
+MASKED_FORMAT = "inq-masked/1"
+MASK_SUFFIX = ".inq_mask"
+
+
+@dataclass
+class MaskedCheckpoint:
+    """A loaded masked checkpoint.
+
+    ``state`` is the model state dict; ``masks`` and ``n1`` are keyed by weight key (e.g.
+    ``"features.0.weight"``); ``model`` is the caller's model description.
+    """
+
+    state: dict[str, torch.Tensor]
+    masks: dict[str, torch.Tensor]
+    n1: dict[str, int]
+    bits: int
+    portions: tuple[float, ...]
+    stage: int
+    strategy: str
+    model: dict[str, Any] = field(default_factory=dict)
+
+
+def save_masked(
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    scheduler: INQScheduler,
+    model_info: dict[str, Any] | None = None,
+) -> None:
+    """Write ``model`` and ``scheduler``'s masks to ``path`` atomically.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> net = nn.Sequential(nn.Linear(4, 3))
+        >>> sched = INQScheduler(net, bits=4, portions=(1.0,))
+        >>> _ = sched.step()
+        >>> file = pathlib.Path(tempfile.mkdtemp()) / "net.safetensors"
+        >>> save_masked(file, net, sched, {"name": "toy"})
+        >>> ckpt = load_masked(file)
+        >>> ckpt.bits, ckpt.model, bool(ckpt.masks["0.weight"].all())
+        (4, {'name': 'toy'}, True)
+    """
+    scheduler.enforce()
+    keys = {id(p): k for k, p in model.named_parameters(remove_duplicate=False)}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    layers = {}
+    for layer in scheduler.layers:
+        key = keys[id(layer.weight)]
+        tensors[key + MASK_SUFFIX] = layer.mask.cpu().contiguous()
+        layers[key] = {"module": layer.name, "n1": layer.n1}
+    metadata = {
+        "format": MASKED_FORMAT,
+        "bits": str(scheduler.bits),
+        "portions": json.dumps(list(scheduler.portions)),
+        "stage": str(scheduler.stage),
+        "strategy": scheduler.strategy,
+        "layers": json.dumps(layers),
+        "model": json.dumps(model_info or {}),
+    }
+    with atomic_path(path) as tmp:
+        save_file(tensors, tmp, metadata=metadata)
+
+
+def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
+    """Read a file written by :func:`save_masked` (safetensors only, nothing is unpickled).
+
+    Raises:
+        ValueError: if the file is missing, not a safetensors file, or not an INQ masked checkpoint.
+    """
+    try:
+        tensors = load_file(path)
+        with safe_open(path, "pt") as f:
+            metadata = f.metadata() or {}
+    except (OSError, SafetensorError) as err:
+        raise ValueError(f"{path}: cannot read as safetensors ({err})") from err
+    if metadata.get("format") != MASKED_FORMAT:
+        raise ValueError(f"{path}: not an INQ masked checkpoint (format {metadata.get('format')!r})")
+    try:
+        layers = json.loads(metadata["layers"])
+        masks = {key: tensors.pop(key + MASK_SUFFIX) for key in layers}
+        return MaskedCheckpoint(
+            state=tensors,
+            masks=masks,
+            n1={key: info["n1"] for key, info in layers.items()},
+            bits=int(metadata["bits"]),
+            portions=tuple(json.loads(metadata["portions"])),
+            stage=int(metadata["stage"]),
+            strategy=metadata["strategy"],
+            model=json.loads(metadata["model"]),
+        )
+    except (KeyError, ValueError, TypeError) as err:
+        raise ValueError(f"{path}: corrupt INQ masked checkpoint metadata ({err!r})") from err
