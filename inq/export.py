@@ -24,7 +24,7 @@ from torch import nn
 from inq.io import atomic_path
 from inq.scheduler import INQScheduler
 
-__all__ = ["MASK_SUFFIX", "MASKED_FORMAT", "MaskedCheckpoint", "load_masked", "save_masked"]
+__all__ = ["MASKED_FORMAT", "MASK_SUFFIX", "MaskedCheckpoint", "load_masked", "save_masked"]
 
 MASKED_FORMAT = "inq-masked/1"
 MASK_SUFFIX = ".inq_mask"
@@ -101,7 +101,8 @@ def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
     except (OSError, SafetensorError) as err:
         raise ValueError(f"{path}: cannot read as safetensors ({err})") from err
     if metadata.get("format") != MASKED_FORMAT:
-        raise ValueError(f"{path}: not an INQ masked checkpoint (format {metadata.get('format')!r})")
+        found = metadata.get("format")
+        raise ValueError(f"{path}: not an INQ masked checkpoint (format {found!r})")
     try:
         layers = json.loads(metadata["layers"])
         masks = {key: tensors.pop(key + MASK_SUFFIX) for key in layers}

@@ -80,7 +80,7 @@ def pow2_n1(weight: torch.Tensor) -> int:
         raise ValueError("pow2_n1 needs a non-empty tensor")
     s = weight.detach().abs().max().item()
     if not math.isfinite(s):
-        raise ValueError("pow2_n1: the weight holds NaN or infinity; fix the model before quantizing")
+        raise ValueError("pow2_n1: the weight holds NaN or infinity; fix the model first")
     if s == 0.0:
         return 0
     # 2**n <= 4s/3  <=>  3 * 2**(n-2) <= s; both sides are exact in float64 (s comes from <= fp32).
@@ -194,7 +194,9 @@ def pow2_decode(
     valid = (c == 0) | ((c >= top) & (c < 2 * top))
     if not bool(valid.all()):
         first = int(c[~valid].flatten()[0])
-        raise ValueError(f"pow2_decode: invalid {bits}-bit code {first} (valid: 0 and {top}..{2 * top - 1})")
+        raise ValueError(
+            f"pow2_decode: invalid {bits}-bit code {first} (valid: 0 and {top}..{2 * top - 1})"
+        )
     return decode_unchecked(c, n1, bits, dtype)
 
 

@@ -14,6 +14,7 @@ is enforced twice:
 from __future__ import annotations
 
 import fnmatch
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -171,7 +172,7 @@ class INQScheduler:
             )
         portion = self.portions[self.stage]
         updates = [self._advance(layer, portion) for layer in self._layers]
-        for layer, (n1, mask, codes) in zip(self._layers, updates):
+        for layer, (n1, mask, codes) in zip(self._layers, updates, strict=True):
             layer.n1, layer.mask, layer.codes = n1, mask, codes
             layer.count = quantized_count(portion, mask.numel())
         self.stage += 1
@@ -204,7 +205,7 @@ class INQScheduler:
         return sum(layer.count for layer in self._layers) / total
 
     def remove_hooks(self) -> None:
-        """Detach the scheduler from the model and optimizers (frozen weights are no longer kept)."""
+        """Detach from the model and optimizers; frozen weights are no longer kept exact."""
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
@@ -263,7 +264,7 @@ class INQScheduler:
             if entry["mask"].shape != layer.weight.shape or entry["mask"].dtype != torch.bool:
                 raise ValueError(f"INQ state for {layer.name!r} does not match the weight's shape")
             layer.mask = entry["mask"].to(layer.weight.device, copy=True)
-            layer.codes = entry["codes"].to(device=layer.weight.device, dtype=torch.uint8, copy=True)
+            layer.codes = entry["codes"].to(layer.weight.device, torch.uint8, copy=True)
             layer.n1 = None if entry["n1"] is None else int(entry["n1"])
             layer.count = int(layer.mask.sum())
         self.stage = stage
@@ -357,7 +358,7 @@ def _check_portions(portions: Sequence[float]) -> tuple[float, ...]:
         raise ValueError("portions must not be empty; e.g. (0.3, 0.6, 0.8, 1.0)")
     if any(not 0.0 < p <= 1.0 for p in values):
         raise ValueError(f"every portion must lie in (0, 1], got {values}")
-    if any(b <= a for a, b in zip(values, values[1:])):
+    if any(b <= a for a, b in itertools.pairwise(values)):
         raise ValueError(f"portions must be strictly increasing, got {values}")
     if values[-1] != 1.0:
         raise ValueError(f"portions must end at 1.0 so every weight is quantized, got {values}")
