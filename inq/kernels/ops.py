@@ -1,0 +1,100 @@
+"""The inference ops ``inq::shift_linear`` and ``inq::shift_conv2d``: reference implementation.
+
+Both take a weight as packed power-of-two codes (see :mod:`inq.packed`). The reference decodes
+the codes to the input's dtype (exactly: every level is a power of two, built from its exponent
+bits) and calls ``F.linear`` / ``F.conv2d``; it runs on any device and is what faster kernels
+are tested against. A device kernel overrides it with
+``torch.library.register_kernel("inq::shift_linear", "cuda")``. Fake implementations make both
+ops traceable by ``torch.compile``. Inference only: the ops have no autograd formula.
+
+Example:
+    >>> from inq.packed import pack_codes
+    >>> codes = torch.tensor([[8, 13], [0, 9]], dtype=torch.uint8)  # 4 bits: [[2, -1], [0, 1]]
+    >>> torch.ops.inq.shift_linear(torch.tensor([[1.0, 3.0]]), pack_codes(codes, 4), 4, 1, 2, None)
+    tensor([[-1.,  3.]])
+    >>> packed = pack_codes(torch.full((1, 4), 8, dtype=torch.uint8), bits=4)  # all 2**-2
+    >>> torch.ops.inq.shift_conv2d(torch.ones(1, 1, 3, 3), packed, 4, -2, [1, 1, 2, 2],
+    ...                            None, [1, 1], [0, 0], [1, 1], 1)
+    tensor([[[[1., 1.],
+              [1., 1.]]]])
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from inq.packed import decode_weight
+
+__all__ = ["shift_conv2d", "shift_linear"]
+
+
+@torch.library.custom_op(
+    "inq::shift_linear",
+    mutates_args=(),
+    schema="(Tensor x, Tensor packed, int bits, int n1, int in_features, Tensor? bias) -> Tensor",
+)
+def shift_linear(
+    x: Tensor, packed: Tensor, bits: int, n1: int, in_features: int, bias: Tensor | None
+) -> Tensor:
+    """``F.linear(x, W, bias)`` for the weight ``W [O, in_features]`` that ``packed`` encodes."""
+    weight = decode_weight(packed, bits, n1, (packed.shape[0], in_features), x.dtype)
+    return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
+
+
+@shift_linear.register_fake
+def _(x: Tensor, packed: Tensor, bits: int, n1: int, in_features: int, bias: Tensor | None):
+    torch._check(x.shape[-1] == in_features, lambda: "shift_linear: x.shape[-1] != in_features")
+    return x.new_empty((*x.shape[:-1], packed.shape[0]))
+
+
+@torch.library.custom_op(
+    "inq::shift_conv2d",
+    mutates_args=(),
+    schema="(Tensor x, Tensor packed, int bits, int n1, int[] weight_shape, Tensor? bias, "
+    "int[] stride, int[] padding, int[] dilation, int groups) -> Tensor",
+)
+def shift_conv2d(
+    x: Tensor,
+    packed: Tensor,
+    bits: int,
+    n1: int,
+    weight_shape: list[int],
+    bias: Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+) -> Tensor:
+    """``F.conv2d`` with the weight ``[O, Cin/groups, kh, kw]`` that ``packed`` encodes.
+
+    ``x`` is ``[N, Cin, H, W]`` or unbatched ``[Cin, H, W]``; the result is contiguous.
+    """
+    weight = decode_weight(packed, bits, n1, tuple(weight_shape), x.dtype)
+    b = None if bias is None else bias.to(x.dtype)
+    return F.conv2d(x, weight, b, stride, padding, dilation, groups).contiguous()
+
+
+@shift_conv2d.register_fake
+def _(
+    x: Tensor,
+    packed: Tensor,
+    bits: int,
+    n1: int,
+    weight_shape: list[int],
+    bias: Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+):
+    torch._check(
+        x.shape[-3] == weight_shape[1] * groups, lambda: "shift_conv2d: channels do not match"
+    )
+    spatial = [
+        (x.shape[i - 2] + 2 * padding[i] - dilation[i] * (weight_shape[i + 2] - 1) - 1) // stride[i]
+        + 1
+        for i in range(2)
+    ]
+    return x.new_empty((*x.shape[:-3], weight_shape[0], *spatial))

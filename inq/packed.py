@@ -1,0 +1,448 @@
+"""Packed power-of-two codes: the deployable form of a fully quantized model.
+
+Layout of one quantized weight of shape ``[O, ...]``: flattened to ``[O, K]`` (``weight.reshape(O,
+-1)`` order) and encoded with :func:`inq.pow2.pow2_encode`; each row is packed on its own into
+``ceil(K * width / 8)`` bytes, ``width = 4`` when ``bits <= 4`` (nibbles: element ``k`` in byte
+``k // 2``, low nibble for even ``k``; an odd row ends in a zero padding nibble) and ``8``
+otherwise (one code per byte).
+
+A packed file is a ``.safetensors`` file, readable with the ``safetensors`` library alone:
+
+- the packed ``uint8`` codes of each quantized weight under ``"<weight key>.inq_codes"``;
+- every other tensor of the model's state (biases, norm layers, buffers) as it is;
+- string metadata: ``format`` (``"inq-packed/1"``), ``bits``, ``portions``, ``strategy``,
+  ``layers`` (JSON ``{weight key: {"module", "bits", "n1", "shape", "width", "dtype"}}``) and
+  ``model`` (the masked checkpoint's model description, to rebuild the model).
+
+Decoding reproduces the masked checkpoint's weights bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+
+from inq.export import MASKED_FORMAT, MaskedCheckpoint, load_masked
+from inq.io import atomic_path
+from inq.pow2 import check_bits, decode_unchecked, pow2_encode, pow2_quantize
+
+__all__ = [
+    "CODES_SUFFIX",
+    "PACKED_FORMAT",
+    "PackStats",
+    "PackedFile",
+    "PackedLayer",
+    "code_width",
+    "codes_problem",
+    "decode_weight",
+    "export_packed",
+    "load_packed",
+    "masked_layer_problem",
+    "pack_codes",
+    "pack_stats",
+    "read_format",
+    "row_bytes",
+    "unpack_codes",
+]
+
+PACKED_FORMAT = "inq-packed/1"
+CODES_SUFFIX = ".inq_codes"
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+# ---------------------------------------------------------------------------------- codec
+
+
+def code_width(bits: int) -> int:
+    """Bits one code takes in a packed row: 4 (nibble) for ``bits <= 4``, else 8 (byte).
+
+    Example:
+        >>> code_width(3), code_width(5)
+        (4, 8)
+    """
+    return 4 if check_bits(bits) <= 4 else 8
+
+
+def row_bytes(k: int, bits: int) -> int:
+    """Bytes of one packed row of ``k`` codes: ``ceil(k * width / 8)``.
+
+    Example:
+        >>> row_bytes(9, 4), row_bytes(9, 5)
+        (5, 9)
+    """
+    return (k * code_width(bits) + 7) // 8
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack ``uint8`` codes of shape ``[O, ...]`` into ``uint8 [O, row_bytes(K, bits)]``.
+
+    Runs on the codes' device. Codes must fit in ``bits`` bits; whether they are valid level
+    codes is :func:`codes_problem`'s job.
+
+    Example:
+        >>> pack_codes(torch.tensor([[4, 7, 5]], dtype=torch.uint8), bits=3)
+        tensor([[116,   5]], dtype=torch.uint8)
+
+    Raises:
+        ValueError: if the codes are not a ``uint8`` tensor of at least one dimension, or a code
+            does not fit in ``bits`` bits.
+    """
+    if codes.dtype != torch.uint8 or codes.dim() == 0:
+        raise ValueError(
+            f"pack_codes needs uint8 codes of shape [O, ...], got {codes.dtype} {list(codes.shape)}"
+        )
+    if bool((codes >> check_bits(bits)).any()):
+        raise ValueError(f"pack_codes: a code does not fit in {bits} bits")
+    rows = codes.reshape(codes.shape[0], math.prod(codes.shape[1:]))
+    if code_width(bits) == 8:
+        return rows.contiguous()
+    if rows.shape[1] % 2:
+        rows = torch.nn.functional.pad(rows, (0, 1))
+    return rows[:, 0::2] | (rows[:, 1::2] << 4)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
+    """Inverse of :func:`pack_codes`: ``uint8 [O, row_bytes]`` to codes ``uint8 [O, k]``.
+
+    Runs on the packed tensor's device; reshape the result to the weight's shape.
+
+    Example:
+        >>> unpack_codes(torch.tensor([[116, 5]], dtype=torch.uint8), bits=3, k=3)
+        tensor([[4, 7, 5]], dtype=torch.uint8)
+
+    Raises:
+        ValueError: if ``packed`` is not ``uint8 [O, row_bytes(k, bits)]``.
+    """
+    expected = row_bytes(k, bits)
+    if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] != expected:
+        raise ValueError(
+            f"unpack_codes: expected uint8 [O, {expected}] for {k} {bits}-bit codes per row, "
+            f"got {packed.dtype} {list(packed.shape)}"
+        )
+    if code_width(bits) == 8:
+        return packed
+    nibbles = torch.stack((packed & 0xF, packed >> 4), dim=-1)
+    return nibbles.reshape(packed.shape[0], 2 * expected)[:, :k]
+
+
+def decode_weight(
+    packed: torch.Tensor, bits: int, n1: int, shape: tuple[int, ...], dtype: torch.dtype
+) -> torch.Tensor:
+    """The weight of ``shape`` and ``dtype`` that packed codes stand for (no validation).
+
+    Codes are trusted here (this runs inside the inference ops); files are checked once, when
+    :func:`load_packed` reads them.
+
+    Example:
+        >>> packed = pack_codes(torch.tensor([[4, 7], [0, 5]], dtype=torch.uint8), bits=3)
+        >>> decode_weight(packed, bits=3, n1=-1, shape=(2, 2), dtype=torch.float32)
+        tensor([[ 0.5000, -0.2500],
+                [ 0.0000,  0.2500]])
+    """
+    codes = unpack_codes(packed, bits, math.prod(shape[1:]))
+    return decode_unchecked(codes, n1, bits, dtype).reshape(shape)
+
+
+def codes_problem(codes: torch.Tensor, bits: int) -> str | None:
+    """Why ``codes`` are not all valid ``bits``-bit level codes, or None if they are.
+
+    Valid codes are 0 and ``2**(bits-1) .. 2**bits - 1`` (top bit set, then sign and offset).
+
+    Example:
+        >>> codes_problem(torch.tensor([0, 4, 7], dtype=torch.uint8), bits=3)
+        >>> codes_problem(torch.tensor([0, 1, 8], dtype=torch.uint8), bits=3)
+        '2 code(s) outside the 3-bit level set (first: 1 at flat index 1; valid: 0 and 4..7)'
+    """
+    top = 1 << (bits - 1)
+    bad = (codes != 0) & ((codes < top) | (codes >= 2 * top))
+    if not bool(bad.any()):
+        return None
+    index = int(bad.flatten().nonzero()[0])
+    return (
+        f"{int(bad.sum())} code(s) outside the {bits}-bit level set (first: "
+        f"{int(codes.flatten()[index])} at flat index {index}; valid: 0 and {top}..{2 * top - 1})"
+    )
+
+
+def masked_layer_problem(ckpt: MaskedCheckpoint, key: str) -> str | None:
+    """Why quantized weight ``key`` of a masked checkpoint is not exportable, or None.
+
+    Checks that the weight and its mask exist with the same shape, that the mask is fully set,
+    and that every value (bit pattern included: ``-0.0`` has no code) lies in the level set of
+    the layer's ``n1`` and the checkpoint's ``bits``.
+
+    Example:
+        >>> w = torch.tensor([[0.5, -0.25], [0.3, 0.0]])
+        >>> full = torch.ones(2, 2, dtype=torch.bool)
+        >>> ckpt = MaskedCheckpoint({"w": w}, {"w": full}, {"w": -1}, 3, (1.0,), 1, "magnitude")
+        >>> masked_layer_problem(ckpt, "w")
+        '1 weight(s) off the 3-bit level set of n1=-1 (first: 0.30000001192092896 at flat index 2)'
+    """
+    weight, mask = ckpt.state.get(key), ckpt.masks.get(key)
+    if weight is None:
+        return "listed as quantized but the checkpoint holds no such tensor"
+    if mask is None or mask.dtype != torch.bool or mask.shape != weight.shape:
+        return "its mask is missing or is not a bool tensor of the weight's shape"
+    if not bool(mask.all()):
+        index = int((~mask).flatten().nonzero()[0])
+        return (
+            f"mask not fully set: {int((~mask).sum())} of {mask.numel()} entries still float "
+            f"(first at flat index {index})"
+        )
+    try:
+        snapped = pow2_quantize(weight, ckpt.n1[key], ckpt.bits)
+    except (ValueError, TypeError) as err:
+        return str(err)
+    off = _bits(snapped) != _bits(weight)
+    if bool(off.any()):
+        index = int(off.flatten().nonzero()[0])
+        return (
+            f"{int(off.sum())} weight(s) off the {ckpt.bits}-bit level set of n1={ckpt.n1[key]} "
+            f"(first: {weight.flatten()[index].item()!r} at flat index {index})"
+        )
+    return None
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bit pattern of a float tensor, so ``-0.0`` and ``0.0`` differ."""
+    return t.view({4: torch.int32, 2: torch.int16}[t.element_size()])
+
+
+# ---------------------------------------------------------------------------------- file
+
+
+@dataclass
+class PackedLayer:
+    """One quantized weight in packed form; ``packed`` is ``uint8 [shape[0], row_bytes]``."""
+
+    module: str
+    packed: torch.Tensor
+    bits: int
+    n1: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def k(self) -> int:
+        """Codes per row: the product of ``shape[1:]``."""
+        return math.prod(self.shape[1:])
+
+    def codes(self) -> torch.Tensor:
+        """The ``uint8`` codes in the weight's shape."""
+        return unpack_codes(self.packed, self.bits, self.k).reshape(self.shape)
+
+    def weight(self) -> torch.Tensor:
+        """The decoded weight, bit for bit the masked checkpoint's."""
+        return decode_weight(self.packed, self.bits, self.n1, self.shape, self.dtype)
+
+    def problem(self) -> str | None:
+        """Why this layer is not a valid packed weight (layout, n1 range, codes), or None."""
+        expected = [self.shape[0], row_bytes(self.k, self.bits)]
+        if self.packed.dtype != torch.uint8 or list(self.packed.shape) != expected:
+            return (
+                f"packed codes are {self.packed.dtype} {list(self.packed.shape)}, expected "
+                f"uint8 {expected} for shape {list(self.shape)} at {self.bits} bits"
+            )
+        low, high = _exponent_range(self.dtype)
+        if not low <= self.n1 <= high:
+            return f"n1={self.n1} puts the top level 2**n1 outside {self.dtype} ({low}..{high})"
+        if code_width(self.bits) == 4 and self.k % 2 and bool((self.packed[:, -1] >> 4).any()):
+            return "a padding nibble at the end of an odd-length row is not zero"
+        return codes_problem(self.codes(), self.bits)
+
+
+@dataclass
+class PackedFile:
+    """A loaded packed file: quantized ``layers`` and the other ``tensors``, keyed as in the
+    model's state dict, plus the ``model`` description and the file's string ``metadata``."""
+
+    layers: dict[str, PackedLayer]
+    tensors: dict[str, torch.Tensor]
+    model: dict[str, Any]
+    metadata: dict[str, str]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's full state dict with every quantized weight decoded."""
+        return {**self.tensors, **{key: layer.weight() for key, layer in self.layers.items()}}
+
+
+@dataclass(frozen=True)
+class PackStats:
+    """Sizes of the quantized tensors: as fp32 and packed (bytes); ``ratio`` = packed / fp32.
+
+    ``other_bytes`` counts the tensors stored as they are; ``file_bytes`` is the file on disk
+    (0 when not measured).
+    """
+
+    fp32_bytes: int
+    packed_bytes: int
+    other_bytes: int
+    file_bytes: int = 0
+
+    @property
+    def ratio(self) -> float:
+        return self.packed_bytes / self.fp32_bytes if self.fp32_bytes else 0.0
+
+
+def pack_stats(packed: PackedFile, file_bytes: int = 0) -> PackStats:
+    """Sizes of ``packed``'s quantized tensors as fp32 and packed.
+
+    Example:
+        >>> layer = PackedLayer("fc", torch.zeros(8, 32, dtype=torch.uint8), 4, 0, (8, 64),
+        ...                     torch.float32)
+        >>> pack_stats(PackedFile({"fc.weight": layer}, {}, {}, {})).ratio
+        0.125
+    """
+    return PackStats(
+        fp32_bytes=sum(4 * math.prod(layer.shape) for layer in packed.layers.values()),
+        packed_bytes=sum(layer.packed.numel() for layer in packed.layers.values()),
+        other_bytes=sum(t.numel() * t.element_size() for t in packed.tensors.values()),
+        file_bytes=file_bytes,
+    )
+
+
+def export_packed(
+    masked: MaskedCheckpoint | str | os.PathLike[str], out_path: str | os.PathLike[str]
+) -> PackStats:
+    """Write the packed file of a fully quantized masked checkpoint atomically.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> from torch import nn
+        >>> from inq.export import save_masked
+        >>> from inq.scheduler import INQScheduler
+        >>> net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+        >>> sched = INQScheduler(net, bits=4, portions=(1.0,))
+        >>> _ = sched.step()
+        >>> folder = pathlib.Path(tempfile.mkdtemp())
+        >>> save_masked(folder / "net.safetensors", net, sched, {"name": "mlp"})
+        >>> stats = export_packed(folder / "net.safetensors", folder / "net.inq.safetensors")
+        >>> stats.ratio
+        0.125
+        >>> packed = load_packed(folder / "net.inq.safetensors")
+        >>> torch.equal(packed.state_dict()["0.weight"], net[0].weight)
+        True
+
+    Raises:
+        ValueError: if the checkpoint cannot be read, a mask is not fully set, or a quantized
+            weight is off its level set (the message names the first such tensor).
+    """
+    ckpt = masked if isinstance(masked, MaskedCheckpoint) else load_masked(masked)
+    tensors = {k: v.contiguous() for k, v in ckpt.state.items() if k not in ckpt.masks}
+    layers = {}
+    for key in ckpt.masks:
+        problem = masked_layer_problem(ckpt, key)
+        if problem:
+            raise ValueError(f"cannot pack {key!r}: {problem}")
+        weight, n1 = ckpt.state[key], ckpt.n1[key]
+        dtype = next(name for name, d in _DTYPES.items() if d == weight.dtype)
+        tensors[key + CODES_SUFFIX] = pack_codes(pow2_encode(weight, n1, ckpt.bits), ckpt.bits)
+        layers[key] = {
+            "module": key.rpartition(".")[0],
+            "bits": ckpt.bits,
+            "n1": n1,
+            "shape": list(weight.shape),
+            "width": code_width(ckpt.bits),
+            "dtype": dtype,
+        }
+    metadata = {
+        "format": PACKED_FORMAT,
+        "bits": str(ckpt.bits),
+        "portions": json.dumps(list(ckpt.portions)),
+        "strategy": ckpt.strategy,
+        "layers": json.dumps(layers),
+        "model": json.dumps(ckpt.model),
+    }
+    with atomic_path(out_path) as tmp:
+        save_file(tensors, tmp, metadata=metadata)
+    return pack_stats(_parse(tensors, metadata, out_path), os.path.getsize(out_path))
+
+
+def read_format(path: str | os.PathLike[str]) -> str | None:
+    """The ``format`` metadata of a safetensors file (reads the header only), or None.
+
+    Raises:
+        ValueError: if the file is missing or not a safetensors file.
+    """
+    try:
+        with safe_open(path, "pt") as f:
+            return (f.metadata() or {}).get("format")
+    except (OSError, SafetensorError) as err:
+        raise ValueError(f"{path}: cannot read as safetensors ({err})") from err
+
+
+def load_packed(path: str | os.PathLike[str], validate: bool = True) -> PackedFile:
+    """Read a file written by :func:`export_packed` (safetensors only, nothing is unpickled).
+
+    With ``validate`` (the default) every layer is checked (:meth:`PackedLayer.problem`), so
+    tampered codes fail here with the offending tensor's name rather than decode silently.
+
+    Raises:
+        ValueError: if the file is missing, truncated, not a safetensors file, not a packed INQ
+            file, has inconsistent metadata, or (with ``validate``) holds invalid codes.
+    """
+    fmt = read_format(path)
+    if fmt != PACKED_FORMAT:
+        hint = "; run `inq export` on it first" if fmt == MASKED_FORMAT else ""
+        raise ValueError(f"{path}: not an INQ packed file (format {fmt!r}){hint}")
+    try:
+        tensors = load_file(path)
+        with safe_open(path, "pt") as f:
+            metadata = f.metadata() or {}
+    except (OSError, SafetensorError) as err:
+        raise ValueError(f"{path}: cannot read as safetensors ({err})") from err
+    packed = _parse(tensors, metadata, path)
+    if validate:
+        for key, layer in packed.layers.items():
+            problem = layer.problem()
+            if problem:
+                raise ValueError(f"{path}: {key!r}: {problem}")
+    return packed
+
+
+def _parse(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: object) -> PackedFile:
+    tensors = dict(tensors)
+    try:
+        layers = {}
+        for key, info in json.loads(metadata["layers"]).items():
+            bits = check_bits(info["bits"])
+            shape = tuple(info["shape"])
+            if info["width"] != code_width(bits) or not all(
+                isinstance(n, int) and n >= 0 for n in shape
+            ):
+                raise ValueError(f"{key!r}: bad width {info['width']} or shape {list(shape)}")
+            if key in tensors:
+                raise ValueError(f"{key!r} is stored both packed and as a tensor")
+            layers[key] = PackedLayer(
+                module=str(info["module"]),
+                packed=tensors.pop(key + CODES_SUFFIX),
+                bits=bits,
+                n1=_int(info["n1"]),
+                shape=shape,
+                dtype=_DTYPES[info["dtype"]],
+            )
+        stray = [k for k in tensors if k.endswith(CODES_SUFFIX)]
+        if stray:
+            raise ValueError(f"packed codes {stray} have no layer metadata")
+        return PackedFile(layers, tensors, json.loads(metadata["model"]), dict(metadata))
+    except (KeyError, ValueError, TypeError, AttributeError) as err:
+        raise ValueError(f"{path}: corrupt INQ packed file metadata ({err!r})") from err
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _exponent_range(dtype: torch.dtype) -> tuple[int, int]:
+    """Exponents ``e`` for which ``2**e`` is a non-zero finite value of ``dtype``."""
+    info = torch.finfo(dtype)
+    return int(math.log2(info.smallest_normal * info.eps)), int(math.log2(info.max))

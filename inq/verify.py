@@ -1,0 +1,144 @@
+"""Verify an export: every quantized weight lies in its layer's level set, every mask is full.
+
+Works on masked checkpoints (:mod:`inq.export`) and packed files (:mod:`inq.packed`); the report
+names each offending tensor and says why, and counts the levels each layer uses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from inq.export import MASKED_FORMAT, MaskedCheckpoint, load_masked
+from inq.packed import PACKED_FORMAT, PackedFile, load_packed, masked_layer_problem, read_format
+from inq.pow2 import pow2_encode
+
+__all__ = ["LayerReport", "VerifyReport", "verify_file", "verify_masked", "verify_packed"]
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """One quantized tensor: its settings, the distinct levels it uses, its fraction of zeros,
+    and ``problem`` (None when it verifies)."""
+
+    key: str
+    bits: int
+    n1: int
+    levels_used: int | None
+    zeros: float | None
+    problem: str | None = None
+
+    @property
+    def levels(self) -> int:
+        """Size of the layer's level set: ``2**(bits-1) + 1``."""
+        return 2 ** (self.bits - 1) + 1
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The per-layer result of verifying one file (``kind`` is ``"masked"`` or ``"packed"``)."""
+
+    path: str
+    kind: str
+    layers: tuple[LayerReport, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(layer.problem is None for layer in self.layers)
+
+    @property
+    def first_problem(self) -> LayerReport | None:
+        return next((layer for layer in self.layers if layer.problem), None)
+
+    def table(self) -> str:
+        """A fixed-width table: tensor, bits, n1, levels used, zeros %, status."""
+        width = max([len("tensor"), *(len(layer.key) for layer in self.layers)])
+        lines = [f"{'tensor':<{width}}  bits    n1  levels   zeros  status"]
+        for layer in self.layers:
+            used = "-" if layer.levels_used is None else f"{layer.levels_used}/{layer.levels}"
+            zeros = "-" if layer.zeros is None else f"{100 * layer.zeros:.1f}%"
+            status = "ok" if layer.problem is None else "FAIL"
+            lines.append(
+                f"{layer.key:<{width}}  {layer.bits:>4}  {layer.n1:>4}  {used:>6}  {zeros:>6}  "
+                f"{status}"
+            )
+        return "\n".join(lines)
+
+
+def verify_masked(ckpt: MaskedCheckpoint, path: str = "") -> VerifyReport:
+    """Check every quantized weight of a masked checkpoint (see :func:`masked_layer_problem`).
+
+    Example:
+        >>> from torch import nn
+        >>> from inq.scheduler import INQScheduler
+        >>> net = nn.Linear(16, 4)
+        >>> sched = INQScheduler(net, bits=5, portions=(1.0,))
+        >>> _ = sched.step()
+        >>> ckpt = MaskedCheckpoint(dict(net.state_dict()), {"weight": sched.layers[0].mask},
+        ...                         {"weight": sched.layers[0].n1}, 5, (1.0,), 1, "magnitude")
+        >>> verify_masked(ckpt).ok
+        True
+        >>> ckpt.state["weight"][0, 3] = 0.3
+        >>> verify_masked(ckpt).first_problem.problem  # doctest: +ELLIPSIS
+        '1 weight(s) off the 5-bit level set of n1=... (first: 0.30000001192092896 at flat index 3)'
+    """
+    reports = []
+    for key in ckpt.masks:
+        problem = masked_layer_problem(ckpt, key)
+        weight = ckpt.state.get(key)
+        codes = None if problem or weight is None else pow2_encode(weight, ckpt.n1[key], ckpt.bits)
+        reports.append(_report(key, ckpt.bits, ckpt.n1[key], codes, problem))
+    return VerifyReport(path, "masked", tuple(reports))
+
+
+def verify_packed(packed: PackedFile, path: str = "") -> VerifyReport:
+    """Check every packed layer: layout, n1 range, and codes (0 or top bit set, in range).
+
+    Example:
+        >>> from inq.packed import PackedLayer, pack_codes
+        >>> codes = torch.tensor([[8, 12, 0, 15]], dtype=torch.uint8)
+        >>> layer = PackedLayer("fc", pack_codes(codes, 4), 4, 0, (1, 4), torch.float32)
+        >>> report = verify_packed(PackedFile({"fc.weight": layer}, {}, {}, {}))
+        >>> report.ok, report.layers[0].levels_used
+        (True, 4)
+    """
+    reports = []
+    for key, layer in packed.layers.items():
+        problem = layer.problem()
+        codes = None if problem else layer.codes()
+        reports.append(_report(key, layer.bits, layer.n1, codes, problem))
+    return VerifyReport(path, "packed", tuple(reports))
+
+
+def verify_file(path: str | os.PathLike[str]) -> VerifyReport:
+    """Verify a masked checkpoint or a packed file, chosen by the file's ``format`` metadata.
+
+    Raises:
+        ValueError: if the file cannot be read or is neither kind of INQ file.
+    """
+    fmt = read_format(path)
+    if fmt == MASKED_FORMAT:
+        return verify_masked(load_masked(path), str(path))
+    if fmt == PACKED_FORMAT:
+        return verify_packed(load_packed(path, validate=False), str(path))
+    raise ValueError(
+        f"{path}: not an INQ masked checkpoint or packed file (format {fmt!r}; expected "
+        f"{MASKED_FORMAT!r} or {PACKED_FORMAT!r})"
+    )
+
+
+def _report(
+    key: str, bits: int, n1: int, codes: torch.Tensor | None, problem: str | None
+) -> LayerReport:
+    if codes is None:
+        return LayerReport(key, bits, n1, None, None, problem)
+    return LayerReport(
+        key=key,
+        bits=bits,
+        n1=n1,
+        levels_used=int(torch.unique(codes).numel()),
+        zeros=float((codes == 0).double().mean()) if codes.numel() else 0.0,
+        problem=problem,
+    )
