@@ -431,7 +431,10 @@ def _parse(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: obj
         stray = [k for k in tensors if k.endswith(CODES_SUFFIX)]
         if stray:
             raise ValueError(f"packed codes {stray} have no layer metadata")
-        return PackedFile(layers, tensors, json.loads(metadata["model"]), dict(metadata))
+        model = json.loads(metadata["model"])
+        if not isinstance(model, dict):
+            raise TypeError(f"'model' must be a JSON object, got {model!r}")
+        return PackedFile(layers, tensors, model, dict(metadata))
     except (KeyError, ValueError, TypeError, AttributeError) as err:
         raise ValueError(f"{path}: corrupt INQ packed file metadata ({err!r})") from err
 

@@ -1,0 +1,267 @@
+"""The ``inq`` command: export, verify, evaluate and inspect INQ exports.
+
+::
+
+    inq export RUN_OR_CHECKPOINT -o model.inq.safetensors   # masked checkpoint -> packed codes
+    inq verify FILE                                          # every weight in its level set?
+    inq eval model.inq.safetensors --data digits            # rebuild from codes, evaluate
+    inq info model.inq.safetensors                          # sizes, ratio, bits, layers
+
+Subcommands live in :data:`COMMANDS` (name -> :class:`Command`); add one there to extend the
+tool. Errors a user can cause end in one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inq.export import MASKED_FORMAT
+from inq.packed import (
+    PackStats,
+    code_width,
+    export_packed,
+    load_packed,
+    pack_stats,
+    read_format,
+    row_bytes,
+)
+from inq.verify import verify_file
+
+__all__ = ["COMMANDS", "Command", "main"]
+
+PACKED_SUFFIX = ".inq.safetensors"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its help line, how it adds its arguments, and what it runs (exit code)."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# ---------------------------------------------------------------------------------- export
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="a masked checkpoint (.safetensors) or a run directory")
+    p.add_argument("-o", "--output", help=f"packed file (default: <source stem>{PACKED_SUFFIX})")
+
+
+def _export(args: argparse.Namespace) -> int:
+    source = find_masked(args.source)
+    output = Path(
+        args.output or source.with_name(source.name.removesuffix(".safetensors") + PACKED_SUFFIX)
+    )
+    stats = export_packed(source, output)
+    print(f"{source} -> {output}")
+    print(_sizes(stats))
+    return 0
+
+
+def find_masked(source: str | os.PathLike[str]) -> Path:
+    """The masked checkpoint ``source`` names: the file itself, or the one inside a run dir.
+
+    Example:
+        >>> find_masked("no/such/run")
+        Traceback (most recent call last):
+        ...
+        ValueError: no/such/run: no such file or directory
+
+    Raises:
+        ValueError: if ``source`` does not exist, is a packed file already, or is a directory
+            holding no masked checkpoint or several.
+    """
+    path = Path(source)
+    if path.is_dir():
+        found = [
+            p for p in sorted(path.rglob("*.safetensors")) if _format_or_none(p) == MASKED_FORMAT
+        ]
+        if len(found) != 1:
+            what = "no masked checkpoint" if not found else f"{len(found)} masked checkpoints"
+            listing = "".join(f"\n  {p}" for p in found)
+            raise ValueError(f"{path}: {what} (*.safetensors, {MASKED_FORMAT}); pass one{listing}")
+        return found[0]
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or directory")
+    fmt = read_format(path)
+    if fmt != MASKED_FORMAT:
+        raise ValueError(f"{path}: not an INQ masked checkpoint (format {fmt!r})")
+    return path
+
+
+def _format_or_none(path: Path) -> str | None:
+    try:
+        return read_format(path)
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------------- verify
+
+
+def _verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="a masked checkpoint or a packed file")
+
+
+def _verify(args: argparse.Namespace) -> int:
+    report = verify_file(args.file)
+    print(f"{args.file} ({report.kind})")
+    print(report.table())
+    bad = report.first_problem
+    if bad is not None:
+        print(f"inq verify: {args.file}: {bad.key!r}: {bad.problem}", file=sys.stderr)
+        return 1
+    what = "every mask is full" if report.kind == "masked" else "every code is valid"
+    print(f"OK: {len(report.layers)} quantized tensors lie in their level sets; {what}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------- info
+
+
+def _info_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="a packed file (inq export)")
+
+
+def _info(args: argparse.Namespace) -> int:
+    packed = load_packed(args.file)
+    stats = pack_stats(packed, os.path.getsize(args.file))
+    print(f"{args.file}: {packed.metadata['format']}, model {json.dumps(packed.model)}")
+    bits = sorted({layer.bits for layer in packed.layers.values()})
+    print(
+        f"{len(packed.layers)} quantized layers (bits {bits}), {len(packed.tensors)} other tensors"
+    )
+    print(_sizes(stats))
+    width = max([len("tensor"), *(len(k) for k in packed.layers)])
+    print(f"{'tensor':<{width}}  {'shape':<18}  bits    n1  width   bytes")
+    for key, layer in packed.layers.items():
+        shape = "x".join(map(str, layer.shape))
+        size = layer.shape[0] * row_bytes(layer.k, layer.bits)
+        print(
+            f"{key:<{width}}  {shape:<18}  {layer.bits:>4}  {layer.n1:>4}  "
+            f"{code_width(layer.bits):>5}  {size:>6}"
+        )
+    return 0
+
+
+def _sizes(stats: PackStats) -> str:
+    return (
+        f"quantized weights: fp32 {stats.fp32_bytes} B -> packed {stats.packed_bytes} B "
+        f"(ratio {stats.ratio:.4f}, {1 / stats.ratio if stats.ratio else 0:.2f}x smaller); "
+        f"other tensors {stats.other_bytes} B; file {stats.file_bytes} B"
+    )
+
+
+# ---------------------------------------------------------------------------------- eval
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="a packed file (inq export)")
+    p.add_argument(
+        "--data",
+        nargs="+",
+        required=True,
+        metavar="NAME|KEY=VALUE",
+        help="the data config: a dataset name (digits, cifar10, ...) and key=value settings, "
+        "e.g. --data cifar10 root=~/data/cifar10 eval_batch_size=512",
+    )
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from inq.nn import from_packed
+    from inq.train.data import build_eval_loader
+
+    model = from_packed(args.file).to(args.device)
+    cfg = data_config(args.data)
+    correct = total = 0
+    loss = 0.0
+    with torch.inference_mode():
+        for x, y in build_eval_loader(cfg):
+            logits = model(x.to(args.device))
+            y = y.to(args.device)
+            loss += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(1) == y).sum())
+            total += len(y)
+    if not total:
+        raise ValueError(f"the {cfg['name']} validation set is empty")
+    print(
+        f"{args.file} on {cfg['name']} ({total} samples): accuracy {100 * correct / total:.2f}% "
+        f"({correct}/{total}), loss {loss / total:.4f}"
+    )
+    return 0
+
+
+def data_config(items: Sequence[str]) -> dict[str, Any]:
+    """A data config dict from ``NAME`` and ``KEY=VALUE`` words (values parsed as JSON if they can).
+
+    Example:
+        >>> data_config(["cifar10", "root=/data/c10", "val_size=500"])
+        {'name': 'cifar10', 'root': '/data/c10', 'val_size': 500}
+
+    Raises:
+        ValueError: if no dataset name is given.
+    """
+    cfg: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            key, value = "name", item
+        try:
+            cfg[key] = json.loads(value)
+        except json.JSONDecodeError:
+            cfg[key] = value
+    if "name" not in cfg:
+        raise ValueError("--data needs a dataset name, e.g. --data digits")
+    return cfg
+
+
+# ---------------------------------------------------------------------------------- main
+
+COMMANDS: dict[str, Command] = {
+    "export": Command("pack a masked checkpoint into low-bit codes", _export_args, _export),
+    "verify": Command("prove every quantized weight lies in its level set", _verify_args, _verify),
+    "eval": Command("rebuild the model from a packed file and evaluate it", _eval_args, _eval),
+    "info": Command("sizes (fp32 vs packed), bits and layers of a packed file", _info_args, _info),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command in :data:`COMMANDS`."""
+    parser = argparse.ArgumentParser(prog="inq", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help)
+        command.add_arguments(p)
+        p.set_defaults(run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``inq``; returns the exit status (0 ok, 1 failure, 2 bad usage from argparse).
+
+    Example:
+        >>> main(["verify", "missing.safetensors"])
+        1
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, OSError) as err:
+        print(f"inq {args.command}: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
