@@ -160,8 +160,8 @@ def codes_problem(codes: torch.Tensor, bits: int) -> str | None:
         >>> codes_problem(torch.tensor([0, 1, 8], dtype=torch.uint8), bits=3)
         '2 code(s) outside the 3-bit level set (first: 1 at flat index 1; valid: 0 and 4..7)'
     """
-    top = 1 << (bits - 1)
-    bad = (codes != 0) & ((codes < top) | (codes >= 2 * top))
+    top, c = 1 << (bits - 1), codes.to(torch.int32)  # 2 * top = 256 does not fit in uint8
+    bad = (c != 0) & ((c < top) | (c >= 2 * top))
     if not bool(bad.any()):
         return None
     index = int(bad.flatten().nonzero()[0])

@@ -1,0 +1,289 @@
+"""inq.packed: code packing, packed files, size ratios, and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from export_fixtures import MixedNet, masked_file, quantize
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from inq.export import load_masked, save_masked
+from inq.packed import (
+    CODES_SUFFIX,
+    PACKED_FORMAT,
+    code_width,
+    codes_problem,
+    decode_weight,
+    export_packed,
+    load_packed,
+    pack_codes,
+    unpack_codes,
+)
+from inq.pow2 import pow2_decode, pow2_encode, pow2_quantize
+
+shapes = st.lists(st.integers(1, 9), min_size=1, max_size=4).map(tuple)
+
+
+def valid_codes(shape: tuple[int, ...], bits: int, seed: int) -> torch.Tensor:
+    """Random valid ``bits``-bit codes: 0 or top bit set with any sign and offset."""
+    g = torch.Generator().manual_seed(seed)
+    nonzero = torch.randint(1 << (bits - 1), 1 << bits, shape, generator=g)
+    return torch.where(torch.rand(shape, generator=g) < 0.2, 0, nonzero).to(torch.uint8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(bits=st.integers(2, 8), shape=shapes, seed=st.integers(0, 2**16))
+def test_pack_unpack_round_trip(bits: int, shape: tuple[int, ...], seed: int) -> None:
+    codes = valid_codes(shape, bits, seed)
+    packed = pack_codes(codes, bits)
+    k = math.prod(shape[1:])
+    assert packed.dtype == torch.uint8
+    assert packed.shape == (shape[0], math.ceil(k * code_width(bits) / 8))
+    assert torch.equal(unpack_codes(packed, bits, k).reshape(shape), codes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    bits=st.integers(2, 8),
+    shape=shapes,
+    seed=st.integers(0, 2**16),
+    n1=st.integers(-12, 3),
+    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+)
+def test_weights_round_trip_bit_for_bit(bits, shape, seed, n1, dtype) -> None:
+    g = torch.Generator().manual_seed(seed)
+    weight = pow2_quantize(torch.randn(shape, generator=g).mul(2.0**n1).to(dtype), n1, bits)
+    packed = pack_codes(pow2_encode(weight, n1, bits), bits)
+    decoded = decode_weight(packed, bits, n1, shape, dtype)
+    assert decoded.dtype == dtype
+    assert torch.equal(
+        decoded.view(torch.int16 if dtype != torch.float32 else torch.int32),
+        weight.view(torch.int16 if dtype != torch.float32 else torch.int32),
+    )
+
+
+def test_nibble_layout_is_the_contract() -> None:
+    # element k in byte k // 2, low nibble for even k; odd rows end in a zero nibble
+    codes = torch.tensor([[0x8, 0xB, 0xF], [0x0, 0x9, 0xC]], dtype=torch.uint8)
+    assert pack_codes(codes, 4).tolist() == [[0xB8, 0x0F], [0x90, 0x0C]]
+    assert torch.equal(pack_codes(codes, 5), codes)  # bytes as they are
+    assert pack_codes(codes.reshape(2, 3, 1, 1), 4).shape == (2, 2)  # [O, ...] -> [O, K]
+
+
+def test_pack_codes_rejects_what_does_not_fit() -> None:
+    with pytest.raises(ValueError, match="does not fit in 3 bits"):
+        pack_codes(torch.tensor([[8]], dtype=torch.uint8), 3)
+    with pytest.raises(ValueError, match="uint8"):
+        pack_codes(torch.tensor([[4]]), 3)
+    with pytest.raises(ValueError, match=r"uint8 \[O, 2\]"):
+        unpack_codes(torch.zeros(2, 3, dtype=torch.uint8), 4, 3)
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+def test_codes_problem_finds_codes_outside_the_level_set(bits: int) -> None:
+    top = 1 << (bits - 1)
+    assert codes_problem(torch.tensor([0, top, 2 * top - 1], dtype=torch.uint8), bits) is None
+    assert "first: 1 at flat index 1" in codes_problem(
+        torch.tensor([0, 1], dtype=torch.uint8), bits
+    )
+    if bits < 8:
+        beyond = torch.tensor([2 * top], dtype=torch.uint8)
+        assert codes_problem(beyond, bits) is not None
+    # the pow2 decoder agrees on which codes are valid
+    for code in range(256):
+        c = torch.tensor([code], dtype=torch.uint8)
+        try:
+            pow2_decode(c, 0, bits)
+            valid = True
+        except ValueError:
+            valid = False
+        assert valid == (codes_problem(c, bits) is None)
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+def test_export_load_reproduces_the_masked_checkpoint(tmp_path: Path, bits: int) -> None:
+    path, _ = masked_file(tmp_path, bits)
+    stats = export_packed(path, tmp_path / "m.inq.safetensors")
+    ckpt, packed = load_masked(path), load_packed(tmp_path / "m.inq.safetensors")
+    state = packed.state_dict()
+    assert state.keys() == ckpt.state.keys()
+    for key, value in ckpt.state.items():
+        assert state[key].dtype == value.dtype
+        assert torch.equal(state[key], value), key
+    assert set(packed.layers) == set(ckpt.masks)
+    for key, layer in packed.layers.items():
+        assert (layer.bits, layer.n1, layer.shape) == (
+            bits,
+            ckpt.n1[key],
+            tuple(ckpt.state[key].shape),
+        )
+        assert torch.equal(layer.codes(), pow2_encode(ckpt.state[key], layer.n1, bits))
+    assert packed.model == {"name": "mixed"}
+    assert stats.file_bytes == (tmp_path / "m.inq.safetensors").stat().st_size
+    with safe_open(tmp_path / "m.inq.safetensors", "pt") as f:  # plain safetensors, documented keys
+        assert f.metadata()["format"] == PACKED_FORMAT
+        assert {"conv.weight" + CODES_SUFFIX, "conv.bias"} <= set(f.keys())
+
+
+def test_half_precision_weights_round_trip(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(9, 5), nn.Linear(5, 3)).to(torch.bfloat16)
+    save_masked(tmp_path / "m.safetensors", model, quantize(model, 6), {})
+    export_packed(tmp_path / "m.safetensors", tmp_path / "p.safetensors")
+    state = load_packed(tmp_path / "p.safetensors").state_dict()
+    for key, value in model.state_dict().items():
+        assert state[key].dtype == torch.bfloat16 and torch.equal(state[key], value)
+
+
+@pytest.mark.parametrize(
+    ("bits", "expected"), [(2, 4 / 32), (3, 4 / 32), (4, 4 / 32), (5, 8 / 32), (8, 8 / 32)]
+)
+def test_size_ratio_of_realistic_layers(tmp_path: Path, bits: int, expected: float) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(64, 128, 3), nn.Conv2d(128, 128, 3, groups=128), nn.Linear(512, 257)
+    )
+    save_masked(tmp_path / "m.safetensors", model, quantize(model, bits), {})
+    stats = export_packed(tmp_path / "m.safetensors", tmp_path / "p.safetensors")
+    assert stats.fp32_bytes == 4 * sum(m.weight.numel() for m in model)
+    assert stats.ratio == pytest.approx(expected, rel=0.03)
+    # the file is the packed codes plus the float biases plus a small header
+    overhead = stats.file_bytes - stats.packed_bytes - stats.other_bytes
+    assert 0 < overhead < 4096
+
+
+def _rewrite(src: Path, dst: Path, edit_tensors=None, edit_meta=None) -> Path:
+    tensors = load_file(src)
+    with safe_open(src, "pt") as f:
+        metadata = f.metadata()
+    if edit_tensors:
+        edit_tensors(tensors)
+    if edit_meta:
+        edit_meta(metadata)
+    save_file(tensors, dst, metadata=metadata)
+    return dst
+
+
+def _edit_layer(field: str, value):
+    def edit(meta: dict[str, str]) -> None:
+        layers = json.loads(meta["layers"])
+        layers["fc.weight"][field] = value
+        meta["layers"] = json.dumps(layers)
+
+    return edit
+
+
+@pytest.fixture
+def packed_file(tmp_path: Path) -> Path:
+    path, _ = masked_file(tmp_path, bits=4)
+    export_packed(path, tmp_path / "p.inq.safetensors")
+    return tmp_path / "p.inq.safetensors"
+
+
+def _set_code(tensors, key: str, value: int) -> None:
+    tensors[key + CODES_SUFFIX][0, 0] = value
+
+
+@pytest.mark.parametrize(
+    ("edit_tensors", "edit_meta", "match"),
+    [
+        (lambda t: _set_code(t, "conv.weight", 0x31), None, r"'conv.weight'.*outside the 4-bit"),
+        (lambda t: t.pop("fc.weight" + CODES_SUFFIX), None, "corrupt INQ packed file metadata"),
+        (lambda t: t.update(x=t.pop("fc.weight" + CODES_SUFFIX)), None, "corrupt"),
+        (lambda t: t.update({"fc.weight": torch.zeros(3, 7)}), None, "both packed and as a tensor"),
+        (
+            lambda t: t.update({"extra" + CODES_SUFFIX: torch.zeros(1, 1, dtype=torch.uint8)}),
+            None,
+            "no layer metadata",
+        ),
+        (None, _edit_layer("bits", 5), "bad width"),
+        (None, _edit_layer("bits", 9), "bits must be an integer"),
+        (None, _edit_layer("shape", [3, 9]), r"'fc.weight'.*expected uint8 \[3, 5\]"),
+        (None, _edit_layer("n1", 200), "outside torch.float32"),
+        (None, _edit_layer("n1", "x"), "expected an integer"),
+        (None, _edit_layer("dtype", "int8"), "corrupt"),
+        (None, lambda m: m.pop("layers"), "corrupt"),
+        (None, lambda m: m.update(model="[1]"), "must be a JSON object"),
+        (None, lambda m: m.update(format="inq-packed/2"), "not an INQ packed file"),
+    ],
+)
+def test_tampered_files_fail_with_one_clear_error(packed_file, edit_tensors, edit_meta, match):
+    bad = _rewrite(packed_file, packed_file.with_name("bad.safetensors"), edit_tensors, edit_meta)
+    with pytest.raises(ValueError, match=match):
+        load_packed(bad)
+
+
+def test_padding_nibble_must_be_zero(packed_file: Path) -> None:
+    def set_padding(tensors) -> None:  # fc.weight is 3x7: every row ends in a padding nibble
+        tensors["fc.weight" + CODES_SUFFIX][1, -1] |= 0x80
+
+    bad = _rewrite(packed_file, packed_file.with_name("bad.safetensors"), set_padding)
+    with pytest.raises(ValueError, match="padding nibble"):
+        load_packed(bad)
+
+
+def test_truncated_and_foreign_files(packed_file: Path, tmp_path: Path) -> None:
+    data = packed_file.read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) - 10])
+    (tmp_path / "text.safetensors").write_text("not a tensor file")
+    save_file({"w": torch.zeros(2)}, tmp_path / "plain.safetensors")
+    for name, match in [
+        ("cut", "cannot read as safetensors"),
+        ("text", "cannot read as safetensors"),
+        ("plain", "not an INQ packed file"),
+        ("missing", "cannot read as safetensors"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            load_packed(tmp_path / f"{name}.safetensors")
+
+
+def test_a_masked_checkpoint_is_not_a_packed_file(tmp_path: Path) -> None:
+    path, _ = masked_file(tmp_path)
+    with pytest.raises(ValueError, match="run `inq export` on it first"):
+        load_packed(path)
+
+
+def _files(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir()}
+
+
+def _plant(key: str, index: tuple[int, ...], value: float):
+    def edit(tensors) -> None:
+        tensors[key][index] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("plant", "match"),
+    [
+        (_plant("fc.weight", (1, 2), 0.3), r"'fc.weight'.*off the 5-bit.*0.30000001192092896"),
+        (_plant("conv.weight", (0, 0, 0, 0), -0.0), r"'conv.weight'.*-0.0"),
+        (_plant("seq.weight", (0, 0, 0), float("nan")), r"'seq.weight'.*NaN"),
+    ],
+)
+def test_export_refuses_off_level_weights_and_writes_nothing(tmp_path: Path, plant, match):
+    path, _ = masked_file(tmp_path, 5)
+    bad = _rewrite(path, tmp_path / "bad.safetensors", plant)
+    before = _files(tmp_path)
+    with pytest.raises(ValueError, match=match):
+        export_packed(bad, tmp_path / "out.safetensors")
+    assert _files(tmp_path) == before  # no output, no temp file left behind
+
+
+def test_export_refuses_an_unfinished_run(tmp_path: Path) -> None:
+    model = MixedNet()
+    sched = quantize(model, 5, portions=(0.5, 1.0))
+    sched.layers[0].mask[0, 0, 0, 1] = False  # as if the last stage had not run for one weight
+    sched.layers[0].count -= 1
+    save_masked(tmp_path / "m.safetensors", model, sched, {})
+    with pytest.raises(ValueError, match=r"'conv.weight'.*mask not fully set.*flat index 1"):
+        export_packed(tmp_path / "m.safetensors", tmp_path / "out.safetensors")
+    assert not (tmp_path / "out.safetensors").exists()
