@@ -1,0 +1,370 @@
+"""``inq-train``: Algorithm 1 of the INQ paper as a Hydra app.
+
+Float weights come from ``model.checkpoint`` or are pretrained here; then, for each portion,
+partition + snap, restart the LR schedule (and the optimizer if ``inq.reset_optimizer``), retrain
+and evaluate; optionally train only biases/norms at the end. Everything lands in the Hydra run dir:
+``tb/`` (TensorBoard), ``checkpoints/{latest,float,stageK}.pt``, ``model_masked.safetensors``
+and ``summary.json``.
+
+Example (shell)::
+
+    inq-train                                # digits, small CNN, 5-bit INQ
+    inq-train inq.bits=4 trainer.float_epochs=10
+    inq-train trainer.resume=outputs/2024-01-01/12-00-00   # continue a killed run
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+import torch.nn.functional as F
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from inq.export import save_masked
+from inq.io import atomic_path
+from inq.scheduler import INQScheduler
+from inq.train import checkpoint as ckpt
+from inq.train.config import register, to_dict, validate
+from inq.train.data import batches_per_epoch, build_datasets, build_eval_loader, build_train_loader
+from inq.train.distributed import Dist, check_identical, setup, teardown
+from inq.train.errors import ConfigError
+from inq.train.loop import Phase, build_lr_schedule, build_optimizer, evaluate, plan_phases
+from inq.train.models import build_model
+from inq.train.monitor import Monitor
+
+__all__ = ["export_artifacts", "main", "run"]
+
+log = logging.getLogger("inq.train")
+
+
+@dataclass
+class Progress:
+    """Where the run is: phase index, epochs done in it, batches done in the epoch, total steps."""
+
+    phase: int = 0
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    """Run (or resume) a whole INQ training described by ``cfg``; returns the summary.
+
+    Raises:
+        ConfigError: on any bad input, naming the config key to fix.
+    """
+    validate(cfg)
+    env = setup(cfg.trainer.device)
+    if cfg.trainer.num_threads:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    if not env.main:
+        log.setLevel(logging.WARNING)
+    saved = None
+    if cfg.trainer.resume:
+        path = ckpt.resolve_resume(cfg.trainer.resume)
+        saved = ckpt.load_checkpoint(path)
+        ckpt.check_compatible(json.loads(saved["config"]), to_dict(cfg))
+        if saved["world_size"] != env.world_size:
+            raise ConfigError(
+                "trainer.resume", f"saved by {saved['world_size']} processes, not {env.world_size}"
+            )
+        out_dir = path.parent.parent
+        log.info("resuming %s at step %d; writing to %s", path, saved["progress"]["step"], out_dir)
+    r = Trainer(cfg, out_dir, env, saved)
+    for p in range(r.progress.phase, len(r.phases)):
+        phase, started = r.phases[p], time.perf_counter()
+        if r.progress.epoch == r.progress.batch == 0:
+            r.start_phase(phase)
+        for epoch in range(r.progress.epoch, phase.epochs):
+            r.train_epoch(p, phase, epoch)
+            r.progress.epoch, r.progress.batch = epoch + 1, 0
+            r.save()
+            every = cfg.trainer.eval_every
+            if every and (epoch + 1) % every == 0 and epoch + 1 < phase.epochs:
+                r.evaluate()
+        r.history[phase.name] = {"portion": r.sched.quantized_fraction(), **r.evaluate()}
+        r.timings[phase.name] = r.timings.get(phase.name, 0.0) + time.perf_counter() - started
+        r.progress = Progress(phase=p + 1, step=r.progress.step)
+        check_identical(r.model, r.sched)
+        r.save(phase.name)
+    summary = r.finish()
+    teardown()
+    return summary
+
+
+class Trainer:
+    """The state a checkpoint holds and the steps of :func:`run` that change it."""
+
+    def __init__(
+        self, cfg: DictConfig, out_dir: Path, env: Dist, saved: dict[str, Any] | None
+    ) -> None:
+        self.cfg, self.out, self.env = cfg, out_dir, env
+        _seed_everything(cfg.trainer.seed)
+        data = to_dict(cfg.data)
+        train_set, val_set = build_datasets(data)
+        self.model_info = {k: v for k, v in to_dict(cfg.model).items() if k != "checkpoint"}
+        self.model = build_model(self.model_info).to(env.device)
+        if cfg.model.checkpoint and saved is None:
+            ckpt.load_float_weights(self.model, cfg.model.checkpoint)
+        self.sched = _build_scheduler(self.model, cfg)
+        self.net: nn.Module = self.model
+        if env.world_size > 1:
+            ids = [env.device] if env.device.type == "cuda" else None
+            self.net = DistributedDataParallel(self.model, device_ids=ids)
+        self.train_loader = build_train_loader(
+            data, train_set, cfg.trainer.seed, env.rank, env.world_size
+        )
+        self.val_loader = build_eval_loader(data, val_set, env.rank, env.world_size)
+        self.steps_per_epoch = batches_per_epoch(self.train_loader)
+        self.phases = plan_phases(cfg)
+        self.amp = cfg.trainer.amp and env.device.type == "cuda"
+        self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.params = ""
+        self.lr_sched: torch.optim.lr_scheduler.LambdaLR | None = None
+        self.progress = Progress()
+        self.history: dict[str, dict[str, float]] = {}
+        self.timings: dict[str, float] = {}
+        self.evals = 0
+        self.quiet = not (env.main and cfg.trainer.progress and sys.stderr.isatty())
+        if saved is not None:
+            self._restore(saved)
+        purge = self.progress.step if saved is not None else None
+        self.tb = Monitor(out_dir / "tb", env.main, purge_step=purge)
+
+    def start_phase(self, phase: Phase) -> None:
+        """Partition + snap for a new stage; fresh LR schedule (and optimizer, if configured)."""
+        if phase.stage > self.sched.stage:
+            portion = self.sched.step()
+            log.info("stage %d: %.1f %% of the weights quantized", phase.stage, 100 * portion)
+            ckpt.kill_point("stage", phase.stage)
+            self.tb.inq_state(self.progress.step, self.sched, histograms=True)
+        if self.optimizer is None or self.cfg.inq.reset_optimizer or phase.params != self.params:
+            self._new_optimizer(phase.params, phase.lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] = phase.lr
+        self.lr_sched = build_lr_schedule(
+            self.cfg.lr, self.optimizer, phase.epochs, self.steps_per_epoch
+        )
+
+    def train_epoch(self, p: int, phase: Phase, epoch: int) -> None:
+        """One epoch (or its rest, after a resume); logs and checkpoints at their intervals."""
+        t = self.cfg.trainer
+        bs = self.train_loader.batch_size
+        self.train_loader.sampler.set_epoch(p * 100_000 + epoch, start=self.progress.batch * bs)
+        window = torch.zeros(3, dtype=torch.float64, device=self.env.device)
+        bar = tqdm(
+            self.train_loader,
+            desc=f"{phase.name} epoch {epoch + 1}/{phase.epochs}",
+            total=self.steps_per_epoch,
+            initial=self.progress.batch,
+            disable=self.quiet,
+            leave=False,
+        )
+        for x, y in bar:
+            x, y = (
+                x.to(self.env.device, non_blocking=True),
+                y.to(self.env.device, non_blocking=True),
+            )
+            with torch.autocast(self.env.device.type, torch.float16, enabled=self.amp):
+                logits = self.net(x)
+                loss = F.cross_entropy(logits, y)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(loss).backward()
+            if t.grad_clip:
+                self.scaler.unscale_(self.optimizer)
+                nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            lr = self.lr_sched.get_last_lr()[0]
+            self.lr_sched.step()
+            self.progress.batch += 1
+            self.progress.step += 1
+            window += torch.stack(
+                [
+                    loss.detach().double() * len(y),
+                    (logits.argmax(1) == y).sum(),
+                    window.new_tensor(len(y)),
+                ]
+            )
+            step = self.progress.step
+            due = bool(t.checkpoint_every) and step % t.checkpoint_every == 0
+            if due or step % t.log_every == 0 or self.progress.batch == self.steps_per_epoch:
+                loss_sum, correct, count = window.tolist()
+                self.tb.scalars(
+                    step,
+                    {"train/loss": loss_sum / count, "train/acc": correct / count, "train/lr": lr},
+                )
+                window.zero_()
+            if due:
+                self.save()
+            ckpt.kill_point("step", step)
+        bar.close()
+
+    def evaluate(self) -> dict[str, float]:
+        """Validation metrics, logged as ``val/*`` with the INQ state at the current step."""
+        self.evals += 1
+        count = self.evals
+        with torch.autocast(self.env.device.type, torch.float16, enabled=self.amp):
+            metrics = evaluate(
+                self.model,
+                self.val_loader,
+                self.env.device,
+                top5=self.cfg.data.num_classes > 10,
+                on_batch=lambda: ckpt.kill_point("eval", count),
+            )
+        self.tb.scalars(self.progress.step, {f"val/{k}": v for k, v in metrics.items()})
+        self.tb.inq_state(self.progress.step, self.sched, histograms=False)
+        log.info(
+            "step %d, stage %d: val acc %.2f %%, loss %.4f",
+            self.progress.step,
+            self.sched.stage,
+            100 * metrics["acc"],
+            metrics["loss"],
+        )
+        return metrics
+
+    def save(self, *names: str) -> None:
+        """Write ``checkpoints/latest.pt`` (and ``<name>.pt`` for each name); rank 0 only."""
+        if not self.env.main:
+            return
+        state = {
+            "format": ckpt.FORMAT,
+            "model": self.model.state_dict(),
+            "inq": self.sched.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "params": self.params,
+            "lr_schedule": self.lr_sched.state_dict() if self.lr_sched else None,
+            "scaler": self.scaler.state_dict(),
+            "progress": asdict(self.progress),
+            "history": self.history,
+            "timings": self.timings,
+            "rng": ckpt.get_rng_state(),
+            "world_size": self.env.world_size,
+            "config": json.dumps(to_dict(self.cfg)),
+        }
+        for name in ("latest", *names):
+            ckpt.save_checkpoint(self.out / "checkpoints" / f"{name}.pt", state)
+
+    def finish(self) -> dict[str, Any]:
+        """Export, write ``summary.json`` and print the float-vs-INQ table (rank 0)."""
+        self.tb.close()
+        stages = [p.name for p in self.phases if p.name != "float"]
+        summary = {
+            "float_acc": self.history["float"]["acc"],
+            "final_acc": self.history[self.phases[-1].name]["acc"],
+            "bits": self.sched.bits,
+            "portions": list(self.sched.portions),
+            "strategy": self.sched.strategy,
+            "stages": {name: self.history[name] for name in stages},
+            "float": self.history["float"],
+            "timings_s": self.timings,
+            "world_size": self.env.world_size,
+        }
+        if self.env.main:
+            summary["files"] = export_artifacts(self.out, self.model, self.sched, self.model_info)
+            with atomic_path(self.out / "summary.json") as tmp:
+                tmp.write_text(json.dumps(summary, indent=2) + "\n")
+            log.info("results in %s\n%s", self.out, _table(summary))
+        return summary
+
+    def _new_optimizer(self, params: str, lr: float) -> None:
+        if self.optimizer is not None:
+            self.optimizer.state.clear()  # the scheduler keeps a reference; free the buffers
+        self.optimizer = build_optimizer(self.cfg.optim, self.model, params, lr)
+        self.params = params
+        self.sched.attach(self.optimizer)
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        self.model.load_state_dict(saved["model"])
+        self.sched.load_state_dict(saved["inq"])
+        self.progress = Progress(**saved["progress"])
+        self.history, self.timings = saved["history"], saved["timings"]
+        if saved["optimizer"] is not None:
+            self._new_optimizer(saved["params"], lr=1.0)  # the saved state sets the lr
+            mid_phase = self.progress.epoch or self.progress.batch
+            if mid_phase:  # schedule before optimizer state: LambdaLR's constructor sets the lr
+                phase = self.phases[self.progress.phase]
+                self.lr_sched = build_lr_schedule(
+                    self.cfg.lr, self.optimizer, phase.epochs, self.steps_per_epoch
+                )
+            self.optimizer.load_state_dict(saved["optimizer"])
+            if mid_phase:
+                self.lr_sched.load_state_dict(saved["lr_schedule"])
+        self.scaler.load_state_dict(saved["scaler"])
+        ckpt.set_rng_state(saved["rng"])
+
+
+def export_artifacts(
+    out_dir: Path, model: nn.Module, sched: INQScheduler, model_info: dict[str, Any]
+) -> dict[str, str]:
+    """Write the deliverables of a finished run into ``out_dir``; returns ``{kind: path}``."""
+    masked = out_dir / "model_masked.safetensors"
+    save_masked(masked, model, sched, model_info=model_info)
+    files = {"masked": str(masked)}
+    # PACKED EXPORT GOES HERE: write the packed low-bit codes beside the masked file and add
+    # them to ``files`` (e.g. files["packed"] = ...).
+    return files
+
+
+def _build_scheduler(model: nn.Module, cfg: DictConfig) -> INQScheduler:
+    try:
+        return INQScheduler(
+            model,
+            bits=cfg.inq.bits,
+            portions=list(cfg.inq.portions),
+            strategy=cfg.inq.strategy.name,
+            seed=cfg.trainer.seed,
+            include=None if cfg.inq.include is None else list(cfg.inq.include),
+            exclude=None if cfg.inq.exclude is None else list(cfg.inq.exclude),
+        )
+    except ValueError as err:
+        keys = ("portions", "include", "exclude", "strategy")
+        key = next((f"inq.{k}" for k in keys if k in str(err)), "inq")
+        raise ConfigError(key, str(err)) from None
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _table(summary: dict[str, Any]) -> str:
+    rows = [("float", summary["float"]), *summary["stages"].items()]
+    lines = [f"{'phase':<10} {'quantized':>9} {'val acc':>8}"]
+    lines += [f"{n:<10} {100 * m['portion']:>8.1f}% {100 * m['acc']:>7.2f}%" for n, m in rows]
+    delta = 100 * (summary["final_acc"] - summary["float_acc"])
+    lines.append(
+        f"float {100 * summary['float_acc']:.2f}% -> {summary['bits']}-bit INQ "
+        f"{100 * summary['final_acc']:.2f}% ({delta:+.2f} points)"
+    )
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path="pkg://inq.conf", config_name="config")
+def _hydra_app(cfg: DictConfig) -> float:
+    try:
+        return run(cfg, Path(HydraConfig.get().runtime.output_dir))["final_acc"]
+    except ConfigError as err:
+        sys.exit(f"inq-train: error: {err}")
+
+
+def main() -> None:
+    """Console entry point of ``inq-train`` (all arguments are Hydra overrides)."""
+    register()
+    _hydra_app()

@@ -1,0 +1,193 @@
+"""Training checkpoints: atomic writes, ``weights_only`` loads, RNG capture, resume checks.
+
+A checkpoint is a plain dict of tensors, numbers and strings (no pickled code), written with
+:func:`inq.io.atomic_path` so a kill at any moment leaves the previous file intact.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from inq.io import atomic_path
+from inq.train.errors import ConfigError
+
+__all__ = [
+    "FORMAT",
+    "KILL_ENV",
+    "check_compatible",
+    "get_rng_state",
+    "kill_point",
+    "load_checkpoint",
+    "load_float_weights",
+    "resolve_resume",
+    "save_checkpoint",
+    "set_rng_state",
+]
+
+FORMAT = "inq-train/1"
+KILL_ENV = "INQ_TRAIN_KILL_AT"
+# Keys that may differ between a run and its resumption: none of them changes the weights.
+RESUMABLE_CHANGES = frozenset(
+    {
+        "trainer.resume",
+        "trainer.progress",
+        "trainer.device",
+        "trainer.eval_every",
+        "trainer.checkpoint_every",
+        "trainer.log_every",
+        "data.root",
+        "data.num_workers",
+        "data.eval_batch_size",
+    }
+)
+
+
+def save_checkpoint(path: Path, state: Mapping[str, Any]) -> None:
+    """Write ``state`` to ``path`` atomically (temp file, fsync, rename).
+
+    Example:
+        >>> import tempfile
+        >>> file = Path(tempfile.mkdtemp()) / "ck.pt"
+        >>> save_checkpoint(file, {"format": FORMAT, "step": 3})
+        >>> load_checkpoint(file)["step"]
+        3
+    """
+    with atomic_path(path) as tmp:
+        torch.save(dict(state), tmp)
+
+
+def load_checkpoint(path: Path, key: str = "trainer.resume") -> dict[str, Any]:
+    """Load a file written by :func:`save_checkpoint` with ``weights_only=True`` on the CPU.
+
+    Raises:
+        ConfigError: naming ``key`` if the file is missing, unreadable or not an inq-train one.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError) as err:
+        raise ConfigError(key, f"cannot read checkpoint {path} ({err})") from err
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ConfigError(key, f"{path} is not an inq-train checkpoint")
+    return state
+
+
+def resolve_resume(resume: str) -> Path:
+    """The checkpoint file that ``trainer.resume`` names: a file, or a run dir's latest one.
+
+    Raises:
+        ConfigError: if neither exists.
+    """
+    path = Path(resume).expanduser()
+    if path.is_dir():
+        path = path / "checkpoints" / "latest.pt"
+    if not path.is_file():
+        raise ConfigError(
+            "trainer.resume", f"no checkpoint at {path}; give a run dir or a .pt file"
+        )
+    return path
+
+
+def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """Refuse to resume when a setting that shapes the weights changed.
+
+    Example:
+        >>> check_compatible({"inq": {"bits": 5}}, {"inq": {"bits": 4}})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        inq.train.errors.ConfigError: trainer.resume: ... inq.bits=5 (now 4); resume ...
+
+    Raises:
+        ConfigError: listing every changed key with its saved and current value.
+    """
+    old, new = _flatten(saved), _flatten(current)
+    changed = [
+        f"{k}={old.get(k)!r} (now {new.get(k)!r})"
+        for k in sorted(old.keys() | new.keys())
+        if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k)
+    ]
+    if changed:
+        raise ConfigError(
+            "trainer.resume",
+            "the checkpoint was made with a different config: "
+            + ", ".join(changed)
+            + "; resume with the original settings or start a new run",
+        )
+
+
+def get_rng_state() -> dict[str, Any]:
+    """torch (CPU and CUDA), numpy and python RNG states as tensors and numbers."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
+        "numpy_pos": int(np_state[2]),
+        "numpy_gauss": (int(np_state[3]), float(np_state[4])),
+        "python": torch.tensor(py_state[1], dtype=torch.int64),
+    }
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore :func:`get_rng_state` output."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    keys = state["numpy"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, state["numpy_pos"], *state["numpy_gauss"]))
+    random.setstate((3, tuple(int(v) for v in state["python"]), None))
+
+
+def load_float_weights(model: nn.Module, path: str) -> None:
+    """Load ``model.checkpoint`` into ``model``: a state_dict ``.pt``/``.pth``, a ``.safetensors``
+    file, or an inq-train checkpoint (its ``model`` entry).
+
+    Raises:
+        ConfigError: naming ``model.checkpoint`` if the file is missing, unreadable or does not
+            fit the model.
+    """
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError("model.checkpoint", f"{file} does not exist")
+    try:
+        if file.suffix == ".safetensors":
+            state = load_file(file)
+        else:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # any parse failure of a user-supplied file is the same user error
+        raise ConfigError("model.checkpoint", f"cannot read {file} ({err})") from err
+    if isinstance(state, dict) and state.get("format") == FORMAT:
+        state = state["model"]
+    if not isinstance(state, dict):
+        raise ConfigError("model.checkpoint", f"{file} holds no state_dict")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        raise ConfigError("model.checkpoint", f"{file} does not fit model.name: {err}") from err
+
+
+def kill_point(event: str, count: int) -> None:
+    """Test seam: SIGKILL this process at the ``count``-th ``event`` if ``INQ_TRAIN_KILL_AT`` is
+    ``"<event>:<count>"`` (events: ``step``, ``eval``, ``stage``). Used to test exact resume."""
+    if os.environ.get(KILL_ENV) == f"{event}:{count}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -1,0 +1,203 @@
+"""The typed schema of ``inq-train``'s config, registered in Hydra's ConfigStore.
+
+The YAML files under ``conf/`` (shipped as ``inq.conf``) fill these dataclasses, so a misspelt key
+or a value of the wrong type stops Hydra with one message; :func:`validate` checks the ranges
+OmegaConf cannot express.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import II, MISSING, DictConfig, OmegaConf
+
+from inq.pow2 import check_bits
+from inq.train.errors import ConfigError
+
+__all__ = ["Config", "to_dict", "validate"]
+
+
+class DataName(Enum):
+    digits = 1
+    cifar10 = 2
+    cifar100 = 3
+    imagenet = 4
+    synthetic = 5
+
+
+class Strategy(Enum):
+    magnitude = 1
+    random = 2
+
+
+class Schedule(Enum):
+    constant = 1
+    cosine = 2
+    step = 3
+
+
+@dataclass
+class DataConfig:
+    name: DataName = DataName.digits
+    root: str | None = None  # local dataset directory (cifar*, imagenet)
+    num_classes: int = 10
+    in_channels: int = 1
+    image_size: int = 8
+    val_fraction: float = 0.25  # held-out share of digits (stratified)
+    split_seed: int = 0
+    train_size: int | None = None  # cap (synthetic: exact count); None = all
+    val_size: int | None = None
+    augment: bool = True
+    batch_size: int = 64  # per process
+    eval_batch_size: int = 256
+    num_workers: int = 0
+
+
+@dataclass
+class ModelConfig:
+    name: str = "digits_cnn"  # digits_cnn, resnet20/32/56, or a torchvision model name
+    num_classes: int = II("data.num_classes")
+    in_channels: int = II("data.in_channels")
+    width: int = 16
+    checkpoint: str | None = None  # float weights to start from; None = pretrain here
+
+
+@dataclass
+class SGDConfig:
+    _target_: str = "torch.optim.SGD"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    nesterov: bool = False
+
+
+@dataclass
+class AdamWConfig:
+    _target_: str = "torch.optim.AdamW"
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    weight_decay: float = 0.01
+
+
+@dataclass
+class LRConfig:
+    name: Schedule = Schedule.cosine  # restarted at every stage
+    warmup_epochs: float = 0.0
+    min_factor: float = 0.0  # cosine floor, as a fraction of the base lr
+    milestones: list[float] = field(default_factory=lambda: [0.5, 0.75])  # step: phase fractions
+    gamma: float = 0.1
+
+
+@dataclass
+class INQConfig:
+    bits: int = 5
+    portions: list[float] = field(default_factory=lambda: [0.3, 0.6, 0.8, 1.0])
+    strategy: Strategy = Strategy.magnitude
+    epochs: int = 4  # retraining epochs per stage
+    lr: float | None = None  # retraining lr; None = optim.lr
+    include: list[str] | None = None  # module-name globs
+    exclude: list[str] | None = None
+    reset_optimizer: bool = True  # fresh optimizer state at every stage
+    final_epochs: int = 0  # after the last stage: train biases and norm layers only
+
+
+@dataclass
+class TrainerConfig:
+    device: str = "auto"  # auto = cuda if available, else cpu
+    amp: bool = False  # float16 autocast + grad scaling (CUDA only)
+    grad_clip: float | None = None  # max global grad norm
+    seed: int = 0
+    num_threads: int = 1  # CPU threads per process; 1 suits small models; 0 = torch's default
+    float_epochs: int = 20  # pretraining when model.checkpoint is None
+    eval_every: int = 0  # epochs; 0 = at the end of each stage only
+    checkpoint_every: int = 0  # optimizer steps; 0 = at epoch ends only
+    log_every: int = 10  # optimizer steps between train/* scalars
+    resume: str | None = None  # run dir or checkpoint file of a killed run
+    progress: bool = True  # tqdm bars (only when stderr is a terminal)
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: Any = MISSING
+    lr: LRConfig = field(default_factory=LRConfig)
+    inq: INQConfig = field(default_factory=INQConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def register() -> None:
+    """Put the schema in Hydra's ConfigStore (``conf/config.yaml`` starts from ``inq_schema``)."""
+    store = ConfigStore.instance()
+    store.store(name="inq_schema", node=Config)
+    store.store(group="optim", name="sgd_schema", node=SGDConfig)
+    store.store(group="optim", name="adamw_schema", node=AdamWConfig)
+
+
+def to_dict(node: DictConfig) -> dict[str, Any]:
+    """A resolved plain-dict copy of a config node (enums as their names).
+
+    Example:
+        >>> to_dict(OmegaConf.structured(DataConfig))["name"]
+        'digits'
+    """
+    return OmegaConf.to_container(node, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check what the types cannot: ranges and cross-field rules.
+
+    Example:
+        >>> register()
+        >>> cfg = OmegaConf.merge(OmegaConf.structured(Config), {"optim": SGDConfig()})
+        >>> validate(cfg)
+        >>> cfg.inq.bits = 9
+        >>> validate(cfg)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        inq.train.errors.ConfigError: inq.bits: bits must be an integer from 2 to 8 ...
+
+    Raises:
+        ConfigError: naming the first offending key.
+    """
+    try:
+        check_bits(cfg.inq.bits)
+    except ValueError as err:
+        raise ConfigError("inq.bits", str(err)) from None
+    counts = {
+        "trainer.float_epochs": cfg.trainer.float_epochs,
+        "inq.epochs": cfg.inq.epochs,
+        "inq.final_epochs": cfg.inq.final_epochs,
+        "trainer.eval_every": cfg.trainer.eval_every,
+        "trainer.checkpoint_every": cfg.trainer.checkpoint_every,
+        "data.num_workers": cfg.data.num_workers,
+        "trainer.num_threads": cfg.trainer.num_threads,
+    }
+    for key, value in counts.items():
+        if value < 0:
+            raise ConfigError(key, f"must be >= 0, got {value}")
+    positive = {
+        "data.batch_size": cfg.data.batch_size,
+        "data.eval_batch_size": cfg.data.eval_batch_size,
+        "data.num_classes": cfg.data.num_classes,
+        "trainer.log_every": cfg.trainer.log_every,
+        "optim.lr": cfg.optim.lr,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(key, f"must be > 0, got {value}")
+    if cfg.inq.lr is not None and cfg.inq.lr <= 0:
+        raise ConfigError("inq.lr", f"must be > 0 or null, got {cfg.inq.lr}")
+    if cfg.trainer.grad_clip is not None and cfg.trainer.grad_clip <= 0:
+        raise ConfigError("trainer.grad_clip", f"must be > 0 or null, got {cfg.trainer.grad_clip}")
+    if cfg.trainer.device not in ("auto", "cpu") and not cfg.trainer.device.startswith("cuda"):
+        raise ConfigError(
+            "trainer.device", f"use auto, cpu or cuda[:N], got {cfg.trainer.device!r}"
+        )
+    if not 0.0 <= cfg.lr.min_factor <= 1.0:
+        raise ConfigError("lr.min_factor", f"must lie in [0, 1], got {cfg.lr.min_factor}")
+    if any(not 0.0 < m < 1.0 for m in cfg.lr.milestones):
+        raise ConfigError("lr.milestones", f"fractions of a stage, in (0, 1): {cfg.lr.milestones}")

@@ -1,0 +1,96 @@
+"""Process group and device: one process, or one per GPU/CPU worker under ``torchrun``.
+
+Masks stay identical on every rank because every rank holds the same weights (DDP broadcasts them
+at start and all-reduces gradients) and the ``random`` partition is seeded by (seed, layer,
+stage); :func:`check_identical` proves it at every stage boundary.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from inq.scheduler import INQScheduler
+
+__all__ = ["Dist", "all_sum", "check_identical", "setup", "teardown"]
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place: ``rank`` of ``world_size``, and the device it trains on."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        """True on the process that logs and writes files (rank 0)."""
+        return self.rank == 0
+
+
+def setup(device: str = "auto") -> Dist:
+    """Join the ``torchrun`` process group if there is one (nccl on CUDA, else gloo).
+
+    Example:
+        >>> setup("cpu")
+        Dist(rank=0, world_size=1, device=device(type='cpu'))
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    rank = dist.get_rank() if world_size > 1 else 0
+    return Dist(rank=rank, world_size=world_size, device=dev)
+
+
+def teardown() -> None:
+    """Leave the process group (no-op in a single process)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over ranks (identity in a single process)."""
+    if dist.is_initialized():
+        dist.all_reduce(values)
+    return values
+
+
+def _digest(tensor: torch.Tensor) -> torch.Tensor:
+    # Exact, order-sensitive checksum of the bits: any differing element changes it.
+    bits = tensor.detach().flatten().contiguous()
+    bits = bits.view(torch.uint8) if bits.dtype != torch.bool else bits.to(torch.uint8)
+    weights = torch.arange(bits.numel(), device=bits.device) % 65521 + 1
+    return (bits.to(torch.int64) * weights).sum()
+
+
+@torch.no_grad()
+def check_identical(model: nn.Module, scheduler: INQScheduler) -> None:
+    """Raise if any rank's weights, buffers or INQ masks differ from rank 0's (bit for bit).
+
+    Raises:
+        RuntimeError: naming the first tensor that differs.
+    """
+    if not dist.is_initialized():
+        return
+    named = list(model.state_dict().items())
+    named += [(f"{layer.name}.inq_mask", layer.mask) for layer in scheduler.layers]
+    device = next(model.parameters()).device  # nccl needs CUDA tensors, gloo takes CPU ones
+    mine = torch.stack([_digest(t) for _, t in named]).to(device)
+    ref = mine.clone()
+    dist.broadcast(ref, src=0)
+    bad = all_sum(torch.ne(mine, ref).to(torch.int64))
+    if bool(bad.any()):
+        first = named[int(bad.nonzero()[0])][0]
+        raise RuntimeError(f"ranks diverged: {first!r} differs from rank 0's")

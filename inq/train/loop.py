@@ -1,0 +1,172 @@
+"""Pieces of the training loop: the phase plan, optimizer and LR schedule factories, evaluation.
+
+A run is a list of phases: ``float`` (pretraining; 0 epochs when ``model.checkpoint`` is given),
+``stage1`` .. ``stageK`` (one per INQ portion) and, if ``inq.final_epochs`` > 0, ``bias_norm``.
+Every phase gets a fresh LR schedule; :mod:`inq.train.app` runs them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader
+
+from inq.train.distributed import all_sum
+
+__all__ = [
+    "NORM_TYPES",
+    "Phase",
+    "bias_norm_parameters",
+    "build_lr_schedule",
+    "build_optimizer",
+    "evaluate",
+    "plan_phases",
+]
+
+NORM_TYPES = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One block of epochs: its name, INQ stage (0 = float), epochs, base lr, trained params."""
+
+    name: str
+    stage: int
+    epochs: int
+    lr: float
+    params: str  # "all" or "bias_norm"
+
+
+def plan_phases(cfg: DictConfig) -> list[Phase]:
+    """The phases of a run, in order.
+
+    Example:
+        >>> from omegaconf import OmegaConf
+        >>> cfg = OmegaConf.create({"model": {"checkpoint": None}, "optim": {"lr": 0.1},
+        ...     "trainer": {"float_epochs": 3},
+        ...     "inq": {"portions": [0.5, 1.0], "epochs": 2, "lr": 0.01, "final_epochs": 1}})
+        >>> [(p.name, p.epochs, p.lr) for p in plan_phases(cfg)]
+        [('float', 3, 0.1), ('stage1', 2, 0.01), ('stage2', 2, 0.01), ('bias_norm', 1, 0.01)]
+    """
+    float_epochs = 0 if cfg.model.checkpoint else cfg.trainer.float_epochs
+    lr = cfg.inq.lr if cfg.inq.lr is not None else cfg.optim.lr
+    phases = [Phase("float", 0, float_epochs, cfg.optim.lr, "all")]
+    stages = len(cfg.inq.portions)
+    phases += [Phase(f"stage{k}", k, cfg.inq.epochs, lr, "all") for k in range(1, stages + 1)]
+    if cfg.inq.final_epochs:
+        phases.append(Phase("bias_norm", stages, cfg.inq.final_epochs, lr, "bias_norm"))
+    return phases
+
+
+def bias_norm_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Biases of every layer and all parameters of normalization layers.
+
+    Example:
+        >>> net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Linear(2, 2, bias=False))
+        >>> [tuple(p.shape) for p in bias_norm_parameters(net)]
+        [(2,), (2,), (2,)]
+    """
+    chosen: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if isinstance(module, NORM_TYPES) or name == "bias":
+                chosen.setdefault(id(param), param)
+    return list(chosen.values())
+
+
+def build_optimizer(
+    optim_cfg: DictConfig, model: nn.Module, params: str, lr: float
+) -> torch.optim.Optimizer:
+    """Instantiate ``optim`` (its ``_target_``) over all parameters or biases/norms only."""
+    chosen = list(model.parameters()) if params == "all" else bias_norm_parameters(model)
+    return instantiate(optim_cfg, params=chosen, lr=lr)
+
+
+def build_lr_schedule(
+    lr_cfg: DictConfig, optimizer: torch.optim.Optimizer, epochs: int, steps_per_epoch: int
+) -> LambdaLR:
+    """Per-step schedule over one phase: optional linear warmup, then constant/cosine/step.
+
+    Example:
+        >>> from omegaconf import OmegaConf
+        >>> opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+        >>> cfg = OmegaConf.create({"name": "step", "warmup_epochs": 0, "milestones": [0.5],
+        ...                         "gamma": 0.1, "min_factor": 0.0})
+        >>> sched = build_lr_schedule(cfg, opt, epochs=2, steps_per_epoch=2)
+        >>> lrs = []
+        >>> for _ in range(4):
+        ...     lrs.append(round(sched.get_last_lr()[0], 3))
+        ...     opt.step()
+        ...     sched.step()
+        >>> lrs
+        [1.0, 1.0, 0.1, 0.1]
+    """
+    total = max(1, epochs * steps_per_epoch)
+    warmup = round(lr_cfg.warmup_epochs * steps_per_epoch)
+    name = getattr(lr_cfg.name, "name", lr_cfg.name)  # a Schedule enum or its name
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        t = (step - warmup) / max(1, total - warmup)
+        if name == "cosine":
+            return lr_cfg.min_factor + (1 - lr_cfg.min_factor) * 0.5 * (1 + math.cos(math.pi * t))
+        if name == "step":
+            return lr_cfg.gamma ** sum(step / total >= m for m in lr_cfg.milestones)
+        return 1.0
+
+    return LambdaLR(optimizer, factor)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    device: torch.device,
+    top5: bool,
+    on_batch: Callable[[], None] = lambda: None,
+) -> dict[str, float]:
+    """Loss, top-1 (and top-5) accuracy over ``loader``, summed over all ranks.
+
+    Example:
+        >>> data = [(torch.randn(4, 3), torch.tensor([0, 1, 2, 0]))]
+        >>> sorted(evaluate(nn.Linear(3, 3), data, torch.device("cpu"), top5=False))
+        ['acc', 'loss']
+    """
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1, top-5, count
+    for x, y in _batches(loader, device):
+        logits = model(x).float()
+        sums[0] += F.cross_entropy(logits, y, reduction="sum")
+        ranked = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        sums[1] += (ranked[:, 0] == y).sum()
+        sums[2] += (ranked == y[:, None]).any(dim=1).sum()
+        sums[3] += len(y)
+        on_batch()
+    model.train(was_training)
+    loss, top1, top5_hits, count = all_sum(sums).tolist()
+    metrics = {"loss": loss / count, "acc": top1 / count}
+    if top5:
+        metrics["acc_top5"] = top5_hits / count
+    return metrics
+
+
+def _batches(
+    loader: DataLoader, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for x, y in loader:
+        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
