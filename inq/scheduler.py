@@ -284,6 +284,8 @@ class INQScheduler:
     ) -> tuple[int, torch.Tensor, torch.Tensor]:
         layer._follow_weight_device()
         weight = layer.weight.detach()
+        if not bool(torch.isfinite(weight).all()):  # pow2_n1 checks only at the first stage
+            raise ValueError(f"INQScheduler.step(): {layer.name!r} holds NaN or infinity")
         n1 = pow2_n1(weight) if layer.n1 is None else layer.n1
         count = quantized_count(portion, weight.numel())
         key = f"{layer.name}/stage{self.stage + 1}"

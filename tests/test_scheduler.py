@@ -1,0 +1,713 @@
+"""INQScheduler: targets, argument checks, stages, freezing under every optimizer, exact resume."""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+from collections.abc import Callable, Iterable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import inq
+from inq import INQScheduler, quantized_count
+from inq.scheduler import QuantizedLayer
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+ODD_SIZES = (1, 3, 7, 13, 101)
+
+
+# ---------------------------------------------------------------- models and data
+
+
+class DigitsNet(nn.Module):
+    """A tiny conv + linear classifier for 8x8 digits (BatchNorm and biases stay float)."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 6, kernel_size=3, padding=1)
+        self.norm = nn.BatchNorm2d(6)
+        self.drop = nn.Dropout(dropout)
+        self.fc = nn.Linear(6 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.norm(self.conv(x))), 2)
+        return self.fc(self.drop(x.flatten(1)))
+
+
+def digits_net(seed: int, dropout: float = 0.0) -> DigitsNet:
+    torch.manual_seed(seed)
+    return DigitsNet(dropout)
+
+
+@functools.lru_cache(maxsize=1)
+def digits_batches(batch_size: int = 48, count: int = 8) -> tuple[Batch, ...]:
+    """``count`` fixed batches of real 8x8 digits from scikit-learn (scaled to [0, 1])."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    images = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(data.target, dtype=torch.long)
+    n = batch_size * count
+    return tuple(
+        (images[i : i + batch_size], labels[i : i + batch_size]) for i in range(0, n, batch_size)
+    )
+
+
+def frozen_snapshot(sched: INQScheduler) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(mask, weight values) of every layer, recorded right after ``sched.step()``."""
+    return {
+        layer.name: (layer.mask.clone(), layer.weight.detach().clone()) for layer in sched.layers
+    }
+
+
+def assert_frozen_exact(
+    sched: INQScheduler, snapshot: dict[str, tuple[torch.Tensor, torch.Tensor]], when: str
+) -> None:
+    for layer in sched.layers:
+        mask, values = snapshot[layer.name]
+        assert torch.equal(layer.mask, mask), f"{layer.name}: mask changed {when}"
+        assert torch.equal(layer.weight.detach()[mask], values[mask]), (
+            f"{layer.name}: a frozen weight moved {when}"
+        )
+
+
+def assert_frozen_grads_zero(sched: INQScheduler) -> None:
+    for layer in sched.layers:
+        grad = layer.weight.grad
+        assert grad is not None
+        frozen = grad[layer.mask]
+        assert torch.equal(frozen, torch.zeros_like(frozen)), f"{layer.name}: frozen grad != 0"
+
+
+def frozen_state_keys(optimizer: torch.optim.Optimizer, sched: INQScheduler) -> set[str]:
+    """Check that weight-shaped optimizer state is zero on frozen entries; return its keys."""
+    checked: set[str] = set()
+    for layer in sched.layers:
+        for key, value in optimizer.state.get(layer.weight, {}).items():
+            if isinstance(value, torch.Tensor) and value.shape == layer.weight.shape:
+                frozen = value[layer.mask]
+                assert torch.equal(frozen, torch.zeros_like(frozen)), (
+                    f"{layer.name}: optimizer state {key!r} of frozen entries is not zero"
+                )
+                checked.add(key)
+    return checked
+
+
+def float_weights_moved(
+    sched: INQScheduler, snapshot: dict[str, tuple[torch.Tensor, torch.Tensor]]
+) -> bool:
+    """True if every layer that still has float weights saw some of them change."""
+    return all(
+        not torch.equal(layer.weight.detach()[~mask], values[~mask])
+        for layer in sched.layers
+        for mask, values in [snapshot[layer.name]]
+        if not mask.all()
+    )
+
+
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> list[tuple[list[int], dict]]:
+    return [
+        ([id(p) for p in group["params"]], {k: v for k, v in group.items() if k != "params"})
+        for group in optimizer.param_groups
+    ]
+
+
+def layer_by_name(sched: INQScheduler, name: str) -> QuantizedLayer:
+    return next(layer for layer in sched.layers if layer.name == name)
+
+
+# ---------------------------------------------------------------- target selection
+
+
+class EveryKindOfLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv1d(2, 3, 3)
+        self.c2 = nn.Conv2d(2, 3, 3)
+        self.c3 = nn.Conv3d(2, 3, 3)
+        self.t1 = nn.ConvTranspose1d(3, 2, 3)
+        self.t2 = nn.ConvTranspose2d(3, 2, 3)
+        self.t3 = nn.ConvTranspose3d(3, 2, 3)
+        self.fc = nn.Linear(4, 5)
+        self.bn = nn.BatchNorm2d(3)
+        self.ln = nn.LayerNorm(5)
+        self.gn = nn.GroupNorm(1, 3)
+        self.emb = nn.Embedding(10, 4)
+        self.head = nn.Sequential(nn.Linear(5, 2, bias=False))
+
+
+def test_targets_are_conv_convtranspose_and_linear_weights_only() -> None:
+    model = EveryKindOfLayer()
+    sched = INQScheduler(model)
+    names = [layer.name for layer in sched.layers]
+    assert names == ["c1", "c2", "c3", "t1", "t2", "t3", "fc", "head.0"]
+    for layer in sched.layers:
+        assert layer.weight is model.get_submodule(layer.name).weight
+    targeted = {id(layer.weight) for layer in sched.layers}
+    for name, param in model.named_parameters():
+        if not name.endswith("weight") or name.split(".")[0] in {"bn", "ln", "gn", "emb"}:
+            assert id(param) not in targeted, f"{name} must not be quantized"
+
+
+def test_biases_and_norms_stay_float_through_all_stages() -> None:
+    model = EveryKindOfLayer()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    sched = INQScheduler(model, bits=3)
+    while not sched.done:
+        sched.step()
+    for key, value in model.state_dict().items():
+        if key.endswith("bias") or key.split(".")[0] in {"bn", "ln", "gn", "emb"}:
+            assert torch.equal(value, before[key]), f"{key} changed"
+        else:
+            assert not torch.equal(value, before[key]), f"{key} was not quantized"
+
+
+@pytest.mark.parametrize(
+    ("include", "exclude", "expected"),
+    [
+        ("c*", None, ["c1", "c2", "c3"]),
+        (["t?", "fc"], None, ["t1", "t2", "t3", "fc"]),
+        (None, "head.*", ["c1", "c2", "c3", "t1", "t2", "t3", "fc"]),
+        (None, ["c1", "t*"], ["c2", "c3", "fc", "head.0"]),
+        ("c*", "c2", ["c1", "c3"]),
+        ("*", None, ["c1", "c2", "c3", "t1", "t2", "t3", "fc", "head.0"]),
+    ],
+)
+def test_include_and_exclude_patterns(
+    include: str | list[str] | None, exclude: str | list[str] | None, expected: list[str]
+) -> None:
+    sched = INQScheduler(EveryKindOfLayer(), include=include, exclude=exclude)
+    assert [layer.name for layer in sched.layers] == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"include": "conv*"}, "include pattern 'conv\\*' matches no conv/linear layer"),
+        ({"exclude": ["fc", "nope"]}, "exclude pattern 'nope' matches no"),
+        ({"include": "bn"}, "include pattern 'bn' matches no"),  # a norm layer is no target
+        ({"include": "fc", "exclude": "fc"}, "leave no layer"),
+    ],
+)
+def test_bad_patterns_raise(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        INQScheduler(EveryKindOfLayer(), **kwargs)
+
+
+def test_tied_weights_are_quantized_once() -> None:
+    first = nn.Linear(6, 6, bias=False)
+    second = nn.Linear(6, 6, bias=False)
+    second.weight = first.weight
+    model = nn.Sequential(first, nn.ReLU(), second, nn.Linear(6, 2))
+    sched = INQScheduler(model, portions=(0.5, 1.0))
+    assert [layer.name for layer in sched.layers] == ["0", "3"]
+    sched.step()
+    assert layer_by_name(sched, "0").count == 18
+    assert model[0].weight is model[2].weight
+    assert sched.quantized_fraction() == (18 + 6) / (36 + 12)
+
+
+def test_model_without_targets_raises() -> None:
+    with pytest.raises(ValueError, match="no Conv/ConvTranspose/Linear layer"):
+        INQScheduler(nn.Sequential(nn.BatchNorm1d(3), nn.ReLU(), nn.Embedding(3, 3)))
+
+
+def test_lazy_module_raises() -> None:
+    with pytest.raises(ValueError, match="lazy"):
+        INQScheduler(nn.Sequential(nn.LazyLinear(3)))
+
+
+# ---------------------------------------------------------------- argument checks
+
+
+@pytest.mark.parametrize(
+    ("portions", "message"),
+    [
+        ((), "must not be empty"),
+        ((0.3, 0.3, 1.0), "strictly increasing"),
+        ((0.6, 0.3, 1.0), "strictly increasing"),
+        ((0.5, 1.0, 1.0), "strictly increasing"),
+        ((0.3, 0.6, 0.8), "end at 1.0"),
+        ((0.0, 1.0), "lie in \\(0, 1\\]"),
+        ((-0.5, 1.0), "lie in"),
+        ((0.5, 1.5), "lie in"),
+        ((math.nan, 1.0), "lie in"),
+    ],
+)
+def test_bad_portions_raise(portions: tuple[float, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        INQScheduler(nn.Linear(3, 3), portions=portions)
+
+
+@pytest.mark.parametrize("bits", [1, 9, 0, 2.5])
+def test_bad_bits_raise(bits: object) -> None:
+    with pytest.raises(ValueError, match="bits must be an integer from 2 to 8"):
+        INQScheduler(nn.Linear(3, 3), bits=bits)  # type: ignore[arg-type]
+
+
+def test_unknown_strategy_raises() -> None:
+    with pytest.raises(ValueError, match=r"strategy must be one of .*'pruning'"):
+        INQScheduler(nn.Linear(3, 3), strategy="pruning")
+
+
+def test_stepping_past_the_last_stage_raises() -> None:
+    sched = INQScheduler(nn.Linear(3, 3), portions=(0.5, 1.0))
+    assert sched.step() == 0.5
+    assert sched.step() == 1.0
+    assert sched.done
+    with pytest.raises(RuntimeError, match="all 2 stages are done"):
+        sched.step()
+    assert sched.stage == 2
+
+
+def test_attach_rejects_optimizer_without_the_weights() -> None:
+    sched = INQScheduler(nn.Linear(3, 3))
+    foreign = torch.optim.SGD(nn.Linear(3, 3).parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="holds none of the quantized weights"):
+        sched.attach(foreign)
+
+
+def test_attach_accepts_an_optimizer_holding_some_weights_and_is_idempotent() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    sched = INQScheduler(model)
+    optimizer = torch.optim.SGD(model[1].parameters(), lr=0.1, weight_decay=0.5)
+    sched.attach(optimizer)
+    sched.attach(optimizer)  # a second attach adds no second hook
+    assert len(sched._optimizers) == 1
+
+
+# ---------------------------------------------------------------- stages
+
+
+def test_step_returns_portion_and_updates_fractions() -> None:
+    model = nn.Sequential(nn.Linear(7, 13), nn.ReLU(), nn.Conv1d(1, 3, 5))
+    sched = INQScheduler(model)
+    sizes = {"0": 91, "2": 15}
+    assert sched.stage == 0 and not sched.done
+    assert sched.quantized_fraction() == 0.0
+    for stage, portion in enumerate(inq.DEFAULT_PORTIONS, start=1):
+        assert sched.step() == portion
+        assert sched.stage == stage
+        counts = {name: quantized_count(portion, n) for name, n in sizes.items()}
+        per_layer = sched.quantized_fraction(per_layer=True)
+        assert per_layer == {name: counts[name] / sizes[name] for name in sizes}
+        assert sched.quantized_fraction() == sum(counts.values()) / sum(sizes.values())
+        assert f"stage={stage}/4" in repr(sched)
+    assert sched.done and sched.quantized_fraction() == 1.0
+
+
+@pytest.mark.parametrize(
+    "portions", [(0.3, 0.6, 0.8, 1.0), (0.5, 0.75, 0.875, 1.0), (0.1, 0.5, 0.9, 1.0), (1.0,)]
+)
+@pytest.mark.parametrize("strategy", ["magnitude", "random"])
+def test_counts_exact_for_odd_layer_sizes(portions: tuple[float, ...], strategy: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(n, 1) for n in ODD_SIZES))
+    sched = INQScheduler(model, portions=portions, strategy=strategy)
+    previous = {layer.name: layer.mask.clone() for layer in sched.layers}
+    for portion in portions:
+        sched.step()
+        for layer, n in zip(sched.layers, ODD_SIZES, strict=True):
+            assert layer.count == int(layer.mask.sum()) == quantized_count(portion, n)
+            assert not (previous[layer.name] & ~layer.mask).any(), "mask shrank"
+            previous[layer.name] = layer.mask.clone()
+
+
+@pytest.mark.parametrize("bits", [2, 3, 5, 8])
+def test_step_snaps_new_weights_and_leaves_float_ones(bits: int) -> None:
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.Flatten(), nn.Linear(16, 5))
+    sched = INQScheduler(model, bits=bits)
+    for _ in sched.portions:
+        before = [layer.weight.detach().clone() for layer in sched.layers]
+        old_masks = [layer.mask.clone() for layer in sched.layers]
+        sched.step()
+        for layer, pre, old in zip(sched.layers, before, old_masks, strict=True):
+            assert layer.n1 is not None
+            weight = layer.weight.detach()
+            new = layer.mask & ~old
+            expected = inq.pow2_quantize(pre, layer.n1, bits)
+            assert torch.equal(weight[new], expected[new])
+            assert torch.equal(weight[old], pre[old]), "an earlier frozen weight changed"
+            assert torch.equal(weight[~layer.mask], pre[~layer.mask]), "a float weight changed"
+            levels = inq.pow2_levels(layer.n1, bits).double()
+            assert torch.isin(weight[layer.mask].double(), levels).all()
+
+
+def test_magnitude_strategy_freezes_the_largest_weights_first() -> None:
+    model = nn.Linear(5, 2, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[0.1, -0.9, 0.3, 0.2, 0.05], [0.5, 0.4, -0.6, 0.7, 0.0]]))
+    sched = INQScheduler(model, portions=(0.3, 1.0))
+    sched.step()
+    assert sched.layers[0].mask.tolist() == [
+        [False, True, False, False, False],
+        [False, False, True, True, False],
+    ]
+
+
+def test_random_strategy_is_seeded() -> None:
+    def masks(seed: int) -> list[torch.Tensor]:
+        sched = INQScheduler(digits_net(0), strategy="random", seed=seed)
+        sched.step()
+        sched.step()
+        return [layer.mask for layer in sched.layers]
+
+    same = zip(masks(4), masks(4), strict=True)
+    assert all(torch.equal(a, b) for a, b in same)
+    assert not all(torch.equal(a, b) for a, b in zip(masks(4), masks(5), strict=True))
+
+
+def test_n1_is_fixed_at_the_first_step() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+    initial = [inq.pow2_n1(m.weight) for m in model]
+    sched = INQScheduler(model, bits=4)
+    assert all(layer.n1 is None for layer in sched.layers)
+    sched.step()
+    assert [layer.n1 for layer in sched.layers] == initial
+    with torch.no_grad():
+        for m in model:
+            m.weight.mul_(100.0)  # float weights grow far past the first maximum
+    sched.enforce()
+    sched.step()
+    assert [layer.n1 for layer in sched.layers] == initial
+    while not sched.done:
+        sched.step()
+    for layer, n1 in zip(sched.layers, initial, strict=True):
+        assert layer.weight.abs().max().item() == math.ldexp(1.0, n1)  # clamped, not zeroed
+        assert torch.isin(layer.weight.detach(), inq.pow2_levels(n1, 4)).all()
+
+
+def test_step_is_atomic_when_a_layer_has_nan_at_the_first_stage() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    with torch.no_grad():
+        model[1].weight[2, 3] = math.nan
+    before = [m.weight.detach().clone() for m in model]
+    sched = INQScheduler(model)
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        sched.step()
+    assert sched.stage == 0
+    for layer, pre in zip(sched.layers, before, strict=True):
+        assert layer.n1 is None and layer.count == 0 and not layer.mask.any()
+        assert torch.equal(layer.weight.detach().nan_to_num(7.0), pre.nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("strategy", ["magnitude", "random"])
+def test_step_is_atomic_when_a_float_weight_turns_non_finite_later(
+    bad: float, strategy: str
+) -> None:
+    model = nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 3))
+    sched = INQScheduler(model, strategy=strategy)
+    sched.step()
+    second = sched.layers[1]
+    free = (~second.mask).nonzero()[-1]
+    with torch.no_grad():
+        second.weight[tuple(free)] = bad
+    state_before = [(layer.mask.clone(), layer.codes.clone(), layer.n1) for layer in sched.layers]
+    first_weight = sched.layers[0].weight.detach().clone()
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        sched.step()
+    assert sched.stage == 1
+    for layer, (mask, codes, n1) in zip(sched.layers, state_before, strict=True):
+        assert torch.equal(layer.mask, mask) and torch.equal(layer.codes, codes)
+        assert layer.n1 == n1 and layer.count == int(mask.sum())
+    assert torch.equal(sched.layers[0].weight.detach(), first_weight)
+
+
+def test_enforce_restores_frozen_weights_written_by_other_means() -> None:
+    model = nn.Linear(6, 4)
+    sched = INQScheduler(model, portions=(0.5, 1.0))
+    sched.step()
+    snapshot = frozen_snapshot(sched)
+    with torch.no_grad():
+        model.weight.add_(0.123)
+    floats = model.weight.detach()[~sched.layers[0].mask].clone()
+    sched.enforce()
+    assert_frozen_exact(sched, snapshot, "after enforce()")
+    assert torch.equal(model.weight.detach()[~sched.layers[0].mask], floats)
+
+
+def test_remove_hooks_stops_freezing() -> None:
+    model = nn.Linear(6, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.5)
+    sched = INQScheduler(model, portions=(0.5, 1.0))
+    sched.attach(optimizer)
+    sched.step()
+    sched.remove_hooks()
+    snapshot = frozen_snapshot(sched)
+    model(torch.ones(2, 6)).sum().backward()
+    optimizer.step()
+    mask, values = snapshot[sched.layers[0].name]
+    assert not torch.equal(model.weight.detach()[mask], values[mask])
+
+
+# ---------------------------------------------------------------- the freezing guarantee
+
+OPTIMIZERS: dict[str, tuple[OptimizerFactory, set[str]]] = {
+    "sgd": (lambda p: torch.optim.SGD(p, lr=0.1), set()),
+    "sgd_momentum": (lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), {"momentum_buffer"}),
+    "sgd_nesterov": (
+        lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
+        {"momentum_buffer"},
+    ),
+    "sgd_weight_decay": (
+        lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.05),
+        {"momentum_buffer"},
+    ),
+    "adam": (lambda p: torch.optim.Adam(p, lr=0.01), {"exp_avg", "exp_avg_sq"}),
+    "adam_l2": (
+        lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.01, amsgrad=True),
+        {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
+    ),
+    "adamw": (
+        lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+        {"exp_avg", "exp_avg_sq"},
+    ),
+    "rmsprop_momentum": (
+        lambda p: torch.optim.RMSprop(p, lr=0.003, momentum=0.9, centered=True, weight_decay=0.01),
+        {"square_avg", "momentum_buffer", "grad_avg"},
+    ),
+    "adagrad": (lambda p: torch.optim.Adagrad(p, lr=0.05, weight_decay=0.01), {"sum"}),
+}
+STEPS_PER_STAGE = 8
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_frozen_weights_stay_exact_under_every_optimizer(name: str) -> None:
+    make_optimizer, state_keys = OPTIMIZERS[name]
+    model = digits_net(seed=0)
+    optimizer = make_optimizer(model.parameters())
+    settings_before = optimizer_settings(optimizer)
+    sched = INQScheduler(model, bits=5)
+    sched.attach(optimizer)
+    batches = digits_batches()
+    losses = []
+
+    for stage in range(len(sched.portions)):
+        sched.step()
+        snapshot = frozen_snapshot(sched)
+        checked = frozen_state_keys(optimizer, sched)
+        if stage > 0:
+            assert checked == state_keys, f"expected state {state_keys}, saw {checked}"
+        for step in range(STEPS_PER_STAGE):
+            images, labels = batches[step % len(batches)]
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(images), labels)
+            loss.backward()
+            assert_frozen_grads_zero(sched)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
+            optimizer.step()
+            assert_frozen_exact(sched, snapshot, f"after optimizer step {step} of stage {stage}")
+            losses.append(loss.item())
+        assert float_weights_moved(sched, snapshot), "training moved no float weight"
+
+    assert sched.done
+    for layer in sched.layers:
+        assert torch.isin(layer.weight.detach(), inq.pow2_levels(layer.n1, 5)).all()
+    assert all(math.isfinite(v) for v in losses)
+    assert optimizer_settings(optimizer) == settings_before, "the optimizer was modified"
+
+
+@pytest.mark.parametrize("name", ["sgd_weight_decay", "adamw"])
+def test_frozen_weights_stay_exact_with_autocast_and_grad_scaler(name: str) -> None:
+    make_optimizer, _ = OPTIMIZERS[name]
+    model = digits_net(seed=1)
+    optimizer = make_optimizer(model.parameters())
+    sched = INQScheduler(model, bits=4, portions=(0.5, 0.75, 0.875, 1.0))
+    sched.attach(optimizer)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    batches = digits_batches()
+    skipped = 0
+
+    for stage in range(len(sched.portions)):
+        sched.step()
+        snapshot = frozen_snapshot(sched)
+        for step in range(6):
+            images, labels = batches[step]
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(images), labels)
+            scaler.scale(loss).backward()
+            assert_frozen_grads_zero(sched)
+            inject_inf = step == 2
+            if inject_inf:
+                poison_a_float_gradient(model, sched)
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+            params_before = [p.detach().clone() for p in model.parameters()]
+            scale_before = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            if inject_inf:
+                skipped += 1
+                assert scaler.get_scale() < scale_before, "the scaler did not see the inf"
+                for p, before in zip(model.parameters(), params_before, strict=True):
+                    assert torch.equal(p.detach(), before), "a skipped step changed a weight"
+            assert_frozen_exact(sched, snapshot, f"after scaler step {step} of stage {stage}")
+    assert skipped == len(sched.portions)
+
+
+def poison_a_float_gradient(model: DigitsNet, sched: INQScheduler) -> None:
+    """Put an inf into the gradient of a still-float weight (or a bias once all are frozen)."""
+    for layer in sched.layers:
+        free = (~layer.mask).nonzero()
+        if len(free):
+            layer.weight.grad[tuple(free[0])] = math.inf
+            return
+    model.fc.bias.grad[0] = math.inf
+
+
+def test_clearing_optimizer_state_happens_at_every_stage() -> None:
+    """Momentum built while a weight was float must not survive into its frozen life."""
+    model = digits_net(seed=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = INQScheduler(model, portions=(0.5, 1.0))
+    sched.attach(optimizer)
+    images, labels = digits_batches()[0]
+    sched.step()
+    for _ in range(3):
+        optimizer.zero_grad()
+        F.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+    buffers = [optimizer.state[layer.weight]["momentum_buffer"] for layer in sched.layers]
+    newly_frozen = [~layer.mask for layer in sched.layers]
+    assert all(bool((buf[new] != 0).any()) for buf, new in zip(buffers, newly_frozen, strict=True))
+    sched.step()
+    frozen_state_keys(optimizer, sched)
+
+
+# ---------------------------------------------------------------- state_dict and resume
+
+
+def train_one_stage(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batches: Iterable[Batch]
+) -> None:
+    model.train()
+    for images, labels in batches:
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(images), labels).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        optimizer.step()
+
+
+def make_run(seed: int, strategy: str) -> tuple[DigitsNet, torch.optim.Optimizer, INQScheduler]:
+    model = digits_net(seed, dropout=0.25)  # dropout makes the result depend on the RNG
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05)
+    sched = INQScheduler(model, bits=5, strategy=strategy, seed=11)
+    sched.attach(optimizer)
+    return model, optimizer, sched
+
+
+def finish(model: nn.Module, optimizer: torch.optim.Optimizer, sched: INQScheduler) -> None:
+    batches = digits_batches()
+    while not sched.done:
+        sched.step()
+        train_one_stage(model, optimizer, batches[:3])
+
+
+@pytest.mark.parametrize("strategy", ["magnitude", "random"])
+def test_resume_from_state_dicts_is_bit_exact(strategy: str) -> None:
+    model, optimizer, sched = make_run(seed=0, strategy=strategy)
+    for _ in range(2):
+        sched.step()
+        train_one_stage(model, optimizer, digits_batches()[:3])
+
+    buffer = io.BytesIO()
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "inq": sched.state_dict(),
+            "rng": torch.get_rng_state(),
+        },
+        buffer,
+    )
+    finish(model, optimizer, sched)  # the original run goes on
+
+    restored_model, restored_optimizer, restored_sched = make_run(seed=99, strategy=strategy)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    restored_model.load_state_dict(saved["model"])
+    restored_optimizer.load_state_dict(saved["optimizer"])
+    restored_sched.load_state_dict(saved["inq"])
+    assert restored_sched.stage == 2
+    torch.set_rng_state(saved["rng"])
+    finish(restored_model, restored_optimizer, restored_sched)
+
+    for key, value in model.state_dict().items():
+        assert torch.equal(restored_model.state_dict()[key], value), f"{key} differs after resume"
+    for original, restored in zip(sched.layers, restored_sched.layers, strict=True):
+        assert original.n1 == restored.n1
+        assert torch.equal(original.mask, restored.mask)
+        assert torch.equal(original.codes, restored.codes)
+
+
+def test_load_state_dict_writes_frozen_values_and_keeps_n1() -> None:
+    model, _, sched = make_run(seed=0, strategy="magnitude")
+    sched.step()
+    state = sched.state_dict()
+    assert state["stage"] == 1 and state["bits"] == 5
+    other_model, _, other = make_run(seed=5, strategy="magnitude")
+    other.load_state_dict(state)
+    assert other.stage == 1
+    assert [layer.n1 for layer in other.layers] == [layer.n1 for layer in sched.layers]
+    for mine, theirs in zip(sched.layers, other.layers, strict=True):
+        assert torch.equal(theirs.weight.detach()[mine.mask], mine.weight.detach()[mine.mask])
+        assert theirs.count == mine.count
+    # the unchanged n1 is used at the next stage even though the float weights differ
+    other.step()
+    assert [layer.n1 for layer in other.layers] == [layer.n1 for layer in sched.layers]
+    assert other_model is not model
+
+
+def test_state_dict_before_first_step_round_trips() -> None:
+    model = nn.Linear(3, 3)
+    sched = INQScheduler(model)
+    buffer = io.BytesIO()
+    torch.save(sched.state_dict(), buffer)
+    buffer.seek(0)
+    fresh = INQScheduler(nn.Linear(3, 3))
+    fresh.load_state_dict(torch.load(buffer, weights_only=True))
+    assert fresh.stage == 0 and fresh.layers[0].n1 is None and fresh.layers[0].count == 0
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: INQScheduler(digits_net(0), bits=4), "bits=5 but this scheduler has bits=4"),
+        (lambda: INQScheduler(digits_net(0), portions=(0.5, 1.0)), "portions="),
+        (lambda: INQScheduler(digits_net(0), strategy="random"), "strategy="),
+        (lambda: INQScheduler(digits_net(0), seed=3), "seed="),
+        (lambda: INQScheduler(digits_net(0), exclude="fc"), "holds layers .* target layers"),
+        (lambda: INQScheduler(nn.Sequential(nn.Linear(2, 2))), "holds layers"),
+    ],
+)
+def test_load_state_dict_rejects_mismatches(
+    build: Callable[[], INQScheduler], message: str
+) -> None:
+    source = INQScheduler(digits_net(0), bits=5)
+    source.step()
+    target = build()
+    with pytest.raises(ValueError, match=message):
+        target.load_state_dict(source.state_dict())
+
+
+def test_load_state_dict_rejects_shape_mismatch_and_bad_version() -> None:
+    source = INQScheduler(nn.Sequential(nn.Linear(4, 5)))
+    source.step()
+    with pytest.raises(ValueError, match="does not match the weight's shape"):
+        INQScheduler(nn.Sequential(nn.Linear(4, 6))).load_state_dict(source.state_dict())
+    state = source.state_dict()
+    state["version"] = 99
+    with pytest.raises(ValueError, match="version"):
+        INQScheduler(nn.Sequential(nn.Linear(4, 5))).load_state_dict(state)
+    state = source.state_dict()
+    state["stage"] = 7
+    with pytest.raises(ValueError, match="stage 7"):
+        INQScheduler(nn.Sequential(nn.Linear(4, 5))).load_state_dict(state)
