@@ -68,8 +68,17 @@ def save_masked(
         (4, {'name': 'toy'}, True)
     """
     scheduler.enforce()
-    keys = {id(p): k for k, p in model.named_parameters(remove_duplicate=False)}
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    keys: dict[int, str] = {}
+    for k, p in model.named_parameters(remove_duplicate=False):
+        keys.setdefault(id(p), k)  # a tied weight goes under its first name, like the scheduler
+    tensors: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for k, v in model.state_dict().items():
+        t = v.detach().cpu().contiguous()
+        if t.untyped_storage().data_ptr() in storages:  # safetensors refuses shared storage
+            t = t.clone()
+        storages.add(t.untyped_storage().data_ptr())
+        tensors[k] = t
     layers = {}
     for layer in scheduler.layers:
         key = keys[id(layer.weight)]

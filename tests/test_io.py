@@ -1,0 +1,57 @@
+"""Atomic writes (inq.io): a reader sees the old file or the complete new one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inq.io import atomic_path
+
+
+class BodyFailed(Exception):
+    pass
+
+
+def test_writes_the_new_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "ckpt.bin"
+    with atomic_path(target) as tmp:
+        assert tmp != target and tmp.parent == target.parent
+        assert not target.exists(), "the target appeared before the body finished"
+        tmp.write_bytes(b"new contents")
+    assert target.read_bytes() == b"new contents"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.bin"]
+
+
+def test_replaces_an_existing_file(tmp_path: Path) -> None:
+    target = tmp_path / "ckpt.bin"
+    target.write_bytes(b"old")
+    with atomic_path(str(target)) as tmp:
+        tmp.write_bytes(b"new")
+        assert target.read_bytes() == b"old", "the old file changed while writing"
+    assert target.read_bytes() == b"new"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.bin"]
+
+
+def test_old_file_untouched_when_the_body_raises(tmp_path: Path) -> None:
+    target = tmp_path / "ckpt.bin"
+    target.write_bytes(b"old and good")
+    with pytest.raises(BodyFailed), atomic_path(target) as tmp:
+        tmp.write_bytes(b"half writ")
+        raise BodyFailed
+    assert target.read_bytes() == b"old and good"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.bin"]
+
+
+def test_no_file_created_when_the_body_raises(tmp_path: Path) -> None:
+    target = tmp_path / "never.bin"
+    with pytest.raises(BodyFailed), atomic_path(target):
+        raise BodyFailed
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_creates_missing_parent_directories(tmp_path: Path) -> None:
+    target = tmp_path / "runs" / "a" / "b" / "last.ckpt"
+    with atomic_path(target) as tmp:
+        tmp.write_text("ok")
+    assert target.read_text() == "ok"
