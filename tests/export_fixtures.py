@@ -46,3 +46,42 @@ def masked_file(
     path = folder / f"mixed{bits}.safetensors"
     save_masked(path, model, sched, {"name": "mixed"})
     return path, model
+
+
+DIGITS_MODEL = {"name": "digits_cnn", "num_classes": 10, "in_channels": 1, "width": 8}
+DIGITS_DATA = {"name": "digits", "val_fraction": 0.25, "split_seed": 0}
+
+
+def digits_run(folder: Path, bits: int = 5, epochs: int = 4) -> tuple[Path, nn.Module]:
+    """Train the app's digits CNN briefly, run INQ (two stages), save the masked checkpoint."""
+    from inq.train.data import build_datasets
+    from inq.train.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(DIGITS_MODEL)
+    train, _ = build_datasets(DIGITS_DATA)
+    x, y = train.tensors
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-2)
+
+    def fit(n: int) -> None:
+        model.train()
+        for _ in range(n):
+            for batch in torch.randperm(len(x)).split(256):
+                optimizer.zero_grad()
+                nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+                optimizer.step()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: one thread is fastest, and the cores are shared
+    try:
+        fit(epochs)
+        sched = INQScheduler(model, bits=bits, portions=(0.5, 1.0))
+        sched.attach(optimizer)
+        while not sched.done:
+            sched.step()
+            fit(epochs // 2)
+    finally:
+        torch.set_num_threads(threads)
+    path = folder / "digits.safetensors"
+    save_masked(path, model, sched, DIGITS_MODEL)
+    return path, model.eval()
