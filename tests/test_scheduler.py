@@ -474,6 +474,14 @@ OPTIMIZERS: dict[str, tuple[OptimizerFactory, set[str]]] = {
         {"square_avg", "momentum_buffer", "grad_avg"},
     ),
     "adagrad": (lambda p: torch.optim.Adagrad(p, lr=0.05, weight_decay=0.01), {"sum"}),
+    "adamw_fused": (
+        lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1, fused=True),
+        {"exp_avg", "exp_avg_sq"},
+    ),
+    "sgd_foreach": (
+        lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.05, foreach=True),
+        {"momentum_buffer"},
+    ),
 }
 STEPS_PER_STAGE = 8
 
@@ -551,6 +559,26 @@ def test_frozen_weights_stay_exact_with_autocast_and_grad_scaler(name: str) -> N
                     assert torch.equal(p.detach(), before), "a skipped step changed a weight"
             assert_frozen_exact(sched, snapshot, f"after scaler step {step} of stage {stage}")
     assert skipped == len(sched.portions)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_frozen_weights_stay_exact_in_low_precision_models(dtype: torch.dtype) -> None:
+    model = digits_net(seed=3).to(dtype)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.05)
+    sched = INQScheduler(model, bits=6)
+    sched.attach(optimizer)
+    for stage in range(len(sched.portions)):
+        sched.step()
+        snapshot = frozen_snapshot(sched)
+        for layer in sched.layers:
+            values = layer.weight.detach()[layer.mask].double()
+            assert torch.isin(values, inq.pow2_levels(layer.n1, 6).double()).all()
+        for images, labels in digits_batches()[:4]:
+            optimizer.zero_grad()
+            F.cross_entropy(model(images.to(dtype)).float(), labels).backward()
+            assert_frozen_grads_zero(sched)
+            optimizer.step()
+            assert_frozen_exact(sched, snapshot, f"in a {dtype} model at stage {stage}")
 
 
 def poison_a_float_gradient(model: DigitsNet, sched: INQScheduler) -> None:
