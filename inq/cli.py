@@ -39,6 +39,7 @@ from inq.verify import verify_file
 __all__ = ["COMMANDS", "Command", "main"]
 
 PACKED_SUFFIX = ".inq.safetensors"
+RUN_MASKED_NAME = "model_masked.safetensors"  # the masked checkpoint in an inq-train run dir
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ def _export(args: argparse.Namespace) -> int:
 def find_masked(source: str | os.PathLike[str]) -> Path:
     """The masked checkpoint ``source`` names: the file itself, or the one inside a run dir.
 
+    In a directory: ``model_masked.safetensors`` (what ``inq-train`` writes) if present, else the
+    only masked checkpoint found under it.
+
     Example:
         >>> find_masked("no/such/run")
         Traceback (most recent call last):
@@ -83,6 +87,8 @@ def find_masked(source: str | os.PathLike[str]) -> Path:
             holding no masked checkpoint or several.
     """
     path = Path(source)
+    if path.is_dir() and (path / RUN_MASKED_NAME).is_file():
+        return path / RUN_MASKED_NAME
     if path.is_dir():
         found = [
             p for p in sorted(path.rglob("*.safetensors")) if _format_or_none(p) == MASKED_FORMAT

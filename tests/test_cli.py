@@ -1,0 +1,167 @@
+"""The ``inq`` command: export, verify, eval, info, and one-line errors on bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from export_fixtures import DIGITS_DATA, digits_run, masked_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from inq.cli import COMMANDS, main
+from inq.export import MASK_SUFFIX
+from inq.packed import load_packed, pack_stats
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _tamper(src: Path, dst: Path, edit) -> Path:
+    tensors = load_file(src)
+    with safe_open(src, "pt") as f:
+        metadata = f.metadata()
+    edit(tensors)
+    save_file(tensors, dst, metadata=metadata)
+    return dst
+
+
+@pytest.fixture
+def masked(tmp_path: Path) -> Path:
+    return masked_file(tmp_path, bits=4)[0]
+
+
+def test_subcommands_are_registered() -> None:
+    assert {"export", "verify", "eval", "info"} <= set(COMMANDS)
+
+
+def test_export_verify_info(capsys, masked: Path, tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "export", masked)
+    packed = tmp_path / "mixed4.inq.safetensors"  # default: beside the source
+    assert code == 0 and str(packed) in out
+    stats = pack_stats(load_packed(packed), packed.stat().st_size)
+    assert f"ratio {stats.ratio:.4f}" in out
+
+    for path, kind in ((masked, "masked"), (packed, "packed")):
+        code, out, err = run(capsys, "verify", path)
+        assert code == 0 and not err, err
+        assert f"({kind})" in out and "OK: 4 quantized tensors" in out
+        assert "tensor            bits    n1  levels   zeros  status" in out
+        assert "fc.weight" in out
+
+    code, out, _ = run(capsys, "info", packed)
+    assert code == 0
+    assert f"fp32 {stats.fp32_bytes} B -> packed {stats.packed_bytes} B" in out
+    assert f"ratio {stats.ratio:.4f}" in out and "bits [4]" in out
+    assert "conv.weight       5x3x3x3                4" in out
+
+
+def test_export_to_a_named_output(capsys, masked: Path, tmp_path: Path) -> None:
+    code, _, _ = run(capsys, "export", masked, "-o", tmp_path / "sub" / "out.safetensors")
+    assert code == 0 and load_packed(tmp_path / "sub" / "out.safetensors").layers
+
+
+def test_export_a_run_directory(capsys, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    code, _, err = run(capsys, "export", run_dir)
+    assert code == 1 and "no masked checkpoint" in err
+    (run_dir / "nested").mkdir()
+    masked_file(run_dir / "nested")
+    code, out, _ = run(capsys, "export", run_dir, "-o", tmp_path / "a.safetensors")
+    assert code == 0 and "nested/mixed5.safetensors" in out
+    masked_file(run_dir, bits=3)  # a second one: ambiguous
+    code, _, err = run(capsys, "export", run_dir)
+    assert code == 1 and "2 masked checkpoints" in err
+    (run_dir / "mixed3.safetensors").rename(run_dir / "model_masked.safetensors")
+    code, out, _ = run(capsys, "export", run_dir, "-o", tmp_path / "b.safetensors")
+    assert code == 0 and "model_masked.safetensors" in out  # what inq-train writes wins
+
+
+def test_verify_names_the_offending_tensor(capsys, masked: Path, tmp_path: Path) -> None:
+    def plant(t) -> None:
+        t["depthwise.weight"][3, 0, 1, 1] = 0.2
+
+    def clear(t) -> None:
+        t["conv.weight" + MASK_SUFFIX][4, 2, 2, 2] = False
+
+    for edit, key, why in (
+        (plant, "depthwise.weight", "off the 4-bit"),
+        (clear, "conv.weight", "mask"),
+    ):
+        bad = _tamper(masked, tmp_path / "bad.safetensors", edit)
+        code, out, err = run(capsys, "verify", bad)
+        assert code == 1 and "FAIL" in out
+        assert err.startswith(f"inq verify: {bad}: '{key}': ") and why in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_export_refuses_an_unverified_checkpoint(capsys, masked: Path, tmp_path: Path) -> None:
+    def plant(t) -> None:
+        t["fc.weight"][0, 0] = 0.3
+
+    bad = _tamper(masked, tmp_path / "bad.safetensors", plant)
+    code, _, err = run(capsys, "export", bad, "-o", tmp_path / "out.safetensors")
+    assert code == 1 and "'fc.weight'" in err and "off the 4-bit level set" in err
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+@pytest.mark.parametrize("command", ["verify", "info", "export", "eval"])
+def test_bad_files_give_one_line_errors(capsys, command: str, masked: Path, tmp_path: Path):
+    data = masked.read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
+    save_file({"w": torch.zeros(1)}, tmp_path / "plain.safetensors")
+    extra = ["--data", "digits"] if command == "eval" else []
+    for name in ("cut", "plain", "missing"):
+        code, _, err = run(capsys, command, tmp_path / f"{name}.safetensors", *extra)
+        assert code == 1, (command, name)
+        assert err.startswith(f"inq {command}: error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_info_and_eval_want_a_packed_file(capsys, masked: Path) -> None:
+    for argv in (["info", masked], ["eval", masked, "--data", "digits"]):
+        code, _, err = run(capsys, *argv)
+        assert code == 1 and "run `inq export` on it first" in err
+
+
+def test_eval_matches_the_masked_checkpoint_on_digits(capsys, tmp_path: Path) -> None:
+    from inq.train.data import build_datasets
+
+    masked, model = digits_run(tmp_path, epochs=1)
+    assert run(capsys, "export", masked, "-o", tmp_path / "d.safetensors")[0] == 0
+    code, out, _ = run(
+        capsys, "eval", tmp_path / "d.safetensors", "--data", "digits", "eval_batch_size=100"
+    )
+    x, y = build_datasets(DIGITS_DATA)[1].tensors
+    with torch.no_grad():
+        correct = int((model(x).argmax(1) == y).sum())
+    assert code == 0 and f"accuracy {100 * correct / len(y):.2f}% ({correct}/{len(y)})" in out
+
+    code, _, err = run(capsys, "eval", tmp_path / "d.safetensors", "--data", "mnist")
+    assert code == 1 and "unknown dataset 'mnist'" in err
+    code, _, err = run(capsys, "eval", tmp_path / "d.safetensors", "--data", "split_seed=1")
+    assert code == 1 and "--data needs a dataset name" in err
+
+
+def test_module_entry_point(masked: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "inq.cli", "verify", str(masked)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0 and "OK: 4 quantized tensors" in done.stdout
+
+
+def test_bad_usage_exits_2(capsys) -> None:
+    for argv in ([], ["export"], ["frobnicate"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+    assert "usage: inq" in capsys.readouterr().err
