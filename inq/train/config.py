@@ -7,7 +7,7 @@ OmegaConf cannot express.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any
 
@@ -96,8 +96,8 @@ class INQConfig:
     bits: int = 5
     portions: list[float] = field(default_factory=lambda: [0.3, 0.6, 0.8, 1.0])
     strategy: Strategy = Strategy.magnitude
-    epochs: int = 4  # retraining epochs per stage
-    lr: float | None = None  # retraining lr; None = optim.lr
+    epochs: int = 6  # retraining epochs per stage
+    lr: float | None = 0.01  # retraining lr; None = optim.lr
     include: list[str] | None = None  # module-name globs
     exclude: list[str] | None = None
     reset_optimizer: bool = True  # fresh optimizer state at every stage
@@ -163,6 +163,10 @@ def validate(cfg: DictConfig) -> None:
     Raises:
         ConfigError: naming the first offending key.
     """
+    _check_known_keys(cfg)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(missing[0], "must be set (it is ??? in the config)")
     try:
         check_bits(cfg.inq.bits)
     except ValueError as err:
@@ -201,3 +205,23 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("lr.min_factor", f"must lie in [0, 1], got {cfg.lr.min_factor}")
     if any(not 0.0 < m < 1.0 for m in cfg.lr.milestones):
         raise ConfigError("lr.milestones", f"fractions of a stage, in (0, 1): {cfg.lr.milestones}")
+
+
+def _check_known_keys(cfg: DictConfig) -> None:
+    # Hydra's "+key=value" force-adds keys even to typed nodes; refuse what the schema lacks.
+    def walk(node: DictConfig, schema: type, prefix: str) -> None:
+        known = {f.name: f for f in fields(schema)}
+        for key in node:
+            if key not in known:
+                raise ConfigError(
+                    f"{prefix}{key}",
+                    f"unknown key; {prefix.rstrip('.') or 'the config'} has "
+                    f"{sorted(k for k in known if not k.startswith('_'))}",
+                )
+            if OmegaConf.is_missing(node, key):
+                continue
+            child_type = OmegaConf.get_type(node, key)
+            if isinstance(node[key], DictConfig) and is_dataclass(child_type):
+                walk(node[key], child_type, f"{prefix}{key}.")
+
+    walk(cfg, Config, "")

@@ -1,0 +1,135 @@
+"""Every config group option and every experiment composes, validates and instantiates."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir, initialize_config_module
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from inq.train.config import register, to_dict, validate
+from inq.train.data import build_datasets
+from inq.train.errors import ConfigError
+from inq.train.loop import build_lr_schedule, build_optimizer, plan_phases
+from inq.train.models import build_model
+
+CONF = Path(__file__).parents[1] / "conf"
+EXPERIMENTS = Path(__file__).parents[1] / "experiments"
+OPTIONS = [
+    (group.name, option.stem)
+    for group in sorted(CONF.iterdir())
+    if group.is_dir() and not group.name.startswith("_")
+    for option in sorted(group.glob("*.yaml"))
+]
+NEEDS_ROOT = {"cifar10", "cifar100", "imagenet"}
+
+
+@pytest.fixture
+def conf() -> Iterator[None]:
+    register()
+    with initialize_config_module("inq.conf", version_base="1.3"):
+        yield
+
+
+def _instantiate(cfg) -> None:
+    """Build everything a run builds from ``cfg`` except the datasets with a local root."""
+    validate(cfg)
+    data = to_dict(cfg.data)
+    if data["name"] in NEEDS_ROOT:
+        with pytest.raises(ConfigError, match=r"^data\.root: "):
+            build_datasets(data)
+    else:
+        train, val = build_datasets(data)
+        assert len(train) and len(val)
+    model = build_model(to_dict(cfg.model))
+    size = cfg.data.image_size if cfg.model.name != "resnet18" else 64
+    x = torch.zeros(2, cfg.data.in_channels, size, size)
+    assert model.eval()(x).shape == (2, cfg.data.num_classes)
+    phases = plan_phases(cfg)
+    optimizer = build_optimizer(cfg.optim, model, phases[-1].params, phases[-1].lr)
+    build_lr_schedule(cfg.lr, optimizer, epochs=2, steps_per_epoch=3)
+
+
+def test_the_groups_are_all_there() -> None:
+    groups = {g for g, _ in OPTIONS}
+    assert groups == {"data", "model", "optim", "lr", "inq", "trainer"}
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS)
+def test_every_option_composes_and_instantiates(conf, group: str, option: str) -> None:
+    overrides = [f"{group}={option}"]
+    if group == "model" and option != "digits_cnn":  # RGB models on RGB data
+        overrides.append("data=synthetic")
+    _instantiate(compose("config", overrides=overrides))
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in EXPERIMENTS.glob("*.yaml")))
+def test_every_experiment_composes_and_instantiates(name: str) -> None:
+    register()
+    with initialize_config_dir(str(EXPERIMENTS), version_base="1.3"):
+        overrides = ["hydra.searchpath=[pkg://inq.conf]"]
+        if "imagenet" in name:
+            overrides.append("model.checkpoint=/some/resnet18.pth")
+        cfg = compose(name, overrides=overrides)
+        assert "hydra" not in cfg
+        _instantiate(cfg)
+
+
+def test_a_misspelt_key_is_refused_by_the_schema(conf) -> None:
+    with pytest.raises(ConfigCompositionException, match="bitz"):
+        compose("config", overrides=["inq.bitz=5"])
+
+
+def test_a_value_of_the_wrong_type_is_refused(conf) -> None:
+    with pytest.raises(ConfigCompositionException, match=r"inq\.bits"):
+        compose("config", overrides=["inq.bits=five"])
+    with pytest.raises(ConfigCompositionException, match="strategy"):
+        compose("config", overrides=["inq.strategy=largest"])
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("inq.bits=9", "inq.bits"),
+        ("inq.bits=1", "inq.bits"),
+        ("inq.epochs=-1", "inq.epochs"),
+        ("data.batch_size=0", "data.batch_size"),
+        ("optim.lr=0", "optim.lr"),
+        ("trainer.device=tpu", "trainer.device"),
+        ("lr.milestones=[1.5]", "lr.milestones"),
+    ],
+)
+def test_validate_names_the_bad_key(conf, override: str, key: str) -> None:
+    cfg = compose("config", overrides=[override])
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    assert info.value.key == key
+    assert str(info.value).startswith(f"{key}: ")
+
+
+def test_a_missing_mandatory_value_is_named(conf) -> None:
+    cfg = compose("config")
+    OmegaConf.update(cfg, "model.checkpoint", "???")
+    with pytest.raises(ConfigError, match=r"^model\.checkpoint: must be set"):
+        validate(cfg)
+
+
+def test_configs_ship_inside_the_package() -> None:
+    import inq.conf
+
+    shipped = Path(os.path.realpath(next(iter(inq.conf.__path__))))
+    assert (shipped / "config.yaml").is_file()
+    assert sorted(p.name for p in shipped.glob("*/*.yaml")) == sorted(
+        p.name for p in CONF.glob("*/*.yaml")
+    )
+
+
+def test_a_force_added_unknown_key_is_refused_by_validate(conf) -> None:
+    cfg = compose("config", overrides=["+inq.bitz=5"])
+    with pytest.raises(ConfigError, match=r"^inq\.bitz: unknown key"):
+        validate(cfg)

@@ -1,0 +1,36 @@
+"""Shared helpers of the inq-train tests: run the console script on tiny settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+INQ_TRAIN = Path(sys.executable).with_name("inq-train")
+# float pretraining + 4 stages of one epoch each, 8 steps per epoch: seconds on one CPU thread
+TINY = (
+    "trainer.float_epochs=1",
+    "inq.epochs=1",
+    "data.train_size=256",
+    "data.batch_size=32",
+    "trainer.log_every=2",
+)
+
+
+def inq_train(
+    *overrides: str, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run ``inq-train`` with Hydra overrides; assert success unless ``check`` is False."""
+    proc = subprocess.run(
+        [str(INQ_TRAIN), *overrides],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
+    if check:
+        assert proc.returncode == 0, (
+            f"inq-train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc
