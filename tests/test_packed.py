@@ -63,11 +63,8 @@ def test_weights_round_trip_bit_for_bit(bits, shape, seed, n1, dtype) -> None:
     weight = pow2_quantize(torch.randn(shape, generator=g).mul(2.0**n1).to(dtype), n1, bits)
     packed = pack_codes(pow2_encode(weight, n1, bits), bits)
     decoded = decode_weight(packed, bits, n1, shape, dtype)
-    assert decoded.dtype == dtype
-    assert torch.equal(
-        decoded.view(torch.int16 if dtype != torch.float32 else torch.int32),
-        weight.view(torch.int16 if dtype != torch.float32 else torch.int32),
-    )
+    raw = torch.int32 if dtype == torch.float32 else torch.int16  # compare bit patterns
+    assert decoded.dtype == dtype and torch.equal(decoded.view(raw), weight.view(raw))
 
 
 def test_nibble_layout_is_the_contract() -> None:
