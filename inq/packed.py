@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -290,6 +290,10 @@ class PackStats:
     def ratio(self) -> float:
         return self.packed_bytes / self.fp32_bytes if self.fp32_bytes else 0.0
 
+    def as_dict(self) -> dict[str, float]:
+        """The sizes and the ratio, for ``summary.json``."""
+        return {**asdict(self), "ratio": self.ratio}
+
 
 def pack_stats(packed: PackedFile, file_bytes: int = 0) -> PackStats:
     """Sizes of ``packed``'s quantized tensors as fp32 and packed.
@@ -326,6 +330,8 @@ def export_packed(
         >>> stats = export_packed(folder / "net.safetensors", folder / "net.inq.safetensors")
         >>> stats.ratio
         0.125
+        >>> stats.as_dict()["packed_bytes"], stats.as_dict()["fp32_bytes"]
+        (1184, 9472)
         >>> packed = load_packed(folder / "net.inq.safetensors")
         >>> torch.equal(packed.state_dict()["0.weight"], net[0].weight)
         True
@@ -414,8 +420,10 @@ def _parse(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: obj
         for key, info in json.loads(metadata["layers"]).items():
             bits = check_bits(info["bits"])
             shape = tuple(info["shape"])
-            if info["width"] != code_width(bits) or not all(
-                isinstance(n, int) and n >= 0 for n in shape
+            if (
+                info["width"] != code_width(bits)
+                or not shape
+                or not all(isinstance(n, int) and n >= 0 for n in shape)
             ):
                 raise ValueError(f"{key!r}: bad width {info['width']} or shape {list(shape)}")
             if key in tensors:

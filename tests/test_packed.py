@@ -202,6 +202,7 @@ def _set_code(tensors, key: str, value: int) -> None:
         ),
         (None, _edit_layer("bits", 5), "bad width"),
         (None, _edit_layer("bits", 9), "bits must be an integer"),
+        (None, _edit_layer("shape", []), "bad width 4 or shape"),
         (None, _edit_layer("shape", [3, 9]), r"'fc.weight'.*expected uint8 \[3, 5\]"),
         (None, _edit_layer("n1", 200), "outside torch.float32"),
         (None, _edit_layer("n1", "x"), "expected an integer"),
