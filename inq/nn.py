@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -247,7 +246,7 @@ def from_packed(
 
 def _check_matches(model: nn.Module, packed: PackedFile) -> None:
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    found: dict[str, Any] = {k: tuple(v.shape) for k, v in packed.tensors.items()}
+    found: dict[str, tuple[int, ...]] = {k: tuple(v.shape) for k, v in packed.tensors.items()}
     found.update({k: layer.shape for k, layer in packed.layers.items()})
     problems = []
     missing = [k for k in expected if k not in found]
