@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import io
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 import torch
@@ -19,6 +19,15 @@ from inq.scheduler import QuantizedLayer
 Batch = tuple[torch.Tensor, torch.Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 ODD_SIZES = (1, 3, 7, 13, 101)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_intra_op_thread() -> Iterator[None]:
+    """The tensors here are tiny: extra threads only fight over shared CPU cores (3x slower)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 # ---------------------------------------------------------------- models and data
