@@ -72,28 +72,27 @@ def grow_mask(
     need = count - have
     if need == 0:
         return mask.clone()
-    flat_mask = mask.flatten()
-    free = (~flat_mask).nonzero().squeeze(1)  # still-float flat indices, ascending
-    if need == free.numel():
-        chosen = free
-    elif strategy == "magnitude":
-        chosen = free[_largest_first(weight.detach().flatten()[free].abs(), need)]
-    else:
+    if strategy == "magnitude":
+        scores = weight.detach().abs().float()
+    else:  # uniform keys from a CPU generator: the same draw on every device and process
         generator = torch.Generator().manual_seed(_seed_for(seed, key))
-        chosen = free[torch.randperm(free.numel(), generator=generator)[:need].to(free.device)]
-    new = flat_mask.clone()
-    new[chosen] = True
-    return new.view_as(mask)
+        scores = torch.rand(weight.shape, generator=generator).to(weight.device)
+    return mask | _largest_free(scores, mask, need)
 
 
-def _largest_first(values: torch.Tensor, k: int) -> torch.Tensor:
-    """Positions of the ``k`` largest values, ties to the lower position; O(n), no full sort."""
-    values = values.float()
-    threshold = torch.kthvalue(values, values.numel() - k + 1).values
-    above = values > threshold
-    at = values == threshold
-    take_at = at & (at.cumsum(0) <= k - int(above.sum()))
-    return (above | take_at).nonzero().squeeze(1)
+def _largest_free(scores: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tensor:
+    """Mask of the ``k`` largest non-negative scores outside ``mask``, ties to the lower flat index.
+
+    O(n): one k-th value selection, no sort, no gather of the free entries.
+    """
+    flat = scores.flatten().masked_fill(mask.flatten(), -1.0)  # frozen entries are never taken
+    threshold = torch.kthvalue(flat, flat.numel() - k + 1).values
+    above = flat > threshold
+    at = flat == threshold
+    room = k - int(above.sum())
+    if int(at.sum()) > room:
+        at &= at.cumsum(0) <= room
+    return (above | at).view_as(mask)
 
 
 def _seed_for(seed: int, key: str) -> int:

@@ -22,6 +22,7 @@ Codes with the top bit clear other than 0 are invalid.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -37,6 +38,7 @@ __all__ = [
     "pow2_n1",
     "pow2_n2",
     "pow2_quantize",
+    "pow2_quantize_codes",
 ]
 
 MIN_BITS = 2
@@ -131,19 +133,32 @@ def pow2_quantize(weight: torch.Tensor, n1: int, bits: int) -> torch.Tensor:
         ValueError: on a non-float tensor, bits outside [2, 8], NaN/infinite weights, or an n1
             whose level ``2**n1`` overflows the dtype.
     """
+    return decode_unchecked(pow2_quantize_codes(weight, n1, bits), n1, bits, weight.dtype)
+
+
+def pow2_quantize_codes(weight: torch.Tensor, n1: int, bits: int) -> torch.Tensor:
+    """Eq. 4 straight to codes: ``pow2_encode(pow2_quantize(w, n1, bits), n1, bits)``, faster.
+
+    Example:
+        >>> pow2_quantize_codes(torch.tensor([0.9, -0.3, 0.05, 0.0]), n1=0, bits=3)
+        tensor([4, 7, 0, 0], dtype=torch.uint8)
+
+    Raises:
+        ValueError: as :func:`pow2_quantize`.
+    """
     _check_float(weight)
     n2 = pow2_n2(n1, bits)
     _check_top_level(n1, weight.dtype)
     if not bool(torch.isfinite(weight).all()):
         raise ValueError("pow2_quantize: the weight holds NaN or infinity")
     work = weight.detach().to(torch.float32)  # exact for every supported dtype
-    mantissa, exponent = torch.frexp(work.abs())  # |w| = m * 2**k, m in [0.5, 1)
-    # |w| in [2**(k-1), 2**k): the midpoint 1.5 * 2**(k-1) is m = 0.75; ties go up.
-    e = (exponent - 1 + (mantissa >= 0.75).to(exponent.dtype)).clamp_(n2, n1)
+    mantissa, exponent = torch.frexp(work)  # |w| = |m| * 2**k, |m| in [0.5, 1)
+    # |w| in [2**(k-1), 2**k): the midpoint 1.5 * 2**(k-1) is |m| = 0.75; ties go up.
+    e = (exponent - 1 + (mantissa.abs() >= 0.75).to(exponent.dtype)).clamp_(n2, n1)
     # k >= n2  <=>  |w| >= 2**(n2-1), the midpoint between 0 and 2**n2.
     zero = (exponent < n2) | (work == 0)
-    # masked_fill writes +0.0, so tiny negative weights do not become -0.0
-    return (torch.sign(work) * exp2(e)).masked_fill_(zero, 0.0).to(weight.dtype)
+    codes = (1 << (bits - 1)) | ((mantissa < 0).to(e.dtype) << (bits - 2)) | (n1 - e)
+    return codes.masked_fill_(zero, 0).to(torch.uint8)
 
 
 def pow2_encode(quantized: torch.Tensor, n1: int, bits: int) -> torch.Tensor:
@@ -157,23 +172,16 @@ def pow2_encode(quantized: torch.Tensor, n1: int, bits: int) -> torch.Tensor:
         ValueError: if a value is not in the level set (use :func:`pow2_quantize` first).
     """
     _check_float(quantized)
-    n2 = pow2_n2(n1, bits)
-    work = quantized.detach().to(torch.float32)
-    mantissa, exponent = torch.frexp(work.abs())
-    e = exponent.to(torch.int32) - 1
-    nonzero = work != 0
-    valid = ~nonzero | ((mantissa == 0.5) & (e >= n2) & (e <= n1))
-    if not bool(valid.all()):
-        bad = int((~valid).sum())
-        first = work[~valid].flatten()[0].item()
+    finite = quantized.detach().nan_to_num(posinf=0.0, neginf=0.0)  # NaN/inf fail the test below
+    codes = pow2_quantize_codes(finite, n1, bits)
+    off_level = decode_unchecked(codes, n1, bits, quantized.dtype) != quantized
+    if bool(off_level.any()):
+        first = quantized.detach()[off_level].flatten()[0].item()
         raise ValueError(
-            f"pow2_encode: {bad} value(s) are not in the {bits}-bit level set of n1={n1} "
-            f"(first: {first!r}); quantize with pow2_quantize first"
+            f"pow2_encode: {int(off_level.sum())} value(s) are not in the {bits}-bit level set "
+            f"of n1={n1} (first: {first!r}); quantize with pow2_quantize first"
         )
-    top = 1 << (bits - 1)
-    sign = (work < 0).to(torch.int32) << (bits - 2)
-    codes = torch.where(nonzero, top | sign | (n1 - e), torch.zeros_like(e))
-    return codes.to(torch.uint8)
+    return codes
 
 
 def pow2_decode(
@@ -201,12 +209,32 @@ def pow2_decode(
 
 
 def decode_unchecked(codes: torch.Tensor, n1: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`pow2_decode` without validation, for codes this library produced itself."""
-    c = codes.to(torch.int32)
-    sign = 1 - 2 * ((c >> (bits - 2)) & 1)
-    magnitude = (c >> (bits - 1)).to(torch.float32) * sign
+    """:func:`pow2_decode` without validation, for codes this library produced itself.
+
+    A lookup in a 256-entry table (invalid codes map to NaN, never to a plausible value).
+    """
+    table = decode_table(n1, bits, dtype, codes.device)
+    return torch.index_select(table, 0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
+
+
+@functools.lru_cache(maxsize=256)
+def decode_table(n1: int, bits: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Value of every byte as a ``bits``-bit code of ``P(n1, bits)``; NaN for invalid codes.
+
+    Example:
+        >>> decode_table(0, 2, torch.float32, torch.device("cpu"))[[0, 1, 2, 3]]
+        tensor([ 0., nan,  1., -1.])
+    """
+    check_bits(bits)
+    _check_top_level(n1, dtype)
+    c = torch.arange(256, dtype=torch.int32)
+    top = 1 << (bits - 1)
     offset = c & ((1 << (bits - 2)) - 1)
-    return (magnitude * exp2(n1 - offset)).to(dtype)
+    sign = 1.0 - 2.0 * ((c >> (bits - 2)) & 1).to(torch.float32)
+    values = torch.where(c >= top, sign * exp2(n1 - offset), float("nan"))
+    values[0] = 0.0
+    values[c >= 2 * top] = float("nan")
+    return values.to(dtype).to(device)
 
 
 def exp2(e: torch.Tensor) -> torch.Tensor:

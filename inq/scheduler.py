@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from inq.partition import STRATEGIES, grow_mask, quantized_count
-from inq.pow2 import check_bits, decode_unchecked, pow2_encode, pow2_n1, pow2_quantize
+from inq.pow2 import check_bits, decode_unchecked, pow2_n1, pow2_quantize_codes
 
 __all__ = ["DEFAULT_PORTIONS", "TARGET_TYPES", "INQScheduler", "QuantizedLayer"]
 
@@ -195,7 +195,7 @@ class INQScheduler:
             if layer.count == layer.weight.numel():
                 layer.weight.copy_(values)
             else:
-                layer.weight.copy_(torch.where(layer.mask, values, layer.weight))
+                torch.where(layer.mask, values, layer.weight, out=layer.weight)
 
     def quantized_fraction(self, per_layer: bool = False) -> float | dict[str, float]:
         """Fraction of target weights that are quantized: in total, or ``{name: fraction}``."""
@@ -284,15 +284,15 @@ class INQScheduler:
     ) -> tuple[int, torch.Tensor, torch.Tensor]:
         layer._follow_weight_device()
         weight = layer.weight.detach()
-        if not bool(torch.isfinite(weight).all()):  # pow2_n1 checks only at the first stage
-            raise ValueError(f"INQScheduler.step(): {layer.name!r} holds NaN or infinity")
         n1 = pow2_n1(weight) if layer.n1 is None else layer.n1
         count = quantized_count(portion, weight.numel())
         key = f"{layer.name}/stage{self.stage + 1}"
         mask = grow_mask(weight, layer.mask, count, self.strategy, self.seed, key)
-        new = mask & ~layer.mask
-        codes = layer.codes.clone()
-        codes[new] = pow2_encode(pow2_quantize(weight[new], n1, self.bits), n1, self.bits)
+        try:
+            snapped = pow2_quantize_codes(weight, n1, self.bits)
+        except ValueError as err:
+            raise ValueError(f"INQScheduler.step(): layer {layer.name!r}: {err}") from err
+        codes = torch.where(mask & ~layer.mask, snapped, layer.codes)
         return n1, mask, codes
 
     @staticmethod
