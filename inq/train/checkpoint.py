@@ -7,6 +7,7 @@ A checkpoint is a plain dict of tensors, numbers and strings (no pickled code), 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import signal
 from collections.abc import Mapping
@@ -74,7 +75,7 @@ def load_checkpoint(path: Path, key: str = "trainer.resume") -> dict[str, Any]:
     """
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError) as err:
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:
         raise ConfigError(key, f"cannot read checkpoint {path} ({err})") from err
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ConfigError(key, f"{path} is not an inq-train checkpoint")

@@ -1,0 +1,117 @@
+"""Checkpoints: weights_only loads, config checks, and kill-and-resume that is bit-identical."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from train_helpers import TINY, inq_train
+
+from inq.train.checkpoint import (
+    KILL_ENV,
+    check_compatible,
+    get_rng_state,
+    load_checkpoint,
+    load_float_weights,
+    resolve_resume,
+    set_rng_state,
+)
+from inq.train.errors import ConfigError
+from inq.train.models import build_model
+
+# 8 steps per epoch, one float epoch then 4 stages of one epoch: 40 steps, checkpoint every 3
+RESUMABLE = (*TINY, "trainer.checkpoint_every=3")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    inq_train(*RESUMABLE, f"hydra.run.dir={out}")
+    return load_file(out / "model_masked.safetensors")
+
+
+def test_killed_three_times_then_resumed_is_bit_identical(
+    tmp_path: Path, reference: dict[str, torch.Tensor]
+) -> None:
+    run_dir = tmp_path / "run"
+    # each resumed process is killed again somewhere else; kill points count within a process
+    for attempt, kill_at in enumerate(
+        (
+            "step:13",  # mid-epoch in stage 1, one step after a checkpoint: a step is replayed
+            "stage:3",  # right after the stage-3 partition, before any retraining
+            "eval:2",  # during the final evaluation (the 1st eval of this process ends stage 3)
+            None,
+        )
+    ):
+        overrides = [
+            *RESUMABLE,
+            f"hydra.run.dir={run_dir if attempt == 0 else tmp_path / str(attempt)}",
+        ]
+        if attempt:
+            overrides.append(f"trainer.resume={run_dir}")
+        proc = inq_train(*overrides, env={KILL_ENV: kill_at or ""}, check=kill_at is None)
+        if kill_at:
+            assert proc.returncode == -9, proc.stderr[-2000:]
+            assert not (run_dir / "model_masked.safetensors").exists()
+    resumed = load_file(run_dir / "model_masked.safetensors")
+    assert resumed.keys() == reference.keys()
+    for key, tensor in reference.items():
+        assert torch.equal(resumed[key], tensor), key
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary["stages"]) == {"stage1", "stage2", "stage3", "stage4"}
+
+    # the finished run cannot be continued with other settings, and the message says why
+    proc = inq_train(
+        *RESUMABLE,
+        "inq.bits=4",
+        f"trainer.resume={run_dir}",
+        f"hydra.run.dir={tmp_path / 'x'}",
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    expected = "trainer.resume: the checkpoint was made with a different config: inq.bits=5 (now 4)"
+    assert expected in proc.stderr
+
+
+def test_checkpoint_loads_weights_only_and_names_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^trainer\.resume: no checkpoint at"):
+        resolve_resume(str(tmp_path))
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match=r"^trainer\.resume: cannot read checkpoint"):
+        load_checkpoint(bad)
+    torch.save({"format": "something else"}, bad)
+    with pytest.raises(ConfigError, match="not an inq-train checkpoint"):
+        load_checkpoint(bad)
+    model = build_model({"name": "digits_cnn", "num_classes": 10, "in_channels": 1})
+    with pytest.raises(ConfigError, match=r"^model\.checkpoint: .*does not exist"):
+        load_float_weights(model, str(tmp_path / "missing.pt"))
+    with pytest.raises(ConfigError, match=r"^model\.checkpoint: cannot read"):
+        load_float_weights(model, str(_garbage(tmp_path)))
+    torch.save(
+        build_model({"name": "resnet20", "num_classes": 10, "in_channels": 3}).state_dict(), bad
+    )
+    with pytest.raises(ConfigError, match=r"^model\.checkpoint: .*does not fit model\.name"):
+        load_float_weights(model, str(bad))
+
+
+def _garbage(tmp_path: Path) -> Path:
+    path = tmp_path / "garbage.pth"
+    path.write_bytes(b"\x00" * 64)
+    return path
+
+
+def test_rng_state_round_trips() -> None:
+    state = get_rng_state()
+    first = torch.rand(3)
+    set_rng_state(state)
+    assert torch.equal(torch.rand(3), first)
+
+
+def test_resumable_changes_are_allowed() -> None:
+    saved = {"trainer": {"resume": None, "log_every": 10}}
+    check_compatible(saved, {"trainer": {"resume": "run/", "log_every": 1}})
