@@ -1,0 +1,98 @@
+"""End to end: the console script on tiny settings, its artefacts, sweeps and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from train_helpers import TINY, inq_train
+
+from inq import INQScheduler, pow2_levels
+from inq.export import load_masked
+from inq.train.models import build_model
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    proc = inq_train(*TINY, f"hydra.run.dir={out}")
+    (out / "stdout.txt").write_text(proc.stdout)
+    return out
+
+
+def test_export_holds_only_power_of_two_weights_with_full_masks(run_dir: Path) -> None:
+    ckpt = load_masked(run_dir / "model_masked.safetensors")
+    assert (ckpt.bits, ckpt.stage, ckpt.portions) == (5, 4, (0.3, 0.6, 0.8, 1.0))
+    assert len(ckpt.masks) == 4
+    for key, mask in ckpt.masks.items():
+        assert mask.all(), key
+        assert torch.isin(ckpt.state[key], pow2_levels(ckpt.n1[key], ckpt.bits)).all(), key
+    model = build_model(ckpt.model)  # the metadata alone rebuilds the architecture
+    model.load_state_dict(ckpt.state)
+
+
+def test_summary_checkpoints_and_table(run_dir: Path) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert list(summary["stages"]) == ["stage1", "stage2", "stage3", "stage4"]
+    assert summary["stages"]["stage4"]["portion"] == 1.0
+    assert summary["final_acc"] == summary["stages"]["stage4"]["acc"]
+    assert 0.0 <= summary["float_acc"] <= 1.0
+    assert set(summary["timings_s"]) == {"float", "stage1", "stage2", "stage3", "stage4"}
+    for name in ("latest", "float", "stage1", "stage2", "stage3", "stage4"):
+        state = torch.load(run_dir / "checkpoints" / f"{name}.pt", weights_only=True)
+        assert state["format"] == "inq-train/1"
+    stdout = (run_dir / "stdout.txt").read_text()
+    assert "-> 5-bit INQ" in stdout
+    for row in ("float", "stage1", "stage4"):
+        assert f"\n{row} " in stdout
+
+
+def test_tensorboard_events_carry_the_tags(run_dir: Path) -> None:
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0, "histograms": 0})
+    events.Reload()
+    scalars, histograms = set(events.Tags()["scalars"]), set(events.Tags()["histograms"])
+    model = build_model({"name": "digits_cnn", "num_classes": 10, "in_channels": 1})
+    layers = [layer.name for layer in INQScheduler(model).layers]
+    expected = {"train/loss", "train/acc", "train/lr", "val/loss", "val/acc", "inq/stage"}
+    expected |= {"inq/quantized_fraction"}
+    expected |= {f"inq/quantized_fraction/{name}" for name in layers}
+    expected |= {f"inq/quant_error/{name}" for name in layers}
+    assert expected <= scalars
+    assert {f"weights/{name}" for name in layers} <= histograms
+    assert "val/acc_top5" not in scalars  # 10 classes: top-5 says little
+    assert events.Scalars("inq/quantized_fraction")[-1].value == 1.0
+    assert [e.value for e in events.Scalars("inq/stage")][-1] == 4
+
+
+def test_multirun_gives_each_job_its_own_directory(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    inq_train("-m", "inq.bits=3,4", *TINY, "inq.portions=[0.5,1.0]", f"hydra.sweep.dir={sweep}")
+    bits = [json.loads((sweep / job / "summary.json").read_text())["bits"] for job in ("0", "1")]
+    assert bits == [3, 4]
+    assert load_masked(sweep / "1" / "model_masked.safetensors").bits == 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["inq.bitz=5"], "Could not override 'inq.bitz'"),
+        (["inq.bits=9"], "inq-train: error: inq.bits: bits must be an integer from 2 to 8"),
+        (["data=cifar10", "data.root=/no/such/dir"], "inq-train: error: data.root: /no/such/dir"),
+        (["model.name=resnet1000"], "inq-train: error: model.name: unknown model 'resnet1000'"),
+        (["model.checkpoint=GARBAGE"], "inq-train: error: model.checkpoint: cannot read"),
+        (["inq.include=[conv9]"], "inq-train: error: inq.include: include pattern 'conv9'"),
+    ],
+)
+def test_bad_input_ends_in_one_message_naming_the_key(
+    tmp_path: Path, overrides: list[str], message: str
+) -> None:
+    garbage = tmp_path / "float.pt"
+    garbage.write_bytes(b"\x00garbage")
+    overrides = [o.replace("GARBAGE", str(garbage)) for o in overrides]
+    proc = inq_train(*overrides, f"hydra.run.dir={tmp_path / 'run'}", check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
