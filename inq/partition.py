@@ -60,8 +60,8 @@ def grow_mask(
         tensor([False,  True, False,  True])
 
     Raises:
-        ValueError: on an unknown strategy, mismatched shapes, or a count outside
-            ``[mask.sum(), weight.numel()]``.
+        ValueError: on an unknown strategy, mismatched shapes, a count outside
+            ``[mask.sum(), weight.numel()]``, or NaN/infinite weights (``magnitude``).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown partition strategy {strategy!r}; choose one of {STRATEGIES}")
@@ -75,6 +75,8 @@ def grow_mask(
         return mask.clone()
     if strategy == "magnitude":
         scores = weight.detach().abs().float()
+        if not bool(torch.isfinite(scores).all()):
+            raise ValueError("grow_mask: the weight holds NaN or infinity; cannot rank it")
     else:  # uniform keys from a CPU generator: the same draw on every device and process
         generator = torch.Generator().manual_seed(_seed_for(seed, key))
         scores = torch.rand(weight.shape, generator=generator).to(weight.device)

@@ -257,3 +257,9 @@ def test_random_is_roughly_uniform_over_free_weights() -> None:
 
 def test_public_api_exports_partition_functions() -> None:
     assert inq.grow_mask is grow_mask and inq.quantized_count is quantized_count
+
+
+def test_magnitude_rejects_non_finite_weights() -> None:
+    weight = torch.tensor([0.5, float("nan"), 0.1, 0.2])
+    with pytest.raises(ValueError, match="NaN"):
+        grow_mask(weight, torch.zeros(4, dtype=torch.bool), 2)
