@@ -40,7 +40,7 @@ from inq.scheduler import INQScheduler
 from inq.train import checkpoint as ckpt
 from inq.train.config import register, to_dict, validate
 from inq.train.data import batches_per_epoch, build_datasets, build_eval_loader, build_train_loader
-from inq.train.distributed import Dist, check_identical, setup, teardown
+from inq.train.distributed import Dist, broadcast_buffers, check_identical, setup, teardown
 from inq.train.errors import ConfigError
 from inq.train.loop import Phase, build_lr_schedule, build_optimizer, evaluate, plan_phases
 from inq.train.models import build_model
@@ -214,6 +214,7 @@ class Trainer:
                 self.save()
             ckpt.kill_point("step", step)
         bar.close()
+        broadcast_buffers(self.model)
 
     def evaluate(self) -> dict[str, float]:
         """Validation metrics, logged as ``val/*`` with the INQ state at the current step."""

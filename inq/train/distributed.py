@@ -16,7 +16,7 @@ from torch import nn
 
 from inq.scheduler import INQScheduler
 
-__all__ = ["Dist", "all_sum", "check_identical", "setup", "teardown"]
+__all__ = ["Dist", "all_sum", "broadcast_buffers", "check_identical", "setup", "teardown"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,18 @@ def all_sum(values: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized():
         dist.all_reduce(values)
     return values
+
+
+@torch.no_grad()
+def broadcast_buffers(model: nn.Module) -> None:
+    """Copy rank 0's buffers (BatchNorm statistics) to every rank.
+
+    DDP does this at the start of each forward, so after the last training step of an epoch
+    each rank still holds statistics of its own batch; evaluation and checkpoints need rank 0's.
+    """
+    if dist.is_initialized():
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
 
 
 def _digest(tensor: torch.Tensor) -> torch.Tensor:
