@@ -1,0 +1,263 @@
+"""``inq bench kernel``: the CUDA ops against cuBLAS (``F.linear``) and cuDNN (``F.conv2d``).
+
+Every timing is the median of ``--repeats`` runs, each measured with CUDA events after the L2
+cache was flushed (a write of twice its size), so weights come from HBM as in real inference.
+Baselines use the same weights decoded to fp16/bf16; cuDNN runs channels_last. The device-to-
+device copy bandwidth measured in the same run is the roofline: effective GB/s of an op counts
+the bytes it must move (packed codes, activations, bias, output) over its time.
+
+Cases: linear GEMV / skinny / large-batch shapes of LLM layers, and every convolution of a
+ResNet-18 (random weights, power-of-two quantized) at 224x224, batch 1 and 32, with a per-layer
+table and the whole-network sums. Prints tables and writes JSON (``--json``).
+
+Example (needs a GPU)::
+
+    inq bench kernel --json experiments/kernel_bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from inq.packed import decode_weight, pack_codes
+from inq.pow2 import pow2_encode, pow2_n1, pow2_quantize
+
+__all__ = [
+    "BENCH_HELP",
+    "BenchResult",
+    "add_bench_arguments",
+    "bench_kernel_main",
+    "run_bench",
+    "time_cuda",
+]
+
+BENCH_HELP = "time the CUDA kernels against cuBLAS and cuDNN: inq bench kernel"
+
+LINEAR_SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (28672, 8192)]  # (out, in)
+LINEAR_BATCHES = [1, 16, 256, 1024]
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class BenchResult:
+    """One row of the tables and of the JSON file."""
+
+    op: str  # "linear" or "conv2d"
+    name: str  # shape, or the ResNet-18 layer
+    batch: int
+    bits: int
+    dtype: str
+    time_us: float  # inq op, median
+    baseline_us: float  # cuBLAS / cuDNN on the decoded weight, median
+    speedup: float  # baseline_us / time_us
+    bytes_moved: int  # codes + activations + bias + output, each once
+    gbps: float  # bytes_moved / time
+    copy_fraction: float  # gbps / device-to-device copy bandwidth
+
+
+def time_cuda(fn: Callable[[], object], repeats: int, flush: Tensor) -> float:
+    """Median microseconds of ``fn`` over ``repeats`` runs, L2 flushed before each."""
+    for _ in range(3):  # warm-up: kernel build and load, cuBLAS heuristics, allocator
+        fn()
+    times = []
+    for _ in range(repeats):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
+
+
+def copy_bandwidth(flush: Tensor, repeats: int) -> float:
+    """Device-to-device copy bandwidth in GB/s (read + write), on 1 GiB."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = time_cuda(lambda: dst.copy_(src), repeats, flush)
+    return 2 * src.numel() / us / 1e3
+
+
+def quantized(weight: Tensor, bits: int) -> tuple[Tensor, int]:
+    """Packed codes and n1 of a float weight, power-of-two quantized."""
+    n1 = pow2_n1(weight)
+    codes = pow2_encode(pow2_quantize(weight, n1, bits), n1, bits)
+    return pack_codes(codes, bits), n1
+
+
+def bench_linear(
+    bits: int, dtype: torch.dtype, batches: list[int], repeats: int, flush: Tensor, copy: float
+) -> list[BenchResult]:
+    results = []
+    for out_f, in_f in LINEAR_SHAPES:
+        packed, n1 = quantized(torch.randn(out_f, in_f, device="cuda") * 0.02, bits)
+        weight = decode_weight(packed, bits, n1, (out_f, in_f), dtype)
+        for batch in batches:
+            x = torch.randn(batch, in_f, device="cuda", dtype=dtype)
+            op = partial(torch.ops.inq.shift_linear, x, packed, bits, n1, in_f, None)
+            ours = time_cuda(op, repeats, flush)
+            base = time_cuda(partial(F.linear, x, weight), repeats, flush)
+            moved = packed.numel() + (x.numel() + batch * out_f) * x.element_size()
+            results.append(
+                _result("linear", f"{out_f}x{in_f}", batch, bits, dtype, ours, base, moved, copy)
+            )
+    return results
+
+
+def resnet18_convs(batch: int) -> list[tuple[str, nn.Conv2d, tuple[int, ...]]]:
+    """(name, conv, input shape) of every convolution of a torchvision ResNet-18 at 224x224."""
+    from torchvision.models import resnet18
+
+    model = resnet18().eval()
+    found: list[tuple[str, nn.Conv2d, tuple[int, ...]]] = []
+    hooks = [
+        m.register_forward_hook(
+            lambda mod, inp, out, name=name: found.append((name, mod, tuple(inp[0].shape)))
+        )
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Conv2d)
+    ]
+    with torch.no_grad():
+        model(torch.zeros(batch, 3, 224, 224))
+    for h in hooks:
+        h.remove()
+    return found
+
+
+def bench_resnet18(
+    bits: int, dtype: torch.dtype, batches: list[int], repeats: int, flush: Tensor, copy: float
+) -> list[BenchResult]:
+    results = []
+    for batch in batches:
+        for name, conv, shape in resnet18_convs(batch):
+            packed, n1 = quantized(conv.weight.detach().cuda(), bits)
+            wshape = list(conv.weight.shape)
+            weight = decode_weight(packed, bits, n1, tuple(wshape), dtype)
+            weight_cl = weight.to(memory_format=torch.channels_last)
+            x = torch.randn(shape, device="cuda", dtype=dtype)
+            x_cl = x.to(memory_format=torch.channels_last)
+            args = (list(conv.stride), list(conv.padding), list(conv.dilation), conv.groups)
+            op = partial(torch.ops.inq.shift_conv2d, x_cl, packed, bits, n1, wshape, None, *args)
+            ours = time_cuda(op, repeats, flush)
+            base = time_cuda(partial(F.conv2d, x_cl, weight_cl, None, *args), repeats, flush)
+            out = F.conv2d(x_cl, weight_cl, None, *args)
+            moved = packed.numel() + (x.numel() + out.numel()) * x.element_size()
+            results.append(_result("conv2d", name, batch, bits, dtype, ours, base, moved, copy))
+    return results
+
+
+def _result(
+    op: str,
+    name: str,
+    batch: int,
+    bits: int,
+    dtype: torch.dtype,
+    ours: float,
+    base: float,
+    moved: int,
+    copy: float,
+) -> BenchResult:
+    gbps = moved / ours / 1e3
+    dtype_name = next(k for k, v in _DTYPES.items() if v == dtype)
+    return BenchResult(
+        op, name, batch, bits, dtype_name, ours, base, base / ours, moved, gbps, gbps / copy
+    )
+
+
+def format_table(results: list[BenchResult]) -> str:
+    head = (
+        f"{'op':<7}{'shape/layer':<22}{'batch':>6}{'bits':>5}{'dtype':>6}{'inq us':>10}"
+        f"{'base us':>10}{'speedup':>9}{'GB/s':>9}{'% copy':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(
+            f"{r.op:<7}{r.name:<22}{r.batch:>6}{r.bits:>5}{r.dtype:>6}{r.time_us:>10.1f}"
+            f"{r.baseline_us:>10.1f}{r.speedup:>8.2f}x{r.gbps:>9.0f}{100 * r.copy_fraction:>7.0f}%"
+        )
+    return "\n".join(lines)
+
+
+def _network_totals(results: list[BenchResult]) -> str:
+    lines = []
+    for batch in sorted({r.batch for r in results if r.op == "conv2d"}):
+        rows = [r for r in results if r.op == "conv2d" and r.batch == batch]
+        for bits in sorted({r.bits for r in rows}):
+            sel = [r for r in rows if r.bits == bits]
+            ours, base = sum(r.time_us for r in sel), sum(r.baseline_us for r in sel)
+            lines.append(
+                f"ResNet-18 convs, batch {batch}, {bits} bits: inq {ours:.0f} us, "
+                f"cuDNN {base:.0f} us, speedup {base / ours:.2f}x"
+            )
+    return "\n".join(lines)
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``inq bench kernel``."""
+    parser.add_argument("target", choices=["kernel"], help="what to time: the CUDA kernels")
+    parser.add_argument("--bits", type=int, nargs="+", default=[4, 8], help="code bits")
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="fp16")
+    parser.add_argument("--batches", type=int, nargs="+", default=LINEAR_BATCHES)
+    parser.add_argument("--conv-batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--skip-conv", action="store_true", help="linear shapes only")
+    parser.add_argument("--json", type=Path, help="write the results here")
+
+
+def bench_kernel_main(argv: list[str] | None = None) -> int:
+    """``inq bench kernel [options]`` as a function of its arguments (``argv`` starts with
+    ``kernel``)."""
+    parser = argparse.ArgumentParser(prog="inq bench", description=BENCH_HELP)
+    add_bench_arguments(parser)
+    return run_bench(parser.parse_args(argv))
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Time the ops and print the tables; exit status 0, 1 if the kernels did not build, or 2
+    where no GPU is visible."""
+    if not torch.cuda.is_available():
+        print("inq bench kernel: needs a CUDA GPU, and none is visible; nothing was timed")
+        return 2
+    import inq.kernels  # noqa: F401  (registers the CUDA kernels)
+    from inq.kernels.build import load_extension
+
+    if load_extension() is None:
+        print("inq bench kernel: the CUDA kernels did not build (see the warning); not timing")
+        return 1
+    dtype = _DTYPES[args.dtype]
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    flush = torch.empty(2 * max(l2, 1 << 20), dtype=torch.uint8, device="cuda")
+    copy = copy_bandwidth(flush, args.repeats)
+    device = torch.cuda.get_device_name(0)
+    print(f"{device}: device-to-device copy {copy:.0f} GB/s, L2 {l2 >> 20} MiB")
+    results: list[BenchResult] = []
+    for bits in args.bits:
+        results += bench_linear(bits, dtype, args.batches, args.repeats, flush, copy)
+        if not args.skip_conv:
+            results += bench_resnet18(bits, dtype, args.conv_batches, args.repeats, flush, copy)
+    print(format_table(results))
+    if not args.skip_conv:
+        print(_network_totals(results))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "device": device,
+            "copy_gbps": copy,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "results": [asdict(r) for r in results],
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0

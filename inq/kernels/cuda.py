@@ -1,0 +1,101 @@
+"""CUDA implementations of ``inq::shift_linear``, ``shift_conv2d`` and ``shift_linear_int8``.
+
+Imported by :mod:`inq.kernels` when a GPU is present. The kernels (``inq/kernels/csrc``) are
+compiled on the first CUDA call (:func:`inq.kernels.build.load_extension`, cached on disk); if
+that fails the reason is shown once as a warning and the PyTorch reference runs instead.
+
+Which kernel runs:
+
+- linear, batch ``<= SMALL_BATCH_MAX`` rows: fused decode + GEMV / skinny GEMM that reads only
+  the packed codes (tensor-core MMA for nibble codes with fp16/bf16, CUDA-core FMA otherwise).
+- linear, larger batches: the weight is decoded once into a temporary in the activation dtype
+  (from the caching allocator) and multiplied by cuBLAS; compute-bound batches amortise that.
+- conv2d: depthwise filters run a direct kernel on the codes; other convolutions decode their
+  weight once (a temporary, like above) and call cuDNN. An implicit-GEMM kernel on the codes
+  would avoid the temporary; it is not written yet.
+
+Results match the reference up to fp32 summation order; the decoded-weight paths round each
+weight to the activation dtype exactly as the reference does (fp16 flushes levels below 2**-24).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from inq.kernels import int8 as _int8  # defines inq::shift_linear_int8
+from inq.kernels.build import load_extension
+from inq.packed import decode_weight
+
+__all__ = ["SMALL_BATCH_MAX"]
+
+SMALL_BATCH_MAX = 32  # rows of x up to which the fused small-batch kernels run; tune per GPU
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@torch.library.register_kernel("inq::shift_linear", "cuda")
+def _shift_linear(
+    x: Tensor, packed: Tensor, bits: int, n1: int, in_features: int, bias: Tensor | None
+) -> Tensor:
+    ext = load_extension() if x.dtype in _FLOAT_DTYPES else None
+    b = None if bias is None else bias.to(x.dtype).contiguous()
+    if ext is None:  # the reference, as in inq.kernels.ops
+        weight = decode_weight(packed, bits, n1, (packed.shape[0], in_features), x.dtype)
+        return F.linear(x, weight, b)
+    packed = packed.contiguous()
+    rows = x.reshape(-1, in_features)
+    if rows.shape[0] > SMALL_BATCH_MAX:
+        weight = ext.decode_weight(packed, bits, n1, in_features, x.dtype)
+        return F.linear(x, weight, b)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    y = ext.shift_linear_small_batch(rows, packed, bits, n1, in_features, b)
+    return y.reshape(*x.shape[:-1], packed.shape[0])
+
+
+@torch.library.register_kernel("inq::shift_conv2d", "cuda")
+def _shift_conv2d(
+    x: Tensor,
+    packed: Tensor,
+    bits: int,
+    n1: int,
+    weight_shape: list[int],
+    bias: Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+) -> Tensor:
+    ext = load_extension() if x.dtype in _FLOAT_DTYPES else None
+    b = None if bias is None else bias.to(x.dtype).contiguous()
+    out_channels, group_channels, kh, kw = weight_shape
+    if ext is None:  # the reference, as in inq.kernels.ops
+        weight = decode_weight(packed, bits, n1, tuple(weight_shape), x.dtype)
+        return F.conv2d(x, weight, b, stride, padding, dilation, groups).contiguous()
+    packed = packed.contiguous()
+    batched = x.unsqueeze(0) if x.dim() == 3 else x
+    if group_channels == 1 and groups == batched.shape[1]:
+        y = ext.depthwise_conv2d(
+            batched, packed, bits, n1, weight_shape, b, stride, padding, dilation
+        )
+    else:
+        weight = ext.decode_weight(packed, bits, n1, group_channels * kh * kw, x.dtype)
+        weight = weight.view(out_channels, group_channels, kh, kw)
+        y = F.conv2d(batched, weight, b, stride, padding, dilation, groups).contiguous()
+    return y.squeeze(0) if x.dim() == 3 else y
+
+
+@torch.library.register_kernel("inq::shift_linear_int8", "cuda")
+def _shift_linear_int8(
+    x: Tensor, packed: Tensor, bits: int, in_features: int, frac_bits: int
+) -> Tensor:
+    _int8.check_int8_args(x, bits, in_features, frac_bits)
+    ext = load_extension()
+    if ext is None:
+        return _int8.shift_linear_int8_reference(x, packed, bits, in_features, frac_bits)
+    rows = x.reshape(-1, in_features)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    y = ext.shift_linear_int8(rows, packed.contiguous(), bits, in_features, frac_bits)
+    return y.reshape(*x.shape[:-1], packed.shape[0])
