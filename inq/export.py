@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
-from inq.io import atomic_path
+from inq.io import atomic_path, read_safetensors
 from inq.scheduler import INQScheduler
 
 __all__ = ["MASKED_FORMAT", "MASK_SUFFIX", "MaskedCheckpoint", "load_masked", "save_masked"]
@@ -103,12 +102,7 @@ def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
     Raises:
         ValueError: if the file is missing, not a safetensors file, or not an INQ masked checkpoint.
     """
-    try:
-        tensors = load_file(path)
-        with safe_open(path, "pt") as f:
-            metadata = f.metadata() or {}
-    except (OSError, SafetensorError) as err:
-        raise ValueError(f"{path}: cannot read as safetensors ({err})") from err
+    tensors, metadata = read_safetensors(path)
     if metadata.get("format") != MASKED_FORMAT:
         found = metadata.get("format")
         raise ValueError(f"{path}: not an INQ masked checkpoint (format {found!r})")

@@ -1,4 +1,4 @@
-"""Atomic file writes: a reader sees the old file or the complete new one, never a torn one."""
+"""File I/O: atomic writes (a reader sees the old file or the whole new one) and safe reads."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path"]
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
+
+__all__ = ["atomic_path", "read_safetensors", "read_safetensors_metadata"]
 
 
 @contextlib.contextmanager
@@ -35,3 +39,31 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def read_safetensors_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The string metadata of a safetensors file (reads the header only).
+
+    Raises:
+        ValueError: if the file is missing or not a safetensors file.
+    """
+    try:
+        with safe_open(path, "pt") as f:
+            return f.metadata() or {}
+    except (OSError, SafetensorError) as err:
+        raise ValueError(f"{path}: cannot read as safetensors ({err})") from err
+
+
+def read_safetensors(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """All tensors and the metadata of a safetensors file; nothing is unpickled.
+
+    Raises:
+        ValueError: if the file is missing, truncated or not a safetensors file.
+    """
+    metadata = read_safetensors_metadata(path)
+    try:
+        return load_file(path), metadata
+    except (OSError, SafetensorError) as err:
+        raise ValueError(f"{path}: cannot read as safetensors ({err})") from err

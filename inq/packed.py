@@ -26,11 +26,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from inq.export import MASKED_FORMAT, MaskedCheckpoint, load_masked
-from inq.io import atomic_path
+from inq.io import atomic_path, read_safetensors, read_safetensors_metadata
 from inq.pow2 import check_bits, decode_unchecked, pow2_encode, pow2_quantize
 
 __all__ = [
@@ -377,11 +376,7 @@ def read_format(path: str | os.PathLike[str]) -> str | None:
     Raises:
         ValueError: if the file is missing or not a safetensors file.
     """
-    try:
-        with safe_open(path, "pt") as f:
-            return (f.metadata() or {}).get("format")
-    except (OSError, SafetensorError) as err:
-        raise ValueError(f"{path}: cannot read as safetensors ({err})") from err
+    return read_safetensors_metadata(path).get("format")
 
 
 def load_packed(path: str | os.PathLike[str], validate: bool = True) -> PackedFile:
@@ -398,12 +393,7 @@ def load_packed(path: str | os.PathLike[str], validate: bool = True) -> PackedFi
     if fmt != PACKED_FORMAT:
         hint = "; run `inq export` on it first" if fmt == MASKED_FORMAT else ""
         raise ValueError(f"{path}: not an INQ packed file (format {fmt!r}){hint}")
-    try:
-        tensors = load_file(path)
-        with safe_open(path, "pt") as f:
-            metadata = f.metadata() or {}
-    except (OSError, SafetensorError) as err:
-        raise ValueError(f"{path}: cannot read as safetensors ({err})") from err
+    tensors, metadata = read_safetensors(path)
     packed = _parse(tensors, metadata, path)
     if validate:
         for key, layer in packed.layers.items():
