@@ -1,0 +1,85 @@
+"""Datasets and loaders: the digits split, resumable order, sharded evaluation, bad roots."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from inq.train.data import (
+    ResumableSampler,
+    batches_per_epoch,
+    build_datasets,
+    build_eval_loader,
+    build_train_loader,
+)
+from inq.train.errors import ConfigError
+
+
+def test_digits_split_is_stratified_and_fixed() -> None:
+    cfg = {"name": "digits", "val_fraction": 0.25, "split_seed": 0}
+    train, val = build_datasets(cfg)
+    assert (len(train), len(val)) == (1347, 450)
+    held_out = Counter(val.tensors[1].tolist())
+    total = held_out + Counter(train.tensors[1].tolist())
+    assert all(abs(held_out[c] - 0.25 * total[c]) <= 1 for c in range(10))  # per class 25 %
+    again = build_datasets(cfg)[1]
+    assert torch.equal(again.tensors[0], val.tensors[0])
+
+
+def test_synthetic_sizes_and_caps() -> None:
+    cfg = {"name": "synthetic", "num_classes": 4, "in_channels": 3, "image_size": 6}
+    train, val = build_datasets({**cfg, "train_size": 40, "val_size": 12})
+    assert (len(train), len(val)) == (40, 12)
+    assert train[0][0].shape == (3, 6, 6)
+    digits_train, _ = build_datasets({"name": "digits", "train_size": 100})
+    assert len(digits_train) == 100
+
+
+def test_resumed_epoch_continues_the_same_order() -> None:
+    data = list(range(50))
+    full = ResumableSampler(data, num_replicas=1, rank=0, seed=3)
+    full.set_epoch(7)
+    order = list(full)
+    assert sorted(order) == data
+    full.set_epoch(7, start=20)
+    assert list(full) == order[20:] and len(full) == 30
+    full.set_epoch(8)
+    assert list(full) != order
+
+
+def test_train_loader_leaves_the_global_rng_alone() -> None:
+    train, _ = build_datasets({"name": "synthetic", "train_size": 64, "val_size": 8})
+    loader = build_train_loader({"batch_size": 16}, train, seed=0)
+    assert batches_per_epoch(loader) == 4
+    state = torch.get_rng_state()
+    list(loader)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_eval_shards_cover_every_sample_once() -> None:
+    cfg = {"name": "synthetic", "train_size": 8, "val_size": 11, "eval_batch_size": 4}
+    seen = [
+        y
+        for rank in range(3)
+        for _, labels in build_eval_loader(cfg, rank=rank, world_size=3)
+        for y in labels.tolist()
+    ]
+    assert len(seen) == 11
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100", "imagenet"])
+def test_missing_dataset_directory_names_data_root(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ConfigError, match=r"^data\.root: .*needs a local directory"):
+        build_datasets({"name": name, "root": None})
+    with pytest.raises(ConfigError, match=r"^data\.root: .* is not a directory"):
+        build_datasets({"name": name, "root": str(tmp_path / "absent")})
+    with pytest.raises(ConfigError, match=r"^data\.root: "):
+        build_datasets({"name": name, "root": str(tmp_path)})  # exists but holds no data
+
+
+def test_unknown_dataset_names_data_name() -> None:
+    with pytest.raises(ConfigError, match=r"^data\.name: unknown dataset 'mnist'"):
+        build_datasets({"name": "mnist"})
