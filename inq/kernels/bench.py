@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -224,16 +225,22 @@ def bench_kernel_main(argv: list[str] | None = None) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Time the ops and print the tables; exit status 0, 1 if the kernels did not build, or 2
-    where no GPU is visible."""
+    """Time the ops and print the tables; exit status 0, or 1 (one line on stderr) where no GPU
+    is visible or the kernels did not build."""
     if not torch.cuda.is_available():
-        print("inq bench kernel: needs a CUDA GPU, and none is visible; nothing was timed")
-        return 2
+        print(
+            "inq bench kernel: needs a CUDA GPU, and none is visible; nothing was timed",
+            file=sys.stderr,
+        )
+        return 1
     import inq.kernels  # noqa: F401  (registers the CUDA kernels)
     from inq.kernels.build import load_extension
 
     if load_extension() is None:
-        print("inq bench kernel: the CUDA kernels did not build (see the warning); not timing")
+        print(
+            "inq bench kernel: the CUDA kernels did not build (see the warning); not timing",
+            file=sys.stderr,
+        )
         return 1
     dtype = _DTYPES[args.dtype]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
