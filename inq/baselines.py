@@ -1,0 +1,133 @@
+"""Baselines that INQ is compared with, on the same power-of-two level sets.
+
+- :func:`oneshot_quantize`: round every target weight to its level set at once, no retraining (the
+  power-of-two mode of Ristretto). It is an :class:`~inq.scheduler.INQScheduler` with the single
+  portion 1.0, stepped once.
+- :class:`STEQuantizer`: quantization-aware fine-tuning of all target weights at once with a
+  straight-through estimator. The parameters stay float "shadow" weights; every forward pass sees
+  their power-of-two values, and the gradient passes through the rounding as if it were the
+  identity. :meth:`STEQuantizer.finalize` snaps the shadows and hands back a fully quantized
+  scheduler, so :func:`inq.export.save_masked` and ``verify`` work unchanged.
+
+Both take ``n1`` of each layer from its weights when they start (the float model), like INQ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from inq.pow2 import pow2_n1, pow2_quantize
+from inq.scheduler import INQScheduler, QuantizedLayer
+
+__all__ = ["STEQuantizer", "oneshot_quantize"]
+
+
+def oneshot_quantize(
+    model: nn.Module,
+    bits: int = 5,
+    include: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
+) -> INQScheduler:
+    """Snap every target weight of ``model`` to its power-of-two level set, all at once.
+
+    Returns the fully quantized scheduler (every mask set), ready for
+    :func:`inq.export.save_masked`.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+        >>> sched = oneshot_quantize(model, bits=3)
+        >>> sched.done, sched.quantized_fraction()
+        (True, 1.0)
+
+    Raises:
+        ValueError: as :class:`~inq.scheduler.INQScheduler` (bad bits, patterns, NaN weights).
+    """
+    scheduler = INQScheduler(model, bits=bits, portions=(1.0,), include=include, exclude=exclude)
+    scheduler.step()
+    return scheduler
+
+
+class STEQuantizer:
+    """Straight-through-estimator fine-tuning of ``scheduler``'s target weights in ``model``.
+
+    ``scheduler`` must be an unstepped :class:`~inq.scheduler.INQScheduler` with
+    ``portions=(1.0,)`` over ``model``; it selects the layers and holds ``n1`` per layer (taken
+    now from the weights unless already set, e.g. by ``load_state_dict`` on a resume), so its
+    ``state_dict()`` is all a checkpoint needs. While active, each target module's ``weight`` is
+    parametrized (:mod:`torch.nn.utils.parametrize`): the parameter, under
+    ``<module>.parametrizations.weight.original`` in the state dict, is the float shadow; the
+    forward pass uses ``pow2_quantize(shadow, n1, bits)`` exactly.
+
+    Example:
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <torch._C.Generator object at ...>
+        >>> model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+        >>> ste = STEQuantizer(model, INQScheduler(model, bits=3, portions=(1.0,)))
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> for _ in range(3):
+        ...     optimizer.zero_grad()
+        ...     model(torch.randn(16, 8)).square().mean().backward()
+        ...     optimizer.step()
+        >>> sched = ste.finalize()       # shadows snapped, every mask set
+        >>> sched.done, ste.active
+        (True, False)
+
+    Raises:
+        ValueError: if the scheduler was already stepped or has other portions than ``(1.0,)``.
+    """
+
+    def __init__(self, model: nn.Module, scheduler: INQScheduler) -> None:
+        if scheduler.stage != 0 or scheduler.portions != (1.0,):
+            raise ValueError(
+                "STEQuantizer needs an unstepped INQScheduler with portions=(1.0,), got "
+                f"{scheduler!r}"
+            )
+        self.scheduler = scheduler
+        by_weight = {id(layer.weight): layer for layer in scheduler.layers}
+        self._modules = [
+            (module, by_weight[id(module.weight)])
+            for module in model.modules()
+            if id(getattr(module, "weight", None)) in by_weight  # tied weights: every user
+        ]
+        for _, layer in self._modules:
+            if layer.n1 is None:
+                layer.n1 = pow2_n1(layer.weight)
+        for module, layer in self._modules:
+            parametrize.register_parametrization(
+                module, "weight", _StraightThrough(layer, scheduler.bits)
+            )
+        self.active = True
+
+    def finalize(self) -> INQScheduler:
+        """Snap the shadows to their power-of-two values and drop the parametrization.
+
+        Each module's ``weight`` is a plain parameter again (the same object the optimizer holds),
+        equal to what the last forward pass used; the returned scheduler has every mask set and,
+        if attached to an optimizer, keeps the weights frozen from now on.
+
+        Raises:
+            RuntimeError: if called twice.
+        """
+        if not self.active:
+            raise RuntimeError("STEQuantizer.finalize() was already called")
+        for module, _ in self._modules:
+            parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
+        self.active = False
+        self.scheduler.step()  # portion 1.0 with the stored n1: the same Eq. 4 values
+        return self.scheduler
+
+
+class _StraightThrough(nn.Module):
+    """Forward: the power-of-two values, exactly; backward: the identity (``d q / d w = 1``)."""
+
+    def __init__(self, layer: QuantizedLayer, bits: int) -> None:
+        super().__init__()
+        self.layer, self.bits = layer, bits  # n1 is read live: a resume may restore it later
+
+    def forward(self, shadow: torch.Tensor) -> torch.Tensor:
+        snapped = pow2_quantize(shadow, self.layer.n1, self.bits)
+        return snapped + (shadow - shadow.detach())  # exactly ``snapped``; gradient 1
