@@ -1,0 +1,371 @@
+"""Collect an accuracy study's ``summary.json`` files into ``RESULTS.md`` and a plot.
+
+Reads every ``summary.json`` under a sweep directory (written by ``inq-train``; the keys used are
+``method``, ``bits``, ``portions``, ``strategy``, ``seed``, ``float_acc`` and ``final_acc``),
+groups the runs by method, partition, bits and schedule, and writes
+
+- the table (mean and sample standard deviation over seeds, plus the per-seed paired difference
+  to the float model the run started from), the checks of the issue's expectations and the
+  paper's ImageNet numbers between ``<!-- study:start -->`` and ``<!-- study:end -->`` in the
+  results file (appended if the markers are missing; nothing else in the file changes);
+- a PNG: accuracy against bits, one line per method, error bars of one standard deviation.
+
+Usage::
+
+    python experiments/collect_study.py multirun/study_digits/<stamp>
+    python experiments/collect_study.py DIR --results experiments/RESULTS.md \
+        --plot experiments/study_digits.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+START, END = "<!-- study:start -->", "<!-- study:end -->"
+# The INQ paper's schedules (accumulated portions) per bit-width; "INQ" rows use these.
+PAPER_SCHEDULES = {
+    5: (0.5, 0.75, 0.875, 1.0),
+    4: (0.3, 0.5, 0.8, 0.9, 0.95, 1.0),
+    3: (0.2, 0.4, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0),
+    2: (0.2, 0.4, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.975, 1.0),
+}
+# The paper's ImageNet ResNet-18 results: (top-1, top-5) error in %, magnitude partition.
+PAPER_RESNET18 = {
+    32: (31.73, 11.31),
+    5: (31.02, 10.90),
+    4: (31.11, 10.99),
+    3: (31.92, 11.64),
+    2: (33.98, 12.87),
+}
+PAPER_RANDOM_5BIT = (32.11, 11.73)
+METHOD_ORDER = ("INQ magnitude", "INQ random", "STE", "one-shot")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished run: what it did and its test accuracies (fractions)."""
+
+    method: str
+    bits: int
+    strategy: str
+    portions: tuple[float, ...]
+    seed: int
+    float_acc: float
+    final_acc: float
+    path: Path
+
+    @property
+    def series(self) -> str:
+        """The plot line and table label: method (and partition, and schedule if not the paper's).
+
+        Example:
+            >>> r = Run("inq", 5, "magnitude", (0.3, 0.6, 0.8, 1.0), 0, 0.9, 0.9, Path("."))
+            >>> r.series
+            'INQ magnitude, portions 0.3/0.6/0.8/1'
+        """
+        if self.method == "oneshot":
+            return "one-shot"
+        if self.method == "ste":
+            return "STE"
+        name = f"INQ {self.strategy}"
+        if self.portions != PAPER_SCHEDULES.get(self.bits):
+            name += f", portions {_portions(self.portions)}"
+        return name
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Mean and sample standard deviation (0 for a single value) of ``n`` values, in points."""
+
+    mean: float
+    std: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Stats:
+        """Statistics of accuracies given as fractions, in percentage points.
+
+        Example:
+            >>> print(Stats.of([0.9, 0.92]))
+            91.00 ± 1.41
+        """
+        points = [100.0 * v for v in values]
+        std = statistics.stdev(points) if len(points) > 1 else 0.0
+        return cls(statistics.fmean(points), std, len(points))
+
+    def ci95(self) -> float:
+        """Half-width of the 95 % confidence interval of the mean (Student t)."""
+        if self.n < 2:
+            return math.inf
+        from scipy.stats import t  # scikit-learn's dependency; imported only when needed
+
+        return float(t.ppf(0.975, self.n - 1)) * self.std / math.sqrt(self.n)
+
+    def __str__(self) -> str:
+        return f"{self.mean:.2f} ± {self.std:.2f}"
+
+
+def load_runs(root: Path) -> list[Run]:
+    """Every run under ``root`` (any depth).
+
+    Raises:
+        ValueError: if there is none, a summary lacks a key, or two runs share settings and seed.
+    """
+    runs, seen = [], {}
+    for path in sorted(root.rglob("summary.json")):
+        try:
+            s = json.loads(path.read_text())
+            run = Run(
+                method=s["method"],
+                bits=int(s["bits"]),
+                strategy=s["strategy"],
+                portions=tuple(float(p) for p in s["portions"]),
+                seed=int(s["seed"]),
+                float_acc=float(s["float_acc"]),
+                final_acc=float(s["final_acc"]),
+                path=path,
+            )
+        except (KeyError, TypeError, ValueError) as err:  # JSONDecodeError is a ValueError
+            raise ValueError(f"{path}: not a study summary ({err!r}); rerun inq-train") from None
+        key = (run.series, run.bits, run.seed)
+        if key in seen:
+            raise ValueError(f"{path} and {seen[key]} are the same run ({key}); keep one")
+        seen[key] = path
+        runs.append(run)
+    if not runs:
+        raise ValueError(f"no summary.json under {root}")
+    return runs
+
+
+def float_by_seed(runs: Sequence[Run]) -> dict[int, float]:
+    """The float model's accuracy per seed (every run of a seed starts from the same model).
+
+    Raises:
+        ValueError: if runs of one seed disagree (they did not share the float model).
+    """
+    found: dict[int, float] = {}
+    for run in runs:
+        if found.setdefault(run.seed, run.float_acc) != run.float_acc:
+            raise ValueError(f"{run.path}: float accuracy differs from other runs of its seed")
+    return found
+
+
+def group(runs: Sequence[Run]) -> dict[tuple[str, int], list[Run]]:
+    """Runs by (series, bits), in table order: bits descending, then method."""
+
+    def order(key: tuple[str, int]) -> tuple[int, int, str]:
+        series, bits = key
+        rank = next((i for i, m in enumerate(METHOD_ORDER) if series.startswith(m)), 99)
+        return -bits, rank, series
+
+    groups: dict[tuple[str, int], list[Run]] = defaultdict(list)
+    for run in runs:
+        groups[(run.series, run.bits)].append(run)
+    return {key: sorted(groups[key], key=lambda r: r.seed) for key in sorted(groups, key=order)}
+
+
+def results_table(runs: Sequence[Run]) -> str:
+    """Markdown table: one row per (series, bits) plus the float row."""
+    floats = Stats.of(list(float_by_seed(runs).values()))
+    lines = [
+        "| bits | method | portions | seeds | test acc. % (mean ± std) | vs float, points |",
+        "|---:|---|---|---:|---:|---:|",
+        f"| 32 | float | | {floats.n} | {floats} | |",
+    ]
+    for (series, bits), members in group(runs).items():
+        acc = Stats.of([r.final_acc for r in members])
+        delta = Stats.of([r.final_acc - r.float_acc for r in members])
+        portions = _portions(members[0].portions) if members[0].method == "inq" else ""
+        lines.append(
+            f"| {bits} | {series.split(',')[0]} | {portions} | {acc.n} | {acc} | "
+            f"{delta.mean:+.2f} ± {delta.std:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def paired(runs: Sequence[Run], a: tuple[str, int], b: tuple[str, int] | None) -> Stats | None:
+    """Per-seed accuracy of ``a`` minus ``b`` (``None``: minus float), over the seeds both have."""
+    groups = group(runs)
+    if a not in groups or (b is not None and b not in groups):
+        return None
+    mine = {r.seed: r for r in groups[a]}
+    if b is None:
+        return Stats.of([r.final_acc - r.float_acc for r in mine.values()])
+    theirs = {r.seed: r.final_acc for r in groups[b]}
+    return Stats.of([mine[s].final_acc - theirs[s] for s in sorted(mine.keys() & theirs.keys())])
+
+
+def expectations(runs: Sequence[Run]) -> str:
+    """The issue's expectations against the paired per-seed differences, as a markdown table."""
+    inq = "INQ magnitude"
+    checks: list[tuple[str, Stats | None, float]] = [
+        ("5-bit INQ >= float", paired(runs, (inq, 5), None), 0.0),
+        ("4-bit INQ within 0.3 points of float", paired(runs, (inq, 4), None), -0.3),
+        ("3-bit INQ within 1 point of float", paired(runs, (inq, 3), None), -1.0),
+        ("ternary INQ within 2.5 points of float", paired(runs, (inq, 2), None), -2.5),
+    ]
+    for other, text, bit_widths in (
+        ("INQ random", "magnitude >= random", (5, 4, 3, 2)),
+        ("one-shot", "INQ > one-shot", (5, 4, 3, 2)),
+        ("STE", "INQ > STE", (3, 2)),
+    ):
+        for bits in bit_widths:
+            stats = paired(runs, (inq, bits), (other, bits))
+            checks.append((f"{bits}-bit {text}", stats, 0.0))
+    lines = [
+        "| expectation | measured difference, points (per seed: mean ± std) | verdict |",
+        "|---|---:|---|",
+    ]
+    for text, stats, bound in checks:
+        if stats is None:
+            lines.append(f"| {text} | not run | |")
+            continue
+        holds = stats.mean > bound if ">" in text and ">=" not in text else stats.mean >= bound
+        sure = abs(stats.mean - bound) > stats.ci95()
+        verdict = ("holds" if holds else "fails") + ("" if sure else " (within noise)")
+        lines.append(f"| {text} | {stats.mean:+.2f} ± {stats.std:.2f} | {verdict} |")
+    return "\n".join(lines)
+
+
+def paper_table() -> str:
+    """The INQ paper's ImageNet ResNet-18 numbers (top-1/top-5 error, %)."""
+    lines = [
+        "| bits | top-1 error % | top-5 error % | top-1 vs float, points of accuracy |",
+        "|---:|---:|---:|---:|",
+    ]
+    float_top1 = PAPER_RESNET18[32][0]
+    for bits, (top1, top5) in PAPER_RESNET18.items():
+        name = "32 (float)" if bits == 32 else ("2 (ternary)" if bits == 2 else str(bits))
+        lines.append(f"| {name} | {top1:.2f} | {top5:.2f} | {float_top1 - top1:+.2f} |")
+    top1, top5 = PAPER_RANDOM_5BIT
+    lines.append(f"| 5, random partition | {top1:.2f} | {top5:.2f} | {float_top1 - top1:+.2f} |")
+    return "\n".join(lines)
+
+
+def plot(runs: Sequence[Run], path: Path) -> None:
+    """Accuracy against bits (ours: full range and zoomed; the paper's), error bars of 1 std."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    floats = Stats.of(list(float_by_seed(runs).values()))
+    lines: dict[str, list[tuple[int, Stats]]] = defaultdict(list)
+    for (series, bits), members in group(runs).items():
+        lines[series].append((bits, Stats.of([r.final_acc for r in members])))
+    for ax in axes[:2]:
+        ax.axhspan(floats.mean - floats.std, floats.mean + floats.std, color="0.85")
+        ax.axhline(floats.mean, color="0.3", ls="--", lw=1, label=f"float ({floats})")
+        for i, (series, points) in enumerate(sorted(lines.items())):
+            points.sort()
+            shift = 0.06 * (i - (len(lines) - 1) / 2)  # keep overlapping error bars apart
+            ax.errorbar(
+                [b + shift for b, _ in points],
+                [s.mean for _, s in points],
+                yerr=[s.std for _, s in points],
+                marker="o",
+                capsize=3,
+                ls="-" if len(points) > 1 else "none",
+                label=series,
+            )
+        ax.set_xticks(sorted({r.bits for r in runs}))
+        ax.set_xlabel("bits per weight")
+        ax.set_ylabel("test accuracy, %")
+        ax.grid(alpha=0.3)
+    axes[0].set_title(f"ours: all methods ({floats.n} seeds, mean ± std)")
+    axes[0].legend(fontsize=7, loc="lower right")
+    top = [s.mean for pts in lines.values() for _, s in pts if s.mean > floats.mean - 5]
+    axes[1].set_ylim(min([floats.mean - 3, *top]) - 0.5, max([floats.mean, *top]) + 1.0)
+    axes[1].set_title("ours: zoom on the top")
+    paper_bits = [b for b in PAPER_RESNET18 if b != 32]
+    axes[2].axhline(100 - PAPER_RESNET18[32][0], color="0.3", ls="--", lw=1, label="float")
+    axes[2].plot(
+        paper_bits, [100 - PAPER_RESNET18[b][0] for b in paper_bits], "o-", label="INQ magnitude"
+    )
+    axes[2].plot([5], [100 - PAPER_RANDOM_5BIT[0]], "s", label="INQ random")
+    axes[2].set_xticks(paper_bits)
+    axes[2].set_title("the paper: ImageNet ResNet-18 (single runs)")
+    axes[2].set_xlabel("bits per weight")
+    axes[2].set_ylabel("top-1 accuracy, %")
+    axes[2].legend(fontsize=7)
+    axes[2].grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_section(results: Path, body: str, title: str = "## Accuracy study") -> None:
+    """Replace the text between the study markers in ``results`` (or append a new section)."""
+    text = results.read_text() if results.exists() else "# Results\n"
+    block = f"{START}\n{body.strip()}\n{END}"
+    if START in text and END in text:
+        head, rest = text.split(START, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + f"\n\n{title}\n\n{block}\n"
+    results.write_text(text)
+
+
+def render(runs: Sequence[Run], plot_path: Path, results: Path) -> str:
+    """The generated block: our table, the expectation checks, the plot link, the paper's table."""
+    link = Path(_relative(plot_path, results.parent))
+    seeds = sorted(float_by_seed(runs))
+    return "\n\n".join(
+        [
+            f"Generated by `experiments/collect_study.py` from {len(runs)} runs "
+            f"(seeds {', '.join(map(str, seeds))}). Test accuracy on the held-out split; "
+            "std is the sample standard deviation over seeds; *vs float* is each run's accuracy "
+            "minus that of the float model it started from (same seed), averaged.",
+            results_table(runs),
+            "Expectations of the issue, checked on the per-seed (paired) differences; *within "
+            "noise* means the 95 % confidence interval of the mean difference contains the bound.",
+            expectations(runs),
+            f"![accuracy vs bits]({link.as_posix()})",
+            "The paper's numbers (Zhou et al. 2017, ImageNet, ResNet-18, one run each), to compare "
+            "the shape of the curves, not the values:",
+            paper_table(),
+        ]
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep", type=Path, help="directory holding the runs (any depth)")
+    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--plot", type=Path, default=HERE / "study_digits.png")
+    args = parser.parse_args(argv)
+    try:
+        runs = load_runs(args.sweep)
+        body = render(runs, args.plot, args.results)
+    except (OSError, ValueError) as err:
+        print(f"collect_study: error: {err}", file=sys.stderr)
+        return 1
+    plot(runs, args.plot)
+    write_section(args.results, body)
+    print(f"{len(runs)} runs -> {args.results} (table), {args.plot} (plot)")
+    return 0
+
+
+def _portions(portions: Sequence[float]) -> str:
+    return "/".join(f"{p:g}" for p in portions)
+
+
+def _relative(path: Path, start: Path) -> str:
+    return os.path.relpath(path.resolve(), start.resolve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
