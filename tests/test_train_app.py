@@ -12,6 +12,7 @@ from train_helpers import TINY, inq_train
 
 from inq import INQScheduler, pow2_levels
 from inq.export import load_masked
+from inq.packed import load_packed
 from inq.train.models import build_model
 
 
@@ -32,6 +33,16 @@ def test_export_holds_only_power_of_two_weights_with_full_masks(run_dir: Path) -
         assert torch.isin(ckpt.state[key], pow2_levels(ckpt.n1[key], ckpt.bits)).all(), key
     model = build_model(ckpt.model)  # the metadata alone rebuilds the architecture
     model.load_state_dict(ckpt.state)
+
+
+def test_packed_export_decodes_to_the_masked_weights(run_dir: Path) -> None:
+    masked = load_masked(run_dir / "model_masked.safetensors")
+    packed = load_packed(run_dir / "model.inq.safetensors").state_dict()
+    for key, value in masked.state.items():
+        assert torch.equal(packed[key], value), key
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["files"]["packed"] == str(run_dir / "model.inq.safetensors")
+    assert summary["packed"]["ratio"] == pytest.approx(8 / 32, rel=0.02)  # 5 bits: byte codes
 
 
 def test_summary_checkpoints_and_table(run_dir: Path) -> None:

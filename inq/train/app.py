@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from inq.export import save_masked
 from inq.io import atomic_path
+from inq.packed import export_packed
 from inq.scheduler import INQScheduler
 from inq.train import checkpoint as ckpt
 from inq.train.config import register, to_dict, validate
@@ -277,7 +278,9 @@ class Trainer:
             "world_size": self.env.world_size,
         }
         if self.env.main:
-            summary["files"] = export_artifacts(self.out, self.model, self.sched, self.model_info)
+            summary["files"], summary["packed"] = export_artifacts(
+                self.out, self.model, self.sched, self.model_info
+            )
             with atomic_path(self.out / "summary.json") as tmp:
                 tmp.write_text(json.dumps(summary, indent=2) + "\n")
             log.info("results in %s\n%s", self.out, _table(summary))
@@ -312,14 +315,17 @@ class Trainer:
 
 def export_artifacts(
     out_dir: Path, model: nn.Module, sched: INQScheduler, model_info: dict[str, Any]
-) -> dict[str, str]:
-    """Write the deliverables of a finished run into ``out_dir``; returns ``{kind: path}``."""
+) -> tuple[dict[str, str], dict[str, float]]:
+    """Write the masked checkpoint and the packed codes of a finished run into ``out_dir``.
+
+    Returns ``{kind: path}`` and the packed file's sizes (``ratio``: packed / fp32 bytes of the
+    quantized tensors), which ``summary.json`` records under ``packed``.
+    """
     masked = out_dir / "model_masked.safetensors"
     save_masked(masked, model, sched, model_info=model_info)
-    files = {"masked": str(masked)}
-    # PACKED EXPORT GOES HERE: write the packed low-bit codes beside the masked file and add
-    # them to ``files`` (e.g. files["packed"] = ...).
-    return files
+    packed = out_dir / "model.inq.safetensors"
+    stats = export_packed(masked, packed)
+    return {"masked": str(masked), "packed": str(packed)}, stats.as_dict()
 
 
 def _build_scheduler(model: nn.Module, cfg: DictConfig) -> INQScheduler:
