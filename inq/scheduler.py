@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from inq.partition import STRATEGIES, grow_mask, quantized_count
 from inq.pow2 import check_bits, decode_unchecked, pow2_n1, pow2_quantize_codes
 
-__all__ = ["DEFAULT_PORTIONS", "TARGET_TYPES", "INQScheduler", "QuantizedLayer"]
+__all__ = ["DEFAULT_PORTIONS", "TARGET_TYPES", "INQScheduler", "QuantizedLayer", "check_portions"]
 
 DEFAULT_PORTIONS = (0.3, 0.6, 0.8, 1.0)
 TARGET_TYPES = (
@@ -105,7 +106,7 @@ class INQScheduler:
         exclude: str | Sequence[str] | None = None,
     ) -> None:
         self.bits = check_bits(bits)
-        self.portions = _check_portions(portions)
+        self.portions = check_portions(portions)
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.strategy = strategy
@@ -120,8 +121,11 @@ class INQScheduler:
             )
             for name, weight in _select_targets(model, include, exclude)
         )
-        self._optimizers: list[torch.optim.Optimizer] = []
-        self._hooks = [layer.weight.register_hook(self._grad_hook(layer)) for layer in self._layers]
+        # attached optimizers and their step post-hooks, in attach order
+        self._optimizers: dict[torch.optim.Optimizer, RemovableHandle] = {}
+        self._grad_hooks = [
+            layer.weight.register_hook(self._grad_hook(layer)) for layer in self._layers
+        ]
 
     # ------------------------------------------------------------------ public API
 
@@ -149,10 +153,9 @@ class INQScheduler:
                 "attach(): the optimizer holds none of the quantized weights; build it from "
                 "model.parameters() of the model given to INQScheduler"
             )
-        if any(optimizer is o for o in self._optimizers):
+        if optimizer in self._optimizers:
             return
-        self._optimizers.append(optimizer)
-        self._hooks.append(optimizer.register_step_post_hook(lambda *_: self.enforce()))
+        self._optimizers[optimizer] = optimizer.register_step_post_hook(lambda *_: self.enforce())
         self._clear_optimizer_state(optimizer)
 
     def step(self) -> float:
@@ -204,11 +207,17 @@ class INQScheduler:
         total = sum(layer.weight.numel() for layer in self._layers)
         return sum(layer.count for layer in self._layers) / total
 
-    def remove_hooks(self) -> None:
-        """Detach from the model and optimizers; frozen weights are no longer kept exact."""
-        for handle in self._hooks:
+    def detach(self, optimizer: torch.optim.Optimizer) -> None:
+        """Stop enforcing after ``optimizer``'s steps (e.g. before replacing it); idempotent."""
+        handle = self._optimizers.pop(optimizer, None)
+        if handle is not None:
             handle.remove()
-        self._hooks.clear()
+
+    def remove_hooks(self) -> None:
+        """Detach from the model and all optimizers; frozen weights are no longer kept exact."""
+        for handle in [*self._grad_hooks, *self._optimizers.values()]:
+            handle.remove()
+        self._grad_hooks.clear()
         self._optimizers.clear()
 
     def state_dict(self) -> dict[str, Any]:
@@ -354,7 +363,16 @@ def _select_targets(
     return [(name, candidates[name]) for name in chosen]
 
 
-def _check_portions(portions: Sequence[float]) -> tuple[float, ...]:
+def check_portions(portions: Sequence[float]) -> tuple[float, ...]:
+    """Validated accumulated portions: non-empty, in (0, 1], strictly increasing, ending at 1.0.
+
+    Example:
+        >>> check_portions([0.5, 0.75, 0.875, 1])
+        (0.5, 0.75, 0.875, 1.0)
+
+    Raises:
+        ValueError: saying which rule the portions break.
+    """
     values = tuple(float(p) for p in portions)
     if not values:
         raise ValueError("portions must not be empty; e.g. (0.3, 0.6, 0.8, 1.0)")

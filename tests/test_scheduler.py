@@ -14,7 +14,7 @@ from torch import nn
 
 import inq
 from inq import INQScheduler, quantized_count
-from inq.scheduler import QuantizedLayer
+from inq.scheduler import QuantizedLayer, check_portions
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -454,6 +454,30 @@ def test_remove_hooks_stops_freezing() -> None:
     optimizer.step()
     mask, values = snapshot[sched.layers[0].name]
     assert not torch.equal(model.weight.detach()[mask], values[mask])
+
+
+def test_detach_stops_freezing_for_that_optimizer_only() -> None:
+    model = nn.Linear(6, 4)
+    kept = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.5)
+    dropped = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.5)
+    sched = INQScheduler(model, portions=(0.5, 1.0))
+    sched.attach(kept)
+    sched.attach(dropped)
+    sched.step()
+    sched.detach(dropped)
+    sched.detach(dropped)  # idempotent
+    mask, values = frozen_snapshot(sched)[sched.layers[0].name]
+    model(torch.ones(2, 6)).sum().backward()
+    dropped.step()  # weight decay moves every weight, frozen ones included
+    assert not torch.equal(model.weight.detach()[mask], values[mask])
+    kept.step()  # still attached: frozen weights are restored after its step
+    assert torch.equal(model.weight.detach()[mask], values[mask])
+
+
+def test_check_portions_is_public_and_names_the_rule() -> None:
+    assert check_portions([0.5, 0.75, 0.875, 1]) == (0.5, 0.75, 0.875, 1.0)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        check_portions([0.5, 0.5, 1.0])
 
 
 # ---------------------------------------------------------------- the freezing guarantee
