@@ -124,13 +124,13 @@ def resnet18_convs(batch: int) -> list[tuple[str, nn.Conv2d, tuple[int, ...]]]:
     found: list[tuple[str, nn.Conv2d, tuple[int, ...]]] = []
     hooks = [
         m.register_forward_hook(
-            lambda mod, inp, out, name=name: found.append((name, mod, tuple(inp[0].shape)))
+            lambda mod, inp, out, name=name: found.append((name, mod, (batch, *inp[0].shape[1:])))
         )
         for name, m in model.named_modules()
         if isinstance(m, nn.Conv2d)
     ]
     with torch.no_grad():
-        model(torch.zeros(batch, 3, 224, 224))
+        model(torch.zeros(1, 3, 224, 224))  # shapes only: one image is enough
     for h in hooks:
         h.remove()
     return found

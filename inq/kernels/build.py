@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -115,8 +116,14 @@ def build(verbose: bool = False) -> ModuleType:
     # torch rebuilds when a listed source or a flag changes; headers are not listed, so their
     # hash goes into a flag.
     header_hash = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(CSRC.glob("*.cuh"))))
-    flags = [*_CUDA_FLAGS, f"-DINQ_HEADERS={header_hash.hexdigest()[:16]}"]
     with _cuda_env(home), _arch_list():
+        # Likewise the architectures: torch reads them from the environment, not the flags.
+        arch = re.sub(r"\W", "_", os.environ.get("TORCH_CUDA_ARCH_LIST") or _visible_arch_list())
+        flags = [
+            *_CUDA_FLAGS,
+            f"-DINQ_HEADERS={header_hash.hexdigest()[:16]}",
+            f"-DINQ_ARCH={arch}",
+        ]
         from torch.utils import cpp_extension
 
         # Its module-level CUDA_HOME was fixed when it was first imported, maybe without ours.
@@ -163,7 +170,7 @@ def run_build_kernels(args: argparse.Namespace) -> int:
     try:
         module = build(verbose=args.verbose)
     except KernelBuildError as err:
-        print(f"inq build-kernels: {err}")
+        print(f"inq build-kernels: {err}", file=sys.stderr)
         return 1
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST") or _visible_arch_list() or DEFAULT_ARCH_LIST
     print(

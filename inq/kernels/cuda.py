@@ -10,15 +10,19 @@ Which kernel runs:
   the packed codes (tensor-core MMA for nibble codes with fp16/bf16, CUDA-core FMA otherwise).
 - linear, larger batches: the weight is decoded once into a temporary in the activation dtype
   (from the caching allocator) and multiplied by cuBLAS; compute-bound batches amortise that.
-- conv2d: depthwise filters run a direct kernel on the codes; other convolutions decode their
-  weight once (a temporary, like above) and call cuDNN. An implicit-GEMM kernel on the codes
-  would avoid the temporary; it is not written yet.
+- conv2d: depthwise filters run a direct kernel on the codes. Ungrouped convolutions with nibble
+  codes, fp16/bf16 and at most ``IMPLICIT_CONV_MAX_PIXELS`` output pixels (N*OH*OW: small
+  batches and late layers, where reading the weight dominates) run the tensor-core kernel as an
+  implicit GEMM on the codes. The others decode their weight once (a temporary, like above) and
+  call cuDNN.
 
 Results match the reference up to fp32 summation order; the decoded-weight paths round each
 weight to the activation dtype exactly as the reference does (fp16 flushes levels below 2**-24).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -28,9 +32,12 @@ from inq.kernels import int8 as _int8  # defines inq::shift_linear_int8
 from inq.kernels.build import load_extension
 from inq.packed import decode_weight
 
-__all__ = ["SMALL_BATCH_MAX"]
+__all__ = ["IMPLICIT_CONV_MAX_PIXELS", "SMALL_BATCH_MAX"]
 
-SMALL_BATCH_MAX = 32  # rows of x up to which the fused small-batch kernels run; tune per GPU
+# Crossovers to the decoded-weight paths (cuBLAS / cuDNN). First guesses: tune them per GPU with
+# ``inq bench kernel``.
+SMALL_BATCH_MAX = 32  # rows of x up to which the fused small-batch kernels run
+IMPLICIT_CONV_MAX_PIXELS = 4096  # output pixels up to which the implicit-GEMM conv runs
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -79,11 +86,35 @@ def _shift_conv2d(
         y = ext.depthwise_conv2d(
             batched, packed, bits, n1, weight_shape, b, stride, padding, dilation
         )
+    elif _implicit_gemm_fits(batched, bits, weight_shape, stride, padding, dilation, groups):
+        y = ext.nibble_conv2d(batched, packed, bits, n1, weight_shape, b, stride, padding, dilation)
     else:
         weight = ext.decode_weight(packed, bits, n1, group_channels * kh * kw, x.dtype)
         weight = weight.view(out_channels, group_channels, kh, kw)
         y = F.conv2d(batched, weight, b, stride, padding, dilation, groups).contiguous()
     return y.squeeze(0) if x.dim() == 3 else y
+
+
+def _implicit_gemm_fits(
+    x: Tensor,
+    bits: int,
+    weight_shape: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+) -> bool:
+    """Whether the tensor-core implicit-GEMM kernel serves this (batched) convolution."""
+    if groups != 1 or bits > 4 or x.dtype == torch.float32:
+        return False
+    if torch.cuda.get_device_capability(x.device)[0] < 8:
+        return False
+    size = [
+        (x.shape[2 + i] + 2 * padding[i] - dilation[i] * (weight_shape[2 + i] - 1) - 1) // stride[i]
+        + 1
+        for i in range(2)
+    ]
+    return x.shape[0] * math.prod(size) <= IMPLICIT_CONV_MAX_PIXELS
 
 
 @torch.library.register_kernel("inq::shift_linear_int8", "cuda")
