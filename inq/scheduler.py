@@ -1,8 +1,8 @@
 """INQScheduler: staged partition, power-of-two snapping and frozen weights (Algorithm 1).
 
-The scheduler owns, per target layer, a bool ``mask`` (True = quantized, frozen) and the ``uint8``
-power-of-two ``codes`` of the frozen weights: 2 bytes per weight, no float shadow copy. Freezing
-is enforced twice:
+The scheduler owns one ``uint8`` per targeted weight: the power-of-two code of a frozen weight,
+or :data:`FLOAT_CODE` (not a valid code at any bit-width) while the weight is still float. That
+byte is the whole state: no bool mask beside it, no float shadow copy. Freezing is enforced twice:
 
 1. a gradient hook zeroes the gradient of every frozen weight before it is accumulated, so
    gradient clipping, AMP's inf checks and DDP's all-reduce only ever see the float weights;
@@ -26,7 +26,14 @@ from torch.utils.hooks import RemovableHandle
 from inq.partition import STRATEGIES, grow_mask, quantized_count
 from inq.pow2 import check_bits, decode_unchecked, pow2_n1, pow2_quantize_codes
 
-__all__ = ["DEFAULT_PORTIONS", "TARGET_TYPES", "INQScheduler", "QuantizedLayer", "check_portions"]
+__all__ = [
+    "DEFAULT_PORTIONS",
+    "FLOAT_CODE",
+    "TARGET_TYPES",
+    "INQScheduler",
+    "QuantizedLayer",
+    "check_portions",
+]
 
 DEFAULT_PORTIONS = (0.3, 0.6, 0.8, 1.0)
 TARGET_TYPES = (
@@ -39,32 +46,38 @@ TARGET_TYPES = (
     nn.ConvTranspose3d,
 )
 _STATE_VERSION = 1
+FLOAT_CODE = 1  # valid codes are 0 and 2**(bits-1) .. 2**bits - 1, so 1 never is one
 
 
 @dataclass
 class QuantizedLayer:
     """One target weight: its module name, the parameter, and its INQ state.
 
-    ``n1`` is None until the first partition; ``mask`` marks quantized entries; ``codes`` holds
-    their power-of-two codes (see :mod:`inq.pow2`), zero elsewhere; ``count`` is ``mask.sum()``.
+    ``codes`` (``uint8``, the weight's shape) holds the power-of-two code (see :mod:`inq.pow2`)
+    of each quantized entry and :data:`FLOAT_CODE` where the weight is still float; ``n1`` is None
+    until the first partition; ``count`` is the number of quantized entries.
     """
 
     name: str
     weight: nn.Parameter
-    mask: torch.Tensor
     codes: torch.Tensor
     n1: int | None = None
     count: int = 0
 
+    @property
+    def mask(self) -> torch.Tensor:
+        """Bool tensor, True where the weight is quantized (frozen); computed from ``codes``."""
+        self._follow_weight_device()
+        return self.codes != FLOAT_CODE
+
     def frozen_values(self, bits: int) -> torch.Tensor:
-        """The snapped values of the quantized entries (zero where the weight is still float)."""
+        """The snapped values of the quantized entries (NaN where the weight is still float)."""
         self._follow_weight_device()
         return decode_unchecked(self.codes, self.n1 or 0, bits, self.weight.dtype)
 
     def _follow_weight_device(self) -> None:
         # model.to(device) after the scheduler was built moves the weights but not our state
-        if self.mask.device != self.weight.device:
-            self.mask = self.mask.to(self.weight.device)
+        if self.codes.device != self.weight.device:
             self.codes = self.codes.to(self.weight.device)
 
 
@@ -116,8 +129,7 @@ class INQScheduler:
             QuantizedLayer(
                 name=name,
                 weight=weight,
-                mask=torch.zeros_like(weight, dtype=torch.bool),
-                codes=torch.zeros_like(weight, dtype=torch.uint8),
+                codes=torch.full_like(weight, FLOAT_CODE, dtype=torch.uint8),
             )
             for name, weight in _select_targets(model, include, exclude)
         )
@@ -175,9 +187,9 @@ class INQScheduler:
             )
         portion = self.portions[self.stage]
         updates = [self._advance(layer, portion) for layer in self._layers]
-        for layer, (n1, mask, codes) in zip(self._layers, updates, strict=True):
-            layer.n1, layer.mask, layer.codes = n1, mask, codes
-            layer.count = quantized_count(portion, mask.numel())
+        for layer, (n1, codes) in zip(self._layers, updates, strict=True):
+            layer.n1, layer.codes = n1, codes
+            layer.count = quantized_count(portion, codes.numel())
         self.stage += 1
         self.enforce()
         for optimizer in self._optimizers:
@@ -221,7 +233,7 @@ class INQScheduler:
         self._optimizers.clear()
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed for an exact resume: settings, stage, and per layer n1, mask, codes.
+        """Everything needed for an exact resume: settings, stage, and per layer n1 and codes.
 
         Holds only ints, floats, strings and tensors: loads with ``torch.load(weights_only=True)``.
         """
@@ -233,12 +245,7 @@ class INQScheduler:
             "seed": self.seed,
             "stage": self.stage,
             "layers": {
-                layer.name: {
-                    "n1": layer.n1,
-                    "mask": layer.mask.cpu(),
-                    "codes": layer.codes.cpu(),
-                }
-                for layer in self._layers
+                layer.name: {"n1": layer.n1, "codes": layer.codes.cpu()} for layer in self._layers
             },
         }
 
@@ -246,7 +253,8 @@ class INQScheduler:
         """Restore :meth:`state_dict` output and write the frozen values into the model.
 
         Raises:
-            ValueError: if the state was made with other settings or for another model.
+            ValueError: if the state was made with other settings or for another model, or
+                holds codes that are not valid ``bits``-bit codes.
         """
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"unsupported INQ scheduler state version {state.get('version')!r}")
@@ -269,13 +277,16 @@ class INQScheduler:
         if not 0 <= stage <= len(self.portions):
             raise ValueError(f"INQ state has stage {stage}, outside 0..{len(self.portions)}")
         for layer in self._layers:
-            entry = saved[layer.name]
-            if entry["mask"].shape != layer.weight.shape or entry["mask"].dtype != torch.bool:
+            codes, n1 = saved[layer.name]["codes"], saved[layer.name]["n1"]
+            if codes.shape != layer.weight.shape or codes.dtype != torch.uint8:
                 raise ValueError(f"INQ state for {layer.name!r} does not match the weight's shape")
-            layer.mask = entry["mask"].to(layer.weight.device, copy=True)
-            layer.codes = entry["codes"].to(layer.weight.device, torch.uint8, copy=True)
-            layer.n1 = None if entry["n1"] is None else int(entry["n1"])
-            layer.count = int(layer.mask.sum())
+            top = 1 << (self.bits - 1)
+            valid = (codes == FLOAT_CODE) | (codes == 0) | ((codes >= top) & (codes < 2 * top))
+            if not bool(valid.all()) or (n1 is None and bool((codes != FLOAT_CODE).any())):
+                raise ValueError(f"INQ state for {layer.name!r} holds invalid codes (corrupt?)")
+            layer.codes = codes.to(layer.weight.device, copy=True)
+            layer.n1 = None if n1 is None else int(n1)
+            layer.count = int((codes != FLOAT_CODE).sum())
         self.stage = stage
         self.enforce()
 
@@ -288,28 +299,24 @@ class INQScheduler:
 
     # ------------------------------------------------------------------ internals
 
-    def _advance(
-        self, layer: QuantizedLayer, portion: float
-    ) -> tuple[int, torch.Tensor, torch.Tensor]:
-        layer._follow_weight_device()
+    def _advance(self, layer: QuantizedLayer, portion: float) -> tuple[int, torch.Tensor]:
         weight = layer.weight.detach()
         n1 = pow2_n1(weight) if layer.n1 is None else layer.n1
         count = quantized_count(portion, weight.numel())
         key = f"{layer.name}/stage{self.stage + 1}"
-        mask = grow_mask(weight, layer.mask, count, self.strategy, self.seed, key)
+        old = layer.mask
+        new = grow_mask(weight, old, count, self.strategy, self.seed, key) & ~old
         try:
             snapped = pow2_quantize_codes(weight, n1, self.bits)
         except ValueError as err:
             raise ValueError(f"INQScheduler.step(): layer {layer.name!r}: {err}") from err
-        codes = torch.where(mask & ~layer.mask, snapped, layer.codes)
-        return n1, mask, codes
+        return n1, torch.where(new, snapped, layer.codes)
 
     @staticmethod
     def _grad_hook(layer: QuantizedLayer):
         def mask_frozen_grad(grad: torch.Tensor) -> torch.Tensor | None:
             if layer.count == 0:
                 return None
-            layer._follow_weight_device()
             return grad.masked_fill(layer.mask, 0.0)
 
         return mask_frozen_grad
@@ -319,9 +326,12 @@ class INQScheduler:
         # keep pushing it; zeroing them makes the frozen entries' update exactly zero.
         with torch.no_grad():
             for layer in self._layers:
-                for value in optimizer.state.get(layer.weight, {}).values():
-                    if isinstance(value, torch.Tensor) and value.shape == layer.weight.shape:
-                        value.masked_fill_(layer.mask.to(value.device), 0)
+                state = optimizer.state.get(layer.weight, {}).values()
+                tensors = [v for v in state if torch.is_tensor(v) and v.shape == layer.weight.shape]
+                if layer.count and tensors:
+                    mask = layer.mask
+                    for value in tensors:
+                        value.masked_fill_(mask.to(value.device), 0)
 
 
 def _as_patterns(patterns: str | Sequence[str] | None) -> list[str] | None:

@@ -28,6 +28,7 @@ from inq.packed import (
     unpack_codes,
 )
 from inq.pow2 import pow2_decode, pow2_encode, pow2_quantize
+from inq.scheduler import FLOAT_CODE
 
 shapes = st.lists(st.integers(1, 9), min_size=1, max_size=4).map(tuple)
 
@@ -279,7 +280,7 @@ def test_export_refuses_off_level_weights_and_writes_nothing(tmp_path: Path, pla
 def test_export_refuses_an_unfinished_run(tmp_path: Path) -> None:
     model = MixedNet()
     sched = quantize(model, 5, portions=(0.5, 1.0))
-    sched.layers[0].mask[0, 0, 0, 1] = False  # as if the last stage had not run for one weight
+    sched.layers[0].codes[0, 0, 0, 1] = FLOAT_CODE  # as if the last stage skipped one weight
     sched.layers[0].count -= 1
     save_masked(tmp_path / "m.safetensors", model, sched, {})
     with pytest.raises(ValueError, match=r"'conv.weight'.*mask not fully set.*flat index 1"):

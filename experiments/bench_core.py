@@ -1,0 +1,174 @@
+"""Speed and memory of the core library on this machine's CPU (figures, not pass/fail tests).
+
+    python experiments/bench_core.py            # all four figures (about 2 minutes on 2 cores)
+    python experiments/bench_core.py --json out.json
+
+1. step-time ratio: training a CIFAR ResNet-20 with an attached INQScheduler (60 % frozen) vs
+   plain training, same data and optimizer; steps interleaved, medians. Goal <= 1.03.
+2. time of one ``INQScheduler.step()`` (partition + snap) on torchvision ResNet-50 (25.6 M
+   parameters, random init), per stage. Goal <= 2 s.
+3. extra training memory per targeted weight: the scheduler's own tensors, and the peak-RSS
+   difference of a ResNet-50 training process with vs without INQ. Goal <= 2 bytes.
+4. speed-up of ``pow2_quantize`` over a per-element Python loop of Eq. 4 on 300 k weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torchvision
+from torch import nn
+
+import inq
+from inq.train.models import build_model
+
+
+def _sgd(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+
+
+def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x, y) -> float:
+    start = time.perf_counter()
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    return time.perf_counter() - start
+
+
+def step_time_ratio(steps: int, batch: int) -> dict[str, float]:
+    torch.manual_seed(0)
+    plain = build_model({"name": "resnet20", "num_classes": 10, "in_channels": 3})
+    quantized = copy.deepcopy(plain)
+    plain_opt, inq_opt = _sgd(plain), _sgd(quantized)
+    sched = inq.INQScheduler(quantized, bits=5)
+    sched.attach(inq_opt)
+    sched.step(), sched.step()  # 30 %, 60 % frozen
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    for _ in range(3):  # warm-up
+        _train_step(plain, plain_opt, x, y), _train_step(quantized, inq_opt, x, y)
+    plain_t, inq_t = [], []
+    for _ in range(steps):  # interleaved, so drift in machine load hits both alike
+        plain_t.append(_train_step(plain, plain_opt, x, y))
+        inq_t.append(_train_step(quantized, inq_opt, x, y))
+    p, q = statistics.median(plain_t), statistics.median(inq_t)
+    return {
+        "plain_step_ms": 1e3 * p,
+        "inq_step_ms": 1e3 * q,
+        "ratio": q / p,
+        "frozen_fraction": sched.quantized_fraction(),
+    }
+
+
+def partition_step_seconds() -> dict[str, float]:
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None)
+    sched = inq.INQScheduler(model, bits=5)
+    times = {}
+    while not sched.done:
+        start = time.perf_counter()
+        portion = sched.step()
+        times[f"step_to_{portion:g}_s"] = time.perf_counter() - start
+    times["targeted_weights_M"] = sum(layer.weight.numel() for layer in sched.layers) / 1e6
+    times["max_step_s"] = max(v for k, v in times.items() if k.startswith("step_to"))
+    return times
+
+
+def _peak_rss_child(with_inq: bool) -> None:
+    """Train ResNet-50 for a few steps; print peak RSS in bytes (Linux reports KiB)."""
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None)
+    optimizer = _sgd(model)
+    if with_inq:
+        sched = inq.INQScheduler(model, bits=5)
+        sched.attach(optimizer)
+        sched.step(), sched.step()
+    x, y = torch.randn(2, 3, 64, 64), torch.randint(0, 1000, (2,))
+    for _ in range(3):
+        _train_step(model, optimizer, x, y)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def memory_per_weight() -> dict[str, float]:
+    model = torchvision.models.resnet50(weights=None)
+    sched = inq.INQScheduler(model, bits=5)
+    targeted = sum(layer.weight.numel() for layer in sched.layers)
+    state = sum(layer.codes.nbytes for layer in sched.layers)
+
+    def peak(flag: str) -> int:
+        cmd = [sys.executable, __file__, "--rss-child", flag]
+        return int(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+    plain, with_inq = peak("plain"), peak("inq")
+    return {
+        "scheduler_state_bytes_per_weight": state / targeted,
+        "peak_rss_delta_bytes_per_weight": (with_inq - plain) / targeted,
+        "targeted_weights_M": targeted / 1e6,
+    }
+
+
+def _eq4_scalar(w: float, n1: int, bits: int) -> float:
+    """The paper's Eq. 4 for one weight, written the obvious way (with inq's clamp)."""
+    n2 = n1 + 1 - 2 ** (bits - 2)
+    a = abs(w)
+    if a < 2.0 ** (n2 - 1):
+        return 0.0
+    for e in range(n2, n1 + 1):  # beta = 2**e when (alpha + beta)/2 <= |w| < 3*beta/2
+        if a < 1.5 * 2.0**e:
+            return math.copysign(2.0**e, w)
+    return math.copysign(2.0**n1, w)
+
+
+def quantize_speedup(numel: int) -> dict[str, float]:
+    torch.manual_seed(0)
+    w = torch.randn(numel) * 0.05
+    n1 = inq.pow2_n1(w)
+    start = time.perf_counter()
+    looped = torch.tensor([_eq4_scalar(v, n1, 5) for v in w.tolist()])
+    loop_s = time.perf_counter() - start
+    vector_times = []
+    for _ in range(20):
+        start = time.perf_counter()
+        vectorised = inq.pow2_quantize(w, n1, 5)
+        vector_times.append(time.perf_counter() - start)
+    if not torch.equal(looped, vectorised):
+        raise AssertionError("pow2_quantize disagrees with the scalar Eq. 4 loop")
+    vector_s = statistics.median(vector_times)
+    return {"loop_s": loop_s, "vectorised_ms": 1e3 * vector_s, "speedup": loop_s / vector_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per arm (ratio)")
+    parser.add_argument("--batch", type=int, default=128, help="batch size (ratio)")
+    parser.add_argument("--rss-child", choices=("plain", "inq"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rss_child:
+        return _peak_rss_child(args.rss_child == "inq")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
+    figures = {
+        "step_time_ratio": step_time_ratio(args.steps, args.batch),
+        "partition_step": partition_step_seconds(),
+        "memory": memory_per_weight(),
+        "pow2_quantize_300k": quantize_speedup(300_000),
+    }
+    for name, values in figures.items():
+        print(f"\n{name}")
+        for key, value in values.items():
+            print(f"  {key:36s} {value:12.4f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
