@@ -276,14 +276,16 @@ class INQScheduler:
         stage = int(state["stage"])
         if not 0 <= stage <= len(self.portions):
             raise ValueError(f"INQ state has stage {stage}, outside 0..{len(self.portions)}")
-        for layer in self._layers:
+        top = 1 << (self.bits - 1)
+        for layer in self._layers:  # check everything before changing anything
             codes, n1 = saved[layer.name]["codes"], saved[layer.name]["n1"]
             if codes.shape != layer.weight.shape or codes.dtype != torch.uint8:
                 raise ValueError(f"INQ state for {layer.name!r} does not match the weight's shape")
-            top = 1 << (self.bits - 1)
             valid = (codes == FLOAT_CODE) | (codes == 0) | ((codes >= top) & (codes < 2 * top))
             if not bool(valid.all()) or (n1 is None and bool((codes != FLOAT_CODE).any())):
                 raise ValueError(f"INQ state for {layer.name!r} holds invalid codes (corrupt?)")
+        for layer in self._layers:
+            codes, n1 = saved[layer.name]["codes"], saved[layer.name]["n1"]
             layer.codes = codes.to(layer.weight.device, copy=True)
             layer.n1 = None if n1 is None else int(n1)
             layer.count = int((codes != FLOAT_CODE).sum())

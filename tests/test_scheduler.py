@@ -14,7 +14,7 @@ from torch import nn
 
 import inq
 from inq import INQScheduler, quantized_count
-from inq.scheduler import QuantizedLayer, check_portions
+from inq.scheduler import FLOAT_CODE, QuantizedLayer, check_portions
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -772,3 +772,19 @@ def test_load_state_dict_rejects_shape_mismatch_and_bad_version() -> None:
     state["stage"] = 7
     with pytest.raises(ValueError, match="stage 7"):
         INQScheduler(nn.Sequential(nn.Linear(4, 5))).load_state_dict(state)
+
+
+def test_load_state_dict_rejects_corrupt_codes() -> None:
+    def two_layers() -> nn.Module:
+        return nn.Sequential(nn.Linear(4, 5), nn.Linear(5, 3))
+
+    source = INQScheduler(two_layers(), bits=4)
+    source.step()
+    for bad_code in (2, 16):  # below the 4-bit nonzero range, and a 5-bit code
+        state = source.state_dict()
+        codes = state["layers"]["1"]["codes"].view(-1)  # the second layer: the first is fine
+        codes[torch.nonzero(codes != FLOAT_CODE)[0]] = bad_code
+        target = INQScheduler(two_layers(), bits=4)
+        with pytest.raises(ValueError, match="'1' holds invalid codes"):
+            target.load_state_dict(state)
+        assert target.stage == 0 and [layer.count for layer in target.layers] == [0, 0]
