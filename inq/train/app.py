@@ -2,7 +2,10 @@
 
 Float weights come from ``model.checkpoint`` or are pretrained here; then, for each portion,
 partition + snap, restart the LR schedule (and the optimizer if ``inq.reset_optimizer``), retrain
-and evaluate; optionally train only biases/norms at the end. Everything lands in the Hydra run dir:
+and evaluate; optionally train only biases/norms at the end. ``inq.method`` selects a baseline on
+the same level sets instead: ``oneshot`` snaps every weight at once without retraining, ``ste``
+fine-tunes all weights with a straight-through estimator for INQ's epoch budget
+(:mod:`inq.baselines`). Everything lands in the Hydra run dir:
 ``tb/`` (TensorBoard), ``checkpoints/{latest,float,stageK}.pt``, ``model_masked.safetensors``
 and ``summary.json``.
 
@@ -10,6 +13,7 @@ Example (shell)::
 
     inq-train                                # digits, small CNN, 5-bit INQ
     inq-train inq.bits=4 trainer.float_epochs=10
+    inq-train inq.method=ste inq.bits=3      # the STE baseline
     inq-train trainer.resume=outputs/2024-01-01/12-00-00   # continue a killed run
 """
 
@@ -34,16 +38,24 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from inq.baselines import STEQuantizer
 from inq.export import save_masked
 from inq.io import atomic_path
 from inq.packed import export_packed
-from inq.scheduler import INQScheduler
+from inq.scheduler import INQScheduler, check_portions
 from inq.train import checkpoint as ckpt
 from inq.train.config import register, to_dict, validate
 from inq.train.data import batches_per_epoch, build_datasets, build_eval_loader, build_train_loader
 from inq.train.distributed import Dist, broadcast_buffers, check_identical, setup, teardown
 from inq.train.errors import ConfigError
-from inq.train.loop import Phase, build_lr_schedule, build_optimizer, evaluate, plan_phases
+from inq.train.loop import (
+    Phase,
+    build_lr_schedule,
+    build_optimizer,
+    evaluate,
+    method_name,
+    plan_phases,
+)
 from inq.train.models import build_model
 from inq.train.monitor import Monitor
 
@@ -97,6 +109,9 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
             every = cfg.trainer.eval_every
             if every and (epoch + 1) % every == 0 and epoch + 1 < phase.epochs:
                 r.evaluate()
+        if r.ste is not None:
+            r.ste.finalize()  # snap the shadows: r.sched now holds every weight, exact
+            r.ste = None
         r.history[phase.name] = {"portion": r.sched.quantized_fraction(), **r.evaluate()}
         r.timings[phase.name] = r.timings.get(phase.name, 0.0) + time.perf_counter() - started
         r.progress = Progress(phase=p + 1, step=r.progress.step)
@@ -114,6 +129,8 @@ class Trainer:
         self, cfg: DictConfig, out_dir: Path, env: Dist, saved: dict[str, Any] | None
     ) -> None:
         self.cfg, self.out, self.env = cfg, out_dir, env
+        self.method = method_name(cfg)
+        self.ste: STEQuantizer | None = None  # active during the ``ste`` phase only
         _seed_everything(cfg.trainer.seed)
         data = to_dict(cfg.data)
         train_set, val_set = build_datasets(data)
@@ -148,8 +165,11 @@ class Trainer:
         self.tb = Monitor(out_dir / "tb", env.main, purge_step=purge)
 
     def start_phase(self, phase: Phase) -> None:
-        """Partition + snap for a new stage; fresh LR schedule (and optimizer, if configured)."""
-        if phase.stage > self.sched.stage:
+        """Partition + snap for a new stage (or start STE); fresh LR schedule (and optimizer)."""
+        if phase.name == "ste":
+            self.ste = STEQuantizer(self.model, self.sched)
+            log.info("STE: %d-bit forward, float shadow weights", self.sched.bits)
+        elif phase.stage > self.sched.stage:
             portion = self.sched.step()
             log.info("stage %d: %.1f %% of the weights quantized", phase.stage, 100 * portion)
             ckpt.kill_point("stage", phase.stage)
@@ -267,11 +287,14 @@ class Trainer:
         self.tb.close()
         stages = [p.name for p in self.phases if p.name != "float"]
         summary = {
+            "method": self.method,
             "float_acc": self.history["float"]["acc"],
             "final_acc": self.history[self.phases[-1].name]["acc"],
             "bits": self.sched.bits,
             "portions": list(self.sched.portions),
             "strategy": self.sched.strategy,
+            "seed": self.cfg.trainer.seed,
+            "retrain_epochs": sum(p.epochs for p in self.phases if p.stage > 0),
             "stages": {name: self.history[name] for name in stages},
             "float": self.history["float"],
             "timings_s": self.timings,
@@ -294,13 +317,15 @@ class Trainer:
         self.sched.attach(self.optimizer)
 
     def _restore(self, saved: dict[str, Any]) -> None:
+        self.progress = Progress(**saved["progress"])
+        mid_phase = self.progress.epoch or self.progress.batch
+        if mid_phase and self.phases[self.progress.phase].name == "ste":
+            self.ste = STEQuantizer(self.model, self.sched)  # the state holds the shadows
         self.model.load_state_dict(saved["model"])
         self.sched.load_state_dict(saved["inq"])
-        self.progress = Progress(**saved["progress"])
         self.history, self.timings = saved["history"], saved["timings"]
         if saved["optimizer"] is not None:
             self._new_optimizer(saved["params"], lr=1.0)  # the saved state sets the lr
-            mid_phase = self.progress.epoch or self.progress.batch
             if mid_phase:  # schedule before optimizer state: LambdaLR's constructor sets the lr
                 phase = self.phases[self.progress.phase]
                 self.lr_sched = build_lr_schedule(
@@ -330,10 +355,11 @@ def export_artifacts(
 
 def _build_scheduler(model: nn.Module, cfg: DictConfig) -> INQScheduler:
     try:
+        portions = check_portions(cfg.inq.portions)  # the baselines take their epochs from it
         return INQScheduler(
             model,
             bits=cfg.inq.bits,
-            portions=list(cfg.inq.portions),
+            portions=portions if method_name(cfg) == "inq" else (1.0,),
             strategy=cfg.inq.strategy.name,
             seed=cfg.trainer.seed,
             include=None if cfg.inq.include is None else list(cfg.inq.include),
@@ -351,13 +377,17 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+_METHOD_LABELS = {"inq": "INQ", "oneshot": "one-shot", "ste": "STE"}
+
+
 def _table(summary: dict[str, Any]) -> str:
     rows = [("float", summary["float"]), *summary["stages"].items()]
     lines = [f"{'phase':<10} {'quantized':>9} {'val acc':>8}"]
     lines += [f"{n:<10} {100 * m['portion']:>8.1f}% {100 * m['acc']:>7.2f}%" for n, m in rows]
     delta = 100 * (summary["final_acc"] - summary["float_acc"])
     lines.append(
-        f"float {100 * summary['float_acc']:.2f}% -> {summary['bits']}-bit INQ "
+        f"float {100 * summary['float_acc']:.2f}% -> {summary['bits']}-bit "
+        f"{_METHOD_LABELS[summary['method']]} "
         f"{100 * summary['final_acc']:.2f}% ({delta:+.2f} points)"
     )
     return "\n".join(lines)

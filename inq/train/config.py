@@ -33,6 +33,12 @@ class Strategy(Enum):
     random = 2
 
 
+class Method(Enum):
+    inq = 1  # incremental: partition, snap, retrain, per portion (the paper)
+    oneshot = 2  # baseline: snap every weight at once, no retraining
+    ste = 3  # baseline: straight-through fine-tuning of all weights, INQ's epoch budget
+
+
 class Schedule(Enum):
     constant = 1
     cosine = 2
@@ -93,6 +99,7 @@ class LRConfig:
 
 @dataclass
 class INQConfig:
+    method: Method = Method.inq  # oneshot/ste: baselines on the same level sets (inq.baselines)
     bits: int = 5
     portions: list[float] = field(default_factory=lambda: [0.3, 0.6, 0.8, 1.0])
     strategy: Strategy = Strategy.magnitude

@@ -2,6 +2,8 @@
 
 A run is a list of phases: ``float`` (pretraining; 0 epochs when ``model.checkpoint`` is given),
 ``stage1`` .. ``stageK`` (one per INQ portion) and, if ``inq.final_epochs`` > 0, ``bias_norm``.
+The baselines (``inq.method``) replace the stages by one phase: ``oneshot`` (0 epochs) or
+``ste`` (as many epochs as the INQ stages and ``bias_norm`` together).
 Every phase gets a fresh LR schedule; :mod:`inq.train.app` runs them.
 """
 
@@ -28,6 +30,7 @@ __all__ = [
     "build_lr_schedule",
     "build_optimizer",
     "evaluate",
+    "method_name",
     "plan_phases",
 ]
 
@@ -60,15 +63,35 @@ def plan_phases(cfg: DictConfig) -> list[Phase]:
         ...     "inq": {"portions": [0.5, 1.0], "epochs": 2, "lr": 0.01, "final_epochs": 1}})
         >>> [(p.name, p.epochs, p.lr) for p in plan_phases(cfg)]
         [('float', 3, 0.1), ('stage1', 2, 0.01), ('stage2', 2, 0.01), ('bias_norm', 1, 0.01)]
+        >>> cfg.inq.method = "ste"
+        >>> [(p.name, p.stage, p.epochs) for p in plan_phases(cfg)]
+        [('float', 0, 3), ('ste', 1, 5)]
     """
     float_epochs = 0 if cfg.model.checkpoint else cfg.trainer.float_epochs
     lr = cfg.inq.lr if cfg.inq.lr is not None else cfg.optim.lr
     phases = [Phase("float", 0, float_epochs, cfg.optim.lr, "all")]
     stages = len(cfg.inq.portions)
+    method = method_name(cfg)
+    if method == "oneshot":
+        return [*phases, Phase("oneshot", 1, 0, lr, "all")]
+    if method == "ste":
+        return [*phases, Phase("ste", 1, stages * cfg.inq.epochs + cfg.inq.final_epochs, lr, "all")]
     phases += [Phase(f"stage{k}", k, cfg.inq.epochs, lr, "all") for k in range(1, stages + 1)]
     if cfg.inq.final_epochs:
         phases.append(Phase("bias_norm", stages, cfg.inq.final_epochs, lr, "bias_norm"))
     return phases
+
+
+def method_name(cfg: DictConfig) -> str:
+    """``inq.method`` as a string (``"inq"`` when the config has none).
+
+    Example:
+        >>> from omegaconf import OmegaConf
+        >>> method_name(OmegaConf.create({"inq": {"bits": 5}}))
+        'inq'
+    """
+    method = cfg.inq.get("method", "inq")
+    return str(getattr(method, "name", method))  # a Method enum or its name
 
 
 def bias_norm_parameters(model: nn.Module) -> list[nn.Parameter]:
