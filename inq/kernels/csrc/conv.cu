@@ -189,9 +189,11 @@ template <typename T>
 void dispatch_implicit(const at::Tensor& x, const at::Tensor& packed, int64_t bits, int64_t n1,
                        const std::optional<at::Tensor>& bias, at::Tensor& y,
                        const ConvGeometry& g) {
+  // Fewer columns per block for few pixels: more blocks to fill the GPU (late layers at batch
+  // 1 have 49 pixels). NT = 4 needs ~185 registers a thread here (one block per SM).
   const int64_t pixels = int64_t(g.N) * g.OH * g.OW;
   if (pixels <= 8) return launch_implicit<T, 1>(x, packed, bits, n1, bias, y, g);
-  if (pixels <= 16) return launch_implicit<T, 2>(x, packed, bits, n1, bias, y, g);
+  if (pixels <= 1024) return launch_implicit<T, 2>(x, packed, bits, n1, bias, y, g);
   launch_implicit<T, 4>(x, packed, bits, n1, bias, y, g);
 }
 
