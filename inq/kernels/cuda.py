@@ -30,7 +30,7 @@ from torch import Tensor
 
 from inq.kernels import int8 as _int8  # defines inq::shift_linear_int8
 from inq.kernels.build import load_extension
-from inq.packed import decode_weight
+from inq.kernels.ops import conv2d_output_size, shift_conv2d_reference, shift_linear_reference
 
 __all__ = ["IMPLICIT_CONV_MAX_PIXELS", "SMALL_BATCH_MAX"]
 
@@ -47,9 +47,8 @@ def _shift_linear(
 ) -> Tensor:
     ext = load_extension() if x.dtype in _FLOAT_DTYPES else None
     b = None if bias is None else bias.to(x.dtype).contiguous()
-    if ext is None:  # the reference, as in inq.kernels.ops
-        weight = decode_weight(packed, bits, n1, (packed.shape[0], in_features), x.dtype)
-        return F.linear(x, weight, b)
+    if ext is None:
+        return shift_linear_reference(x, packed, bits, n1, in_features, bias)
     packed = packed.contiguous()
     rows = x.reshape(-1, in_features)
     if rows.shape[0] > SMALL_BATCH_MAX:
@@ -77,9 +76,10 @@ def _shift_conv2d(
     ext = load_extension() if x.dtype in _FLOAT_DTYPES else None
     b = None if bias is None else bias.to(x.dtype).contiguous()
     out_channels, group_channels, kh, kw = weight_shape
-    if ext is None:  # the reference, as in inq.kernels.ops
-        weight = decode_weight(packed, bits, n1, tuple(weight_shape), x.dtype)
-        return F.conv2d(x, weight, b, stride, padding, dilation, groups).contiguous()
+    if ext is None:
+        return shift_conv2d_reference(
+            x, packed, bits, n1, weight_shape, bias, stride, padding, dilation, groups
+        )
     packed = packed.contiguous()
     batched = x.unsqueeze(0) if x.dim() == 3 else x
     if group_channels == 1 and groups == batched.shape[1]:
@@ -109,11 +109,7 @@ def _implicit_gemm_fits(
         return False
     if torch.cuda.get_device_capability(x.device)[0] < 8:
         return False
-    size = [
-        (x.shape[2 + i] + 2 * padding[i] - dilation[i] * (weight_shape[2 + i] - 1) - 1) // stride[i]
-        + 1
-        for i in range(2)
-    ]
+    size = conv2d_output_size(x.shape[2:], weight_shape, stride, padding, dilation)
     return x.shape[0] * math.prod(size) <= IMPLICIT_CONV_MAX_PIXELS
 
 

@@ -27,7 +27,60 @@ from torch import Tensor
 
 from inq.packed import decode_weight
 
-__all__ = ["shift_conv2d", "shift_linear"]
+__all__ = [
+    "conv2d_output_size",
+    "shift_conv2d",
+    "shift_conv2d_reference",
+    "shift_linear",
+    "shift_linear_reference",
+]
+
+
+def shift_linear_reference(
+    x: Tensor, packed: Tensor, bits: int, n1: int, in_features: int, bias: Tensor | None
+) -> Tensor:
+    """Decode + ``F.linear``: the reference every ``inq::shift_linear`` kernel must match."""
+    weight = decode_weight(packed, bits, n1, (packed.shape[0], in_features), x.dtype)
+    return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
+
+
+def shift_conv2d_reference(
+    x: Tensor,
+    packed: Tensor,
+    bits: int,
+    n1: int,
+    weight_shape: list[int],
+    bias: Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+) -> Tensor:
+    """Decode + ``F.conv2d`` (contiguous result): the reference of ``inq::shift_conv2d``."""
+    weight = decode_weight(packed, bits, n1, tuple(weight_shape), x.dtype)
+    b = None if bias is None else bias.to(x.dtype)
+    return F.conv2d(x, weight, b, stride, padding, dilation, groups).contiguous()
+
+
+def conv2d_output_size(
+    height_width: tuple[int, int] | list[int],
+    weight_shape: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+) -> list[int]:
+    """Output height and width of a 2-d convolution.
+
+    Example:
+        >>> conv2d_output_size((32, 32), [8, 3, 3, 3], [2, 2], [1, 1], [1, 1])
+        [16, 16]
+    """
+    return [
+        (height_width[i] + 2 * padding[i] - dilation[i] * (weight_shape[i + 2] - 1) - 1)
+        // stride[i]
+        + 1
+        for i in range(2)
+    ]
 
 
 @torch.library.custom_op(
@@ -39,8 +92,7 @@ def shift_linear(
     x: Tensor, packed: Tensor, bits: int, n1: int, in_features: int, bias: Tensor | None
 ) -> Tensor:
     """``F.linear(x, W, bias)`` for the weight ``W [O, in_features]`` that ``packed`` encodes."""
-    weight = decode_weight(packed, bits, n1, (packed.shape[0], in_features), x.dtype)
-    return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
+    return shift_linear_reference(x, packed, bits, n1, in_features, bias)
 
 
 @shift_linear.register_fake
@@ -71,9 +123,9 @@ def shift_conv2d(
 
     ``x`` is ``[N, Cin, H, W]`` or unbatched ``[Cin, H, W]``; the result is contiguous.
     """
-    weight = decode_weight(packed, bits, n1, tuple(weight_shape), x.dtype)
-    b = None if bias is None else bias.to(x.dtype)
-    return F.conv2d(x, weight, b, stride, padding, dilation, groups).contiguous()
+    return shift_conv2d_reference(
+        x, packed, bits, n1, weight_shape, bias, stride, padding, dilation, groups
+    )
 
 
 @shift_conv2d.register_fake
@@ -92,9 +144,5 @@ def _(
     torch._check(
         x.shape[-3] == weight_shape[1] * groups, lambda: "shift_conv2d: channels do not match"
     )
-    spatial = [
-        (x.shape[i - 2] + 2 * padding[i] - dilation[i] * (weight_shape[i + 2] - 1) - 1) // stride[i]
-        + 1
-        for i in range(2)
-    ]
+    spatial = conv2d_output_size(x.shape[-2:], weight_shape, stride, padding, dilation)
     return x.new_empty((*x.shape[:-3], weight_shape[0], *spatial))
