@@ -30,7 +30,8 @@ pytestmark = [
 _SCRIPT = """
 from inq.kernels.build import build
 ext = build()
-names = ("shift_linear_small_batch", "decode_weight", "depthwise_conv2d", "shift_linear_int8")
+names = ("shift_linear_small_batch", "decode_weight", "depthwise_conv2d", "nibble_conv2d",
+         "shift_linear_int8")
 missing = [n for n in names if not hasattr(ext, n)]
 assert not missing, missing
 print("built", ext.__file__)

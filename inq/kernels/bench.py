@@ -1,14 +1,19 @@
 """``inq bench kernel``: the CUDA ops against cuBLAS (``F.linear``) and cuDNN (``F.conv2d``).
 
-Every timing is the median of ``--repeats`` runs, each measured with CUDA events after the L2
+Every op timing is the median of ``--repeats`` runs, each measured with CUDA events after the L2
 cache was flushed (a write of twice its size), so weights come from HBM as in real inference.
-Baselines use the same weights decoded to fp16/bf16; cuDNN runs channels_last. The device-to-
-device copy bandwidth measured in the same run is the roofline: effective GB/s of an op counts
-the bytes it must move (packed codes, activations, bias, output) over its time.
+A short spin kernel queued before each timed run keeps the GPU busy while Python launches the
+op, so the figures are GPU time, not host launch overhead. Baselines use the same weights
+decoded to fp16/bf16; cuDNN runs channels_last. The device-to-device copy bandwidth measured in
+the same run is the roofline: effective GB/s of an op counts the bytes it must move (packed
+codes, activations, bias, output) over its time.
 
-Cases: linear GEMV / skinny / large-batch shapes of LLM layers, and every convolution of a
+Cases: linear GEMV / skinny / large-batch shapes of LLM layers; every convolution of a
 ResNet-18 (random weights, power-of-two quantized) at 224x224, batch 1 and 32, with a per-layer
-table and the whole-network sums. Prints tables and writes JSON (``--json``).
+table and the sums; and the whole ResNet-18 converted to shift modules against the float model
+(same weights, cuDNN, channels_last), end to end: host-measured eager latency (what a Python
+caller waits for) and the GPU time of one CUDA-graph replay. Prints tables and writes JSON
+(``--json``).
 
 Example (needs a GPU)::
 
@@ -18,9 +23,11 @@ Example (needs a GPU)::
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -36,6 +43,7 @@ from inq.pow2 import pow2_encode, pow2_n1, pow2_quantize
 __all__ = [
     "BENCH_HELP",
     "BenchResult",
+    "EndToEnd",
     "add_bench_arguments",
     "bench_kernel_main",
     "run_bench",
@@ -66,13 +74,17 @@ class BenchResult:
     copy_fraction: float  # gbps / device-to-device copy bandwidth
 
 
+_LEAD_CYCLES = 2_000_000  # about 1 ms of spinning: longer than any launch from Python
+
+
 def time_cuda(fn: Callable[[], object], repeats: int, flush: Tensor) -> float:
-    """Median microseconds of ``fn`` over ``repeats`` runs, L2 flushed before each."""
+    """Median GPU microseconds of ``fn`` over ``repeats`` runs, L2 flushed before each."""
     for _ in range(3):  # warm-up: kernel build and load, cuBLAS heuristics, allocator
         fn()
     times = []
     for _ in range(repeats):
         flush.zero_()
+        torch.cuda._sleep(_LEAD_CYCLES)  # the GPU waits for no launch inside the timed region
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -156,6 +168,117 @@ def bench_resnet18(
             moved = packed.numel() + (x.numel() + out.numel()) * x.element_size()
             results.append(_result("conv2d", name, batch, bits, dtype, ours, base, moved, copy))
     return results
+
+
+@dataclass
+class EndToEnd:
+    """ResNet-18 forward, converted (shift modules) vs float (cuDNN), same weights."""
+
+    batch: int
+    bits: int
+    dtype: str
+    float_eager_ms: float  # host latency of one forward, median (Python launch overhead in)
+    inq_eager_ms: float
+    float_graph_ms: float  # GPU time of one CUDA-graph replay, median (L2 flushed before)
+    inq_graph_ms: float
+
+
+def quantized_resnet18(bits: int) -> nn.Module:
+    """Torchvision ResNet-18 (random init, eval) with every conv/linear weight power-of-two
+    quantized in place."""
+    from torchvision.models import resnet18
+
+    torch.manual_seed(0)
+    model = resnet18().eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Conv2d | nn.Linear):
+                m.weight.copy_(pow2_quantize(m.weight, pow2_n1(m.weight), bits))
+    return model
+
+
+def to_shift_modules(model: nn.Module, bits: int) -> nn.Module:
+    """A copy of a quantized model with its Conv2d / Linear layers as shift modules."""
+    from inq.nn import ShiftConv2d, ShiftLinear
+
+    model = copy.deepcopy(model)
+    for name, m in list(model.named_modules()):
+        kind = {nn.Conv2d: ShiftConv2d, nn.Linear: ShiftLinear}.get(type(m))
+        if kind is not None:
+            parent, _, attr = name.rpartition(".")
+            shift = kind.from_float(m, pow2_n1(m.weight), bits)
+            setattr(model.get_submodule(parent), attr, shift)
+    return model
+
+
+def time_host(fn: Callable[[], object], repeats: int) -> float:
+    """Median milliseconds from calling ``fn`` to its GPU work being done (eager latency)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def cuda_graph(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` captured once as a CUDA graph; returns the replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm-up outside the capture (allocator, cuDNN plans, kernel load)
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def bench_end_to_end(
+    bits: int, dtype: torch.dtype, batches: list[int], repeats: int, flush: Tensor
+) -> list[EndToEnd]:
+    base = quantized_resnet18(bits)
+    models = {
+        "float": base.to("cuda", dtype, memory_format=torch.channels_last),
+        "inq": to_shift_modules(base, bits).to("cuda", dtype),
+    }
+    results = []
+    for batch in batches:
+        x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=dtype)
+        x = x.contiguous(memory_format=torch.channels_last)
+        eager, graph = {}, {}
+        with torch.inference_mode():
+            for name, model in models.items():
+                run = partial(model, x)
+                eager[name] = time_host(run, repeats)
+                graph[name] = time_cuda(cuda_graph(run), repeats, flush) / 1e3
+        dtype_name = next(k for k, v in _DTYPES.items() if v == dtype)
+        results.append(
+            EndToEnd(
+                batch, bits, dtype_name, eager["float"], eager["inq"], graph["float"], graph["inq"]
+            )
+        )
+    return results
+
+
+def format_end_to_end(results: list[EndToEnd]) -> str:
+    head = (
+        f"{'ResNet-18 224x224':<18}{'batch':>6}{'bits':>5}{'dtype':>6}"
+        f"{'float eager':>13}{'inq eager':>11}{'float graph':>13}{'inq graph':>11}{'speedup':>9}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(
+            f"{'end to end (ms)':<18}{r.batch:>6}{r.bits:>5}{r.dtype:>6}"
+            f"{r.float_eager_ms:>13.3f}{r.inq_eager_ms:>11.3f}{r.float_graph_ms:>13.3f}"
+            f"{r.inq_graph_ms:>11.3f}{r.float_graph_ms / r.inq_graph_ms:>8.2f}x"
+        )
+    return "\n".join(lines)
 
 
 def _result(
@@ -249,13 +372,16 @@ def run_bench(args: argparse.Namespace) -> int:
     device = torch.cuda.get_device_name(0)
     print(f"{device}: device-to-device copy {copy:.0f} GB/s, L2 {l2 >> 20} MiB")
     results: list[BenchResult] = []
+    end_to_end: list[EndToEnd] = []
     for bits in args.bits:
         results += bench_linear(bits, dtype, args.batches, args.repeats, flush, copy)
         if not args.skip_conv:
             results += bench_resnet18(bits, dtype, args.conv_batches, args.repeats, flush, copy)
+            end_to_end += bench_end_to_end(bits, dtype, args.conv_batches, args.repeats, flush)
     print(format_table(results))
     if not args.skip_conv:
         print(_network_totals(results))
+        print(format_end_to_end(end_to_end))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
@@ -264,6 +390,7 @@ def run_bench(args: argparse.Namespace) -> int:
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "results": [asdict(r) for r in results],
+            "end_to_end": [asdict(r) for r in end_to_end],
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}")
