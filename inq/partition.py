@@ -85,14 +85,15 @@ def grow_mask(
 def _largest_free(scores: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tensor:
     """Mask of the ``k`` largest non-negative scores outside ``mask``, ties to the lower flat index.
 
-    O(n): one k-th value selection over the free entries, no sort.
+    O(n): one k-th value selection over the free entries, no sort. ``scores`` is scratch: the
+    caller's own temporary, overwritten here.
     """
     free = ~mask.flatten()
     free_scores = scores.flatten()[free]
     if k == free_scores.numel():
         return free.view_as(mask)
     threshold = _kth_smallest(free_scores, free_scores.numel() - k + 1)
-    flat = scores.flatten().masked_fill(~free, -1.0)  # frozen entries are never taken
+    flat = scores.flatten().masked_fill_(~free, -1.0)  # frozen entries are never taken
     above = flat > threshold
     at = flat == threshold
     room = k - int(above.sum())

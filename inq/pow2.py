@@ -31,6 +31,7 @@ __all__ = [
     "MAX_BITS",
     "MIN_BITS",
     "check_bits",
+    "check_quantizable",
     "exp2",
     "pow2_decode",
     "pow2_encode",
@@ -146,11 +147,8 @@ def pow2_quantize_codes(weight: torch.Tensor, n1: int, bits: int) -> torch.Tenso
     Raises:
         ValueError: as :func:`pow2_quantize`.
     """
-    _check_float(weight)
+    check_quantizable(weight, n1)
     n2 = pow2_n2(n1, bits)
-    _check_top_level(n1, weight.dtype)
-    if not bool(torch.isfinite(weight).all()):
-        raise ValueError("pow2_quantize: the weight holds NaN or infinity")
     work = weight.detach().to(torch.float32)  # exact for every supported dtype
     mantissa, exponent = torch.frexp(work)  # |w| = |m| * 2**k, |m| in [0.5, 1)
     # |w| in [2**(k-1), 2**k): the midpoint 1.5 * 2**(k-1) is |m| = 0.75; ties go up.
@@ -159,6 +157,25 @@ def pow2_quantize_codes(weight: torch.Tensor, n1: int, bits: int) -> torch.Tenso
     zero = (exponent < n2) | (work == 0)
     codes = (1 << (bits - 1)) | ((mantissa < 0).to(e.dtype) << (bits - 2)) | (n1 - e)
     return codes.masked_fill_(zero, 0).to(torch.uint8)
+
+
+def check_quantizable(weight: torch.Tensor, n1: int) -> None:
+    """Raise unless :func:`pow2_quantize` can round ``weight`` with this ``n1``.
+
+    Example:
+        >>> check_quantizable(torch.tensor([0.5, float("nan")]), n1=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: pow2_quantize: the weight holds NaN or infinity
+
+    Raises:
+        ValueError: on a non-float tensor, NaN/infinite weights, or an n1 whose level ``2**n1``
+            overflows the dtype.
+    """
+    _check_float(weight)
+    _check_top_level(n1, weight.dtype)
+    if not bool(torch.isfinite(weight).all()):
+        raise ValueError("pow2_quantize: the weight holds NaN or infinity")
 
 
 def pow2_encode(quantized: torch.Tensor, n1: int, bits: int) -> torch.Tensor:

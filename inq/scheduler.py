@@ -24,7 +24,13 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from inq.partition import STRATEGIES, grow_mask, quantized_count
-from inq.pow2 import check_bits, decode_unchecked, pow2_n1, pow2_quantize_codes
+from inq.pow2 import (
+    check_bits,
+    check_quantizable,
+    decode_unchecked,
+    pow2_n1,
+    pow2_quantize_codes,
+)
 
 __all__ = [
     "DEFAULT_PORTIONS",
@@ -186,10 +192,11 @@ class INQScheduler:
                 f"{self.portions[-1]} reached); check sched.done before stepping"
             )
         portion = self.portions[self.stage]
-        updates = [self._advance(layer, portion) for layer in self._layers]
-        for layer, (n1, codes) in zip(self._layers, updates, strict=True):
-            layer.n1, layer.codes = n1, codes
-            layer.count = quantized_count(portion, codes.numel())
+        # Check every layer before changing any, then advance one layer at a time: the
+        # temporaries of one layer are all that exists beside the state at any moment.
+        n1s = [self._checked_n1(layer) for layer in self._layers]
+        for layer, n1 in zip(self._layers, n1s, strict=True):
+            self._advance(layer, n1, portion)
         self.stage += 1
         self.enforce()
         for optimizer in self._optimizers:
@@ -301,18 +308,29 @@ class INQScheduler:
 
     # ------------------------------------------------------------------ internals
 
-    def _advance(self, layer: QuantizedLayer, portion: float) -> tuple[int, torch.Tensor]:
+    @staticmethod
+    def _checked_n1(layer: QuantizedLayer) -> int:
+        """The layer's n1 (taken from the weights at the first stage), once they are known to
+        be quantizable with it."""
         weight = layer.weight.detach()
-        n1 = pow2_n1(weight) if layer.n1 is None else layer.n1
+        try:
+            n1 = pow2_n1(weight) if layer.n1 is None else layer.n1
+            check_quantizable(weight, n1)
+        except ValueError as err:
+            raise ValueError(f"INQScheduler.step(): layer {layer.name!r}: {err}") from err
+        return n1
+
+    def _advance(self, layer: QuantizedLayer, n1: int, portion: float) -> None:
+        """Partition and snap one layer whose weights passed :meth:`_checked_n1`."""
+        weight = layer.weight.detach()
         count = quantized_count(portion, weight.numel())
         key = f"{layer.name}/stage{self.stage + 1}"
         old = layer.mask
-        new = grow_mask(weight, old, count, self.strategy, self.seed, key) & ~old
-        try:
-            snapped = pow2_quantize_codes(weight, n1, self.bits)
-        except ValueError as err:
-            raise ValueError(f"INQScheduler.step(): layer {layer.name!r}: {err}") from err
-        return n1, torch.where(new, snapped, layer.codes)
+        new = grow_mask(weight, old, count, self.strategy, self.seed, key)
+        new &= ~old
+        codes = layer.codes.clone()  # a new tensor: state_dict() copies taken earlier keep theirs
+        codes[new] = pow2_quantize_codes(weight[new], n1, self.bits)  # only the new weights
+        layer.n1, layer.codes, layer.count = n1, codes, count
 
     @staticmethod
     def _grad_hook(layer: QuantizedLayer):
