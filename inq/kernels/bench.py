@@ -257,12 +257,7 @@ def bench_end_to_end(
                 run = partial(model, x)
                 eager[name] = time_host(run, repeats)
                 graph[name] = time_cuda(cuda_graph(run), repeats, flush) / 1e3
-        dtype_name = next(k for k, v in _DTYPES.items() if v == dtype)
-        results.append(
-            EndToEnd(
-                batch, bits, dtype_name, eager["float"], eager["inq"], graph["float"], graph["inq"]
-            )
-        )
+        results.append(EndToEnd(batch, bits, _dtype_name(dtype), *eager.values(), *graph.values()))
     return results
 
 
@@ -271,14 +266,13 @@ def format_end_to_end(results: list[EndToEnd]) -> str:
         f"{'ResNet-18 224x224':<18}{'batch':>6}{'bits':>5}{'dtype':>6}"
         f"{'float eager':>13}{'inq eager':>11}{'float graph':>13}{'inq graph':>11}{'speedup':>9}"
     )
-    lines = [head, "-" * len(head)]
-    for r in results:
-        lines.append(
-            f"{'end to end (ms)':<18}{r.batch:>6}{r.bits:>5}{r.dtype:>6}"
-            f"{r.float_eager_ms:>13.3f}{r.inq_eager_ms:>11.3f}{r.float_graph_ms:>13.3f}"
-            f"{r.inq_graph_ms:>11.3f}{r.float_graph_ms / r.inq_graph_ms:>8.2f}x"
-        )
-    return "\n".join(lines)
+    rows = [
+        f"{'end to end (ms)':<18}{r.batch:>6}{r.bits:>5}{r.dtype:>6}"
+        f"{r.float_eager_ms:>13.3f}{r.inq_eager_ms:>11.3f}{r.float_graph_ms:>13.3f}"
+        f"{r.inq_graph_ms:>11.3f}{r.float_graph_ms / r.inq_graph_ms:>8.2f}x"
+        for r in results
+    ]
+    return _table(head, rows)
 
 
 def _result(
@@ -293,9 +287,8 @@ def _result(
     copy: float,
 ) -> BenchResult:
     gbps = moved / ours / 1e3
-    dtype_name = next(k for k, v in _DTYPES.items() if v == dtype)
     return BenchResult(
-        op, name, batch, bits, dtype_name, ours, base, base / ours, moved, gbps, gbps / copy
+        op, name, batch, bits, _dtype_name(dtype), ours, base, base / ours, moved, gbps, gbps / copy
     )
 
 
@@ -304,13 +297,20 @@ def format_table(results: list[BenchResult]) -> str:
         f"{'op':<7}{'shape/layer':<22}{'batch':>6}{'bits':>5}{'dtype':>6}{'inq us':>10}"
         f"{'base us':>10}{'speedup':>9}{'GB/s':>9}{'% copy':>8}"
     )
-    lines = [head, "-" * len(head)]
-    for r in results:
-        lines.append(
-            f"{r.op:<7}{r.name:<22}{r.batch:>6}{r.bits:>5}{r.dtype:>6}{r.time_us:>10.1f}"
-            f"{r.baseline_us:>10.1f}{r.speedup:>8.2f}x{r.gbps:>9.0f}{100 * r.copy_fraction:>7.0f}%"
-        )
-    return "\n".join(lines)
+    rows = [
+        f"{r.op:<7}{r.name:<22}{r.batch:>6}{r.bits:>5}{r.dtype:>6}{r.time_us:>10.1f}"
+        f"{r.baseline_us:>10.1f}{r.speedup:>8.2f}x{r.gbps:>9.0f}{100 * r.copy_fraction:>7.0f}%"
+        for r in results
+    ]
+    return _table(head, rows)
+
+
+def _table(head: str, rows: list[str]) -> str:
+    return "\n".join([head, "-" * len(head), *rows])
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return next(name for name, value in _DTYPES.items() if value == dtype)
 
 
 def _network_totals(results: list[BenchResult]) -> str:
