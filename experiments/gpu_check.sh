@@ -2,6 +2,8 @@
 # On a CUDA machine: build the kernels, run the CUDA tests, run the kernel benchmark.
 # Usage: experiments/gpu_check.sh [LOG_DIR] [extra args for `inq bench kernel`]
 # Logs (build.log, test.log, bench.log, kernel_bench.json) go to LOG_DIR (default: gpu_logs).
+# Needs torch (CUDA), torchvision, safetensors, scikit-learn, pytest, ninja and nvcc; not Hydra.
+# Runs from a plain checkout too (python3 -m puts the repository root on the import path).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=${1:-gpu_logs}
