@@ -65,9 +65,10 @@ def _export_args(p: argparse.ArgumentParser) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     source = find_masked(args.source)
-    output = Path(
-        args.output or source.with_name(source.name.removesuffix(".safetensors") + PACKED_SUFFIX)
-    )
+    stem = "model" if source.name == RUN_MASKED_NAME else source.name.removesuffix(".safetensors")
+    output = Path(args.output or source.with_name(stem + PACKED_SUFFIX))
+    if output.resolve() == source.resolve():
+        raise ValueError(f"{output}: the output would replace the masked checkpoint; choose -o")
     stats = export_packed(source, output)
     print(f"{source} -> {output}")
     print(_sizes(stats))

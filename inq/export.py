@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from inq.io import atomic_path, read_safetensors
+from inq.io import atomic_path, metadata_int, read_safetensors
 from inq.scheduler import INQScheduler
 
 __all__ = ["MASKED_FORMAT", "MASK_SUFFIX", "MaskedCheckpoint", "load_masked", "save_masked"]
@@ -39,7 +39,7 @@ class MaskedCheckpoint:
 
     state: dict[str, torch.Tensor]
     masks: dict[str, torch.Tensor]
-    n1: dict[str, int]
+    n1: dict[str, int | None]  # None for a layer not partitioned yet
     bits: int
     portions: tuple[float, ...]
     stage: int
@@ -112,7 +112,7 @@ def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
         return MaskedCheckpoint(
             state=tensors,
             masks=masks,
-            n1={key: info["n1"] for key, info in layers.items()},
+            n1={key: _n1(info["n1"]) for key, info in layers.items()},
             bits=int(metadata["bits"]),
             portions=tuple(json.loads(metadata["portions"])),
             stage=int(metadata["stage"]),
@@ -121,3 +121,7 @@ def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
         )
     except (KeyError, ValueError, TypeError) as err:
         raise ValueError(f"{path}: corrupt INQ masked checkpoint metadata ({err!r})") from err
+
+
+def _n1(value: object) -> int | None:
+    return None if value is None else metadata_int(value)  # None: not partitioned yet

@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-__all__ = ["atomic_path", "read_safetensors", "read_safetensors_metadata"]
+__all__ = ["atomic_path", "metadata_int", "read_safetensors", "read_safetensors_metadata"]
 
 
 @contextlib.contextmanager
@@ -32,6 +32,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(name)
+    tmp.chmod(0o666 & ~_umask())  # mkstemp makes it 0600; give it the mode open() would
     try:
         yield tmp
         with open(tmp, "rb") as f:
@@ -39,6 +40,23 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def metadata_int(value: object) -> int:
+    """``value`` if it is an int (not a bool), for numbers read from a file's JSON metadata.
+
+    Raises:
+        TypeError: otherwise.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
 
 
 def read_safetensors_metadata(path: str | os.PathLike[str]) -> dict[str, str]:

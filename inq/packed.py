@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import save_file
 
 from inq.export import MASKED_FORMAT, MaskedCheckpoint, load_masked
-from inq.io import atomic_path, read_safetensors, read_safetensors_metadata
+from inq.io import atomic_path, metadata_int, read_safetensors, read_safetensors_metadata
 from inq.pow2 import check_bits, decode_unchecked, pow2_encode, pow2_quantize
 
 __all__ = [
@@ -422,7 +422,7 @@ def _parse(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: obj
                 module=str(info["module"]),
                 packed=tensors.pop(key + CODES_SUFFIX),
                 bits=bits,
-                n1=_int(info["n1"]),
+                n1=metadata_int(info["n1"]),
                 shape=shape,
                 dtype=_DTYPES[info["dtype"]],
             )
@@ -435,12 +435,6 @@ def _parse(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: obj
         return PackedFile(layers, tensors, model, dict(metadata))
     except (KeyError, ValueError, TypeError, AttributeError) as err:
         raise ValueError(f"{path}: corrupt INQ packed file metadata ({err!r})") from err
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an integer, got {value!r}")
-    return value
 
 
 def _exponent_range(dtype: torch.dtype) -> tuple[int, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,30 @@ def test_export_a_run_directory(capsys, tmp_path: Path) -> None:
     (run_dir / "mixed3.safetensors").rename(run_dir / "model_masked.safetensors")
     code, out, _ = run(capsys, "export", run_dir, "-o", tmp_path / "b.safetensors")
     assert code == 0 and "model_masked.safetensors" in out  # what inq-train writes wins
+    code, out, _ = run(capsys, "export", run_dir)  # default name: the one inq-train writes
+    assert code == 0 and load_packed(run_dir / "model.inq.safetensors").layers
+
+
+def test_export_never_overwrites_its_source(capsys, masked: Path) -> None:
+    before = masked.read_bytes()
+    code, _, err = run(capsys, "export", masked, "-o", masked)
+    assert code == 1 and "would replace the masked checkpoint" in err
+    assert masked.read_bytes() == before
+
+
+@pytest.mark.parametrize("n1", [-2.0, True])
+def test_a_non_integer_n1_is_one_clear_error(capsys, masked: Path, tmp_path: Path, n1) -> None:
+    tensors = load_file(masked)
+    with safe_open(masked, "pt") as f:
+        metadata = f.metadata()
+    layers = json.loads(metadata["layers"])
+    layers["fc.weight"]["n1"] = n1
+    bad = tmp_path / "bad.safetensors"
+    save_file(tensors, bad, metadata={**metadata, "layers": json.dumps(layers)})
+    for command in ("verify", "export"):
+        code, _, err = run(capsys, command, bad)
+        assert code == 1 and "corrupt INQ masked checkpoint metadata" in err
+        assert "expected an integer" in err and len(err.strip().splitlines()) == 1
 
 
 def test_verify_names_the_offending_tensor(capsys, masked: Path, tmp_path: Path) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from inq.io import atomic_path
+from inq.io import atomic_path, metadata_int
 
 
 class BodyFailed(Exception):
@@ -55,3 +56,20 @@ def test_creates_missing_parent_directories(tmp_path: Path) -> None:
     with atomic_path(target) as tmp:
         tmp.write_text("ok")
     assert target.read_text() == "ok"
+
+
+def test_the_file_gets_the_mode_of_a_plain_open(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        with atomic_path(tmp_path / "summary.json") as tmp:
+            tmp.write_text("{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+
+
+@pytest.mark.parametrize("value", [-2.0, True, "3", None])
+def test_metadata_int_refuses_what_is_not_an_int(value) -> None:
+    assert metadata_int(-2) == -2
+    with pytest.raises(TypeError, match="expected an integer"):
+        metadata_int(value)

@@ -78,6 +78,19 @@ def test_tensorboard_events_carry_the_tags(run_dir: Path) -> None:
     assert [e.value for e in events.Scalars("inq/stage")][-1] == 4
 
 
+def test_final_bias_norm_epochs_leave_the_quantized_weights_alone(tmp_path: Path) -> None:
+    inq_train(*TINY, "inq.final_epochs=1", f"hydra.run.dir={tmp_path}")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert list(summary["stages"])[-1] == "bias_norm"
+    assert summary["final_acc"] == summary["stages"]["bias_norm"]["acc"]
+    before = torch.load(tmp_path / "checkpoints" / "stage4.pt", weights_only=True)["model"]
+    after = load_masked(tmp_path / "model_masked.safetensors")
+    for key in after.masks:  # the quantized weights: bit for bit as at the last stage
+        assert torch.equal(after.state[key], before[key]), key
+    trained = [k for k in before if k not in after.masks and k.endswith(("bias", "weight"))]
+    assert trained and any(not torch.equal(after.state[k], before[k]) for k in trained)
+
+
 def test_multirun_gives_each_job_its_own_directory(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     inq_train("-m", "inq.bits=3,4", *TINY, "inq.portions=[0.5,1.0]", f"hydra.sweep.dir={sweep}")

@@ -311,10 +311,11 @@ class Trainer:
 
     def _new_optimizer(self, params: str, lr: float) -> None:
         if self.optimizer is not None:
-            self.optimizer.state.clear()  # the scheduler keeps a reference; free the buffers
+            self.sched.detach(self.optimizer)
         self.optimizer = build_optimizer(self.cfg.optim, self.model, params, lr)
         self.params = params
-        self.sched.attach(self.optimizer)
+        if params == "all":  # a bias/norm-only optimizer never touches a quantized weight
+            self.sched.attach(self.optimizer)
 
     def _restore(self, saved: dict[str, Any]) -> None:
         self.progress = Progress(**saved["progress"])
