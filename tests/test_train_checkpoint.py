@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from train_helpers import TINY, inq_train
 
 from inq.train.checkpoint import (
@@ -27,15 +28,23 @@ RESUMABLE = (*TINY, "trainer.checkpoint_every=3")
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+def reference_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("uninterrupted")
     inq_train(*RESUMABLE, f"hydra.run.dir={out}")
-    return load_file(out / "model_masked.safetensors")
+    return out
+
+
+def scalar_steps(run_dir: Path) -> dict[str, list[int]]:
+    """Every scalar tag of a run's TensorBoard events with its distinct steps."""
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    return {tag: sorted({e.step for e in events.Scalars(tag)}) for tag in events.Tags()["scalars"]}
 
 
 def test_killed_three_times_then_resumed_is_bit_identical(
-    tmp_path: Path, reference: dict[str, torch.Tensor]
+    tmp_path: Path, reference_dir: Path
 ) -> None:
+    reference = load_file(reference_dir / "model_masked.safetensors")
     run_dir = tmp_path / "run"
     # each resumed process is killed again somewhere else; kill points count within a process
     for attempt, kill_at in enumerate(
@@ -62,6 +71,9 @@ def test_killed_three_times_then_resumed_is_bit_identical(
         assert torch.equal(resumed[key], tensor), key
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(summary["stages"]) == {"stage1", "stage2", "stage3", "stage4"}
+    # TensorBoard: no point lost to the kills (resume purges only what comes after the
+    # checkpoint's step)
+    assert scalar_steps(run_dir) == scalar_steps(reference_dir)
 
     # the finished run cannot be continued with other settings, and the message says why
     proc = inq_train(

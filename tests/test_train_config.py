@@ -102,6 +102,14 @@ def test_a_value_of_the_wrong_type_is_refused(conf) -> None:
         ("optim.lr=0", "optim.lr"),
         ("trainer.device=tpu", "trainer.device"),
         ("lr.milestones=[1.5]", "lr.milestones"),
+        ("data.train_size=0", "data.train_size"),
+        ("data.val_size=0", "data.val_size"),
+        ("data.image_size=0", "data.image_size"),
+        ("model.width=0", "model.width"),
+        ("optim.momentum=-1", "optim.momentum"),
+        ("optim.weight_decay=-0.1", "optim.weight_decay"),
+        ("trainer.float_epochs=0", "model.checkpoint"),
+        *([("trainer.device=cuda", "trainer.device")] if not torch.cuda.is_available() else []),
     ],
 )
 def test_validate_names_the_bad_key(conf, override: str, key: str) -> None:
@@ -132,4 +140,18 @@ def test_configs_ship_inside_the_package() -> None:
 def test_a_force_added_unknown_key_is_refused_by_validate(conf) -> None:
     cfg = compose("config", overrides=["+inq.bitz=5"])
     with pytest.raises(ConfigError, match=r"^inq\.bitz: unknown key"):
+        validate(cfg)
+
+
+def test_adamw_betas_are_checked(conf) -> None:
+    cfg = compose("config", overrides=["optim=adamw", "optim.betas=[0.9]"])
+    with pytest.raises(ConfigError, match=r"^optim\.betas: two values"):
+        validate(cfg)
+
+
+def test_the_imagenet_experiment_needs_float_weights() -> None:
+    register()
+    with initialize_config_dir(str(EXPERIMENTS), version_base="1.3"):
+        cfg = compose("imagenet_resnet18_5bit", overrides=["hydra.searchpath=[pkg://inq.conf]"])
+    with pytest.raises(ConfigError, match=r"^model\.checkpoint: no float weights"):
         validate(cfg)

@@ -80,6 +80,13 @@ def test_missing_dataset_directory_names_data_root(tmp_path: Path, name: str) ->
         build_datasets({"name": name, "root": str(tmp_path)})  # exists but holds no data
 
 
+def test_an_imagefolder_tree_without_images_names_data_root(tmp_path: Path) -> None:
+    for split in ("train/cat", "val/cat"):
+        (tmp_path / split).mkdir(parents=True)  # class folders, but no images in them
+    with pytest.raises(ConfigError, match=r"^data\.root: .*not an ImageFolder tree"):
+        build_datasets({"name": "imagenet", "root": str(tmp_path)})
+
+
 def test_unknown_dataset_names_data_name() -> None:
     with pytest.raises(ConfigError, match=r"^data\.name: unknown dataset 'mnist'"):
         build_datasets({"name": "mnist"})

@@ -161,7 +161,8 @@ class Trainer:
         self.quiet = not (env.main and cfg.trainer.progress and sys.stderr.isatty())
         if saved is not None:
             self._restore(saved)
-        purge = self.progress.step if saved is not None else None
+        # events up to the checkpoint's step were written before it was saved: keep them
+        purge = self.progress.step + 1 if saved is not None else None
         self.tb = Monitor(out_dir / "tb", env.main, purge_step=purge)
 
     def start_phase(self, phase: Phase) -> None:

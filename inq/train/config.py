@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any
 
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 
@@ -197,21 +198,47 @@ def validate(cfg: DictConfig) -> None:
         "trainer.log_every": cfg.trainer.log_every,
         "optim.lr": cfg.optim.lr,
     }
+    sizes = {
+        "data.train_size": cfg.data.train_size,
+        "data.val_size": cfg.data.val_size,
+        "data.image_size": cfg.data.image_size,
+        "data.in_channels": cfg.data.in_channels,
+        "model.width": cfg.model.width,
+    }
+    positive.update({k: v for k, v in sizes.items() if v is not None})
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(key, f"must be > 0, got {value}")
+    _check_optimizer(cfg.optim)
+    if cfg.trainer.float_epochs == 0 and not cfg.model.checkpoint:
+        raise ConfigError(
+            "model.checkpoint",
+            "no float weights: give a local file to start from, or trainer.float_epochs > 0 "
+            "to pretrain here",
+        )
     if cfg.inq.lr is not None and cfg.inq.lr <= 0:
         raise ConfigError("inq.lr", f"must be > 0 or null, got {cfg.inq.lr}")
     if cfg.trainer.grad_clip is not None and cfg.trainer.grad_clip <= 0:
         raise ConfigError("trainer.grad_clip", f"must be > 0 or null, got {cfg.trainer.grad_clip}")
-    if cfg.trainer.device not in ("auto", "cpu") and not cfg.trainer.device.startswith("cuda"):
-        raise ConfigError(
-            "trainer.device", f"use auto, cpu or cuda[:N], got {cfg.trainer.device!r}"
-        )
+    device = cfg.trainer.device
+    if device not in ("auto", "cpu") and not device.startswith("cuda"):
+        raise ConfigError("trainer.device", f"use auto, cpu or cuda[:N], got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("trainer.device", f"{device!r} asked for, but no CUDA GPU is visible")
     if not 0.0 <= cfg.lr.min_factor <= 1.0:
         raise ConfigError("lr.min_factor", f"must lie in [0, 1], got {cfg.lr.min_factor}")
     if any(not 0.0 < m < 1.0 for m in cfg.lr.milestones):
         raise ConfigError("lr.milestones", f"fractions of a stage, in (0, 1): {cfg.lr.milestones}")
+
+
+def _check_optimizer(optim: DictConfig) -> None:
+    if optim.get("weight_decay", 0.0) < 0:
+        raise ConfigError("optim.weight_decay", f"must be >= 0, got {optim.weight_decay}")
+    if optim.get("momentum", 0.0) < 0:
+        raise ConfigError("optim.momentum", f"must be >= 0, got {optim.momentum}")
+    betas = optim.get("betas")
+    if betas is not None and (len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas)):
+        raise ConfigError("optim.betas", f"two values in [0, 1), got {list(betas)}")
 
 
 def _check_known_keys(cfg: DictConfig) -> None:

@@ -239,7 +239,10 @@ def _imagenet(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
     augment = [transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip()]
     plain = [transforms.Resize(size * 8 // 7), transforms.CenterCrop(size)]
     train_tf = augment if cfg.get("augment", True) else plain
-    return (
-        datasets.ImageFolder(str(root / "train"), transforms.Compose(train_tf + normalize)),
-        datasets.ImageFolder(str(root / "val"), transforms.Compose(plain + normalize)),
-    )
+    try:
+        return (
+            datasets.ImageFolder(str(root / "train"), transforms.Compose(train_tf + normalize)),
+            datasets.ImageFolder(str(root / "val"), transforms.Compose(plain + normalize)),
+        )
+    except FileNotFoundError as err:  # torchvision: no class folder, or a class without images
+        raise ConfigError("data.root", f"{root}: not an ImageFolder tree ({err})") from err
