@@ -6,7 +6,9 @@ ImageFolder tree ``data.root/{train,val}/<class>/*``) and ``synthetic`` (Gaussia
 plus noise). Nothing is downloaded.
 
 Training order is a pure function of (seed, epoch): :class:`ResumableSampler` can restart an epoch
-at any batch, which is what makes a resumed run bit-identical to an uninterrupted one.
+at any batch, and :class:`SeededSamples` draws each sample's random augmentation from a generator
+seeded by (seed, epoch, index), whichever worker process loads it. Together they make a resumed
+run bit-identical to an uninterrupted one, with any ``num_workers``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from inq.train.errors import ConfigError
 __all__ = [
     "DATASETS",
     "ResumableSampler",
+    "SeededSamples",
     "batches_per_epoch",
     "build_datasets",
     "build_eval_loader",
@@ -101,10 +104,14 @@ def build_eval_loader(
 class ResumableSampler(DistributedSampler):
     """DistributedSampler whose epoch order is fixed by (seed, epoch) and can start mid-epoch.
 
+    It yields ``(epoch, index)`` pairs, the keys of :class:`SeededSamples`.
+
     Example:
         >>> s = ResumableSampler(range(10), seed=0, num_replicas=1, rank=0)
         >>> s.set_epoch(3)
         >>> full = list(s)
+        >>> full[0][0], sorted(i for _, i in full) == list(range(10))
+        (3, True)
         >>> s.set_epoch(3, start=4)
         >>> list(s) == full[4:]
         True
@@ -119,11 +126,40 @@ class ResumableSampler(DistributedSampler):
         super().set_epoch(epoch)
         self.start = start
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(list(super().__iter__())[self.start :])
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return ((self.epoch, i) for i in list(super().__iter__())[self.start :])
 
     def __len__(self) -> int:
         return self.num_samples - self.start
+
+
+class SeededSamples(Dataset):
+    """A dataset read by ``(epoch, index)``: the sample's random transforms draw from torch's
+    generator seeded by (seed, epoch, index), and the caller's generator state is left as it was.
+
+    So augmentation does not depend on which worker process loads a sample, or on where in the
+    epoch a resumed run starts.
+
+    Example:
+        >>> class Noisy(Dataset):
+        ...     def __len__(self): return 4
+        ...     def __getitem__(self, i): return torch.rand(())
+        >>> samples = SeededSamples(Noisy(), seed=0)
+        >>> bool(samples[1, 2] == samples[1, 2]), bool(samples[1, 2] == samples[2, 2])
+        (True, False)
+    """
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(hash((self.seed, epoch, index)) & (2**63 - 1))
+            return self.dataset[index]
 
 
 def build_train_loader(
@@ -142,7 +178,7 @@ def build_train_loader(
     """
     sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
     return DataLoader(
-        dataset,
+        SeededSamples(dataset, seed),
         batch_size=int(cfg["batch_size"]),
         sampler=sampler,
         num_workers=int(cfg.get("num_workers", 0)),
