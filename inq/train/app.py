@@ -72,6 +72,7 @@ class Progress:
     epoch: int = 0
     batch: int = 0
     step: int = 0
+    seconds: float = 0.0  # spent in this phase by earlier (killed) processes
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
@@ -95,26 +96,28 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
             raise ConfigError(
                 "trainer.resume", f"saved by {saved['world_size']} processes, not {env.world_size}"
             )
-        out_dir = path.parent.parent
+        if path.parent.name == "checkpoints":  # continue in the killed run's directory
+            out_dir = path.parent.parent
         log.info("resuming %s at step %d; writing to %s", path, saved["progress"]["step"], out_dir)
     r = Trainer(cfg, out_dir, env, saved)
     for p in range(r.progress.phase, len(r.phases)):
-        phase, started = r.phases[p], time.perf_counter()
+        phase = r.phases[p]
         if r.progress.epoch == r.progress.batch == 0:
             r.start_phase(phase)
         for epoch in range(r.progress.epoch, phase.epochs):
             r.train_epoch(p, phase, epoch)
             r.progress.epoch, r.progress.batch = epoch + 1, 0
-            r.save()
             every = cfg.trainer.eval_every
             if every and (epoch + 1) % every == 0 and epoch + 1 < phase.epochs:
-                r.evaluate()
+                r.evaluate()  # before the save, so a kill during it redoes it on resume
+            r.save()
         if r.ste is not None:
             r.ste.finalize()  # snap the shadows: r.sched now holds every weight, exact
             r.ste = None
         r.history[phase.name] = {"portion": r.sched.quantized_fraction(), **r.evaluate()}
-        r.timings[phase.name] = r.timings.get(phase.name, 0.0) + time.perf_counter() - started
+        r.timings[phase.name] = r.phase_seconds()
         r.progress = Progress(phase=p + 1, step=r.progress.step)
+        r.clock = time.perf_counter()
         check_identical(r.model, r.sched)
         r.save(phase.name)
     summary = r.finish()
@@ -155,6 +158,7 @@ class Trainer:
         self.params = ""
         self.lr_sched: torch.optim.lr_scheduler.LambdaLR | None = None
         self.progress = Progress()
+        self.clock = time.perf_counter()  # when this process started on the current phase
         self.history: dict[str, dict[str, float]] = {}
         self.timings: dict[str, float] = {}
         self.evals = 0
@@ -273,7 +277,7 @@ class Trainer:
             "params": self.params,
             "lr_schedule": self.lr_sched.state_dict() if self.lr_sched else None,
             "scaler": self.scaler.state_dict(),
-            "progress": asdict(self.progress),
+            "progress": {**asdict(self.progress), "seconds": self.phase_seconds()},
             "history": self.history,
             "timings": self.timings,
             "rng": ckpt.get_rng_state(),
@@ -282,6 +286,10 @@ class Trainer:
         }
         for name in ("latest", *names):
             ckpt.save_checkpoint(self.out / "checkpoints" / f"{name}.pt", state)
+
+    def phase_seconds(self) -> float:
+        """Wall-clock seconds spent in the current phase, by this process and killed ones."""
+        return self.progress.seconds + time.perf_counter() - self.clock
 
     def finish(self) -> dict[str, Any]:
         """Export, write ``summary.json`` and print the float-vs-INQ table (rank 0)."""
