@@ -133,8 +133,14 @@ def _verify(args: argparse.Namespace) -> int:
     if bad is not None:
         print(f"inq verify: {args.file}: {bad.key!r}: {bad.problem}", file=sys.stderr)
         return 1
+    if report.file_problem is not None:
+        print(f"inq verify: {args.file}: {report.file_problem}", file=sys.stderr)
+        return 1
     what = "every mask is full" if report.kind == "masked" else "every code is valid"
-    print(f"OK: {len(report.layers)} quantized tensors lie in their level sets; {what}")
+    print(
+        f"OK: {len(report.layers)} quantized tensors lie in their level sets; {what}; "
+        "the contents match their sha256 digest"
+    )
     return 0
 
 

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
-from inq.io import atomic_path, metadata_int, read_safetensors
+from inq.io import digest_problem, metadata_int, read_safetensors, write_safetensors
 from inq.scheduler import INQScheduler
 
 __all__ = ["MASKED_FORMAT", "MASK_SUFFIX", "MaskedCheckpoint", "load_masked", "save_masked"]
@@ -34,7 +33,8 @@ class MaskedCheckpoint:
     """A loaded masked checkpoint.
 
     ``state`` is the model state dict; ``masks`` and ``n1`` are keyed by weight key (e.g.
-    ``"features.0.weight"``); ``model`` is the caller's model description.
+    ``"features.0.weight"``); ``model`` is the caller's model description; ``digest_problem``
+    says why the file's contents do not match the digest written with them (None if they do).
     """
 
     state: dict[str, torch.Tensor]
@@ -45,6 +45,7 @@ class MaskedCheckpoint:
     stage: int
     strategy: str
     model: dict[str, Any] = field(default_factory=dict)
+    digest_problem: str | None = None
 
 
 def save_masked(
@@ -92,8 +93,7 @@ def save_masked(
         "layers": json.dumps(layers),
         "model": json.dumps(model_info or {}),
     }
-    with atomic_path(path) as tmp:
-        save_file(tensors, tmp, metadata=metadata)
+    write_safetensors(path, tensors, metadata)
 
 
 def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
@@ -102,7 +102,8 @@ def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
     Raises:
         ValueError: if the file is missing, not a safetensors file, or not an INQ masked checkpoint.
     """
-    tensors, metadata = read_safetensors(path)
+    tensors_read, metadata = read_safetensors(path)
+    tensors = dict(tensors_read)
     if metadata.get("format") != MASKED_FORMAT:
         found = metadata.get("format")
         raise ValueError(f"{path}: not an INQ masked checkpoint (format {found!r})")
@@ -118,6 +119,7 @@ def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
             stage=int(metadata["stage"]),
             strategy=metadata["strategy"],
             model=json.loads(metadata["model"]),
+            digest_problem=digest_problem(tensors_read, metadata),
         )
     except (KeyError, ValueError, TypeError) as err:
         raise ValueError(f"{path}: corrupt INQ masked checkpoint metadata ({err!r})") from err

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -10,9 +12,19 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
-__all__ = ["atomic_path", "metadata_int", "read_safetensors", "read_safetensors_metadata"]
+__all__ = [
+    "DIGEST_KEY",
+    "atomic_path",
+    "digest_problem",
+    "metadata_int",
+    "read_safetensors",
+    "read_safetensors_metadata",
+    "write_safetensors",
+]
+
+DIGEST_KEY = "sha256"  # metadata entry: digest of every tensor and the rest of the metadata
 
 
 @contextlib.contextmanager
@@ -85,3 +97,47 @@ def read_safetensors(
         return load_file(path), metadata
     except (OSError, SafetensorError) as err:
         raise ValueError(f"{path}: cannot read as safetensors ({err})") from err
+
+
+def write_safetensors(
+    path: str | os.PathLike[str], tensors: dict[str, torch.Tensor], metadata: dict[str, str]
+) -> None:
+    """Write tensors and metadata atomically, with a sha256 digest of both in the metadata.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> file = pathlib.Path(tempfile.mkdtemp()) / "t.safetensors"
+        >>> write_safetensors(file, {"w": torch.ones(2)}, {"format": "demo"})
+        >>> tensors, metadata = read_safetensors(file)
+        >>> digest_problem(tensors, metadata) is None
+        True
+        >>> tensors["w"][0] = 2.0
+        >>> digest_problem(tensors, metadata)  # doctest: +ELLIPSIS
+        'the contents do not match their sha256 digest: the file was modified after it was written'
+    """
+    with atomic_path(path) as tmp:
+        save_file(tensors, tmp, metadata={**metadata, DIGEST_KEY: _digest(tensors, metadata)})
+
+
+def digest_problem(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str | None:
+    """Why a file's contents do not match the digest written with them, or None if they do."""
+    if DIGEST_KEY not in metadata:
+        return f"no {DIGEST_KEY} digest in the metadata: not written by inq, or edited"
+    if _digest(tensors, metadata) != metadata[DIGEST_KEY]:
+        return (
+            f"the contents do not match their {DIGEST_KEY} digest: the file was modified "
+            "after it was written"
+        )
+    return None
+
+
+def _digest(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    h.update(
+        json.dumps({k: v for k, v in metadata.items() if k != DIGEST_KEY}, sort_keys=True).encode()
+    )
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(json.dumps([name, str(t.dtype), list(t.shape)]).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()

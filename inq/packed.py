@@ -26,10 +26,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from inq.export import MASKED_FORMAT, MaskedCheckpoint, load_masked
-from inq.io import atomic_path, metadata_int, read_safetensors, read_safetensors_metadata
+from inq.io import (
+    digest_problem,
+    metadata_int,
+    read_safetensors,
+    read_safetensors_metadata,
+    write_safetensors,
+)
 from inq.pow2 import check_bits, decode_unchecked, pow2_encode, pow2_quantize
 
 __all__ = [
@@ -260,12 +265,14 @@ class PackedLayer:
 @dataclass
 class PackedFile:
     """A loaded packed file: quantized ``layers`` and the other ``tensors``, keyed as in the
-    model's state dict, plus the ``model`` description and the file's string ``metadata``."""
+    model's state dict, plus the ``model`` description and the file's string ``metadata``;
+    ``digest_problem`` as in :class:`inq.export.MaskedCheckpoint`."""
 
     layers: dict[str, PackedLayer]
     tensors: dict[str, torch.Tensor]
     model: dict[str, Any]
     metadata: dict[str, str]
+    digest_problem: str | None = None
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full state dict with every quantized weight decoded."""
@@ -365,8 +372,9 @@ def export_packed(
         "layers": json.dumps(layers),
         "model": json.dumps(ckpt.model),
     }
-    with atomic_path(out_path) as tmp:
-        save_file(tensors, tmp, metadata=metadata)
+    if ckpt.digest_problem:
+        raise ValueError(f"cannot pack: {ckpt.digest_problem}")
+    write_safetensors(out_path, tensors, metadata)
     return pack_stats(_parse(tensors, metadata, out_path), os.path.getsize(out_path))
 
 
@@ -395,11 +403,14 @@ def load_packed(path: str | os.PathLike[str], validate: bool = True) -> PackedFi
         raise ValueError(f"{path}: not an INQ packed file (format {fmt!r}){hint}")
     tensors, metadata = read_safetensors(path)
     packed = _parse(tensors, metadata, path)
+    packed.digest_problem = digest_problem(tensors, metadata)
     if validate:
         for key, layer in packed.layers.items():
             problem = layer.problem()
             if problem:
                 raise ValueError(f"{path}: {key!r}: {problem}")
+        if packed.digest_problem:
+            raise ValueError(f"{path}: {packed.digest_problem}")
     return packed
 
 

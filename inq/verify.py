@@ -43,10 +43,11 @@ class VerifyReport:
     path: str
     kind: str
     layers: tuple[LayerReport, ...]
+    file_problem: str | None = None  # a problem of the file as a whole (its digest)
 
     @property
     def ok(self) -> bool:
-        return all(layer.problem is None for layer in self.layers)
+        return self.file_problem is None and all(layer.problem is None for layer in self.layers)
 
     @property
     def first_problem(self) -> LayerReport | None:
@@ -90,7 +91,7 @@ def verify_masked(ckpt: MaskedCheckpoint, path: str = "") -> VerifyReport:
         weight = ckpt.state.get(key)
         codes = None if problem or weight is None else pow2_encode(weight, ckpt.n1[key], ckpt.bits)
         reports.append(_report(key, ckpt.bits, ckpt.n1[key], codes, problem))
-    return VerifyReport(path, "masked", tuple(reports))
+    return VerifyReport(path, "masked", tuple(reports), ckpt.digest_problem)
 
 
 def verify_packed(packed: PackedFile, path: str = "") -> VerifyReport:
@@ -109,7 +110,7 @@ def verify_packed(packed: PackedFile, path: str = "") -> VerifyReport:
         problem = layer.problem()
         codes = None if problem else layer.codes()
         reports.append(_report(key, layer.bits, layer.n1, codes, problem))
-    return VerifyReport(path, "packed", tuple(reports))
+    return VerifyReport(path, "packed", tuple(reports), packed.digest_problem)
 
 
 def verify_file(path: str | os.PathLike[str]) -> VerifyReport:

@@ -127,6 +127,21 @@ def test_verify_names_the_offending_tensor(capsys, masked: Path, tmp_path: Path)
         assert len(err.strip().splitlines()) == 1
 
 
+def test_a_change_that_stays_on_the_level_set_fails_the_digest(
+    capsys, masked: Path, tmp_path: Path
+) -> None:
+    def swap(t) -> None:  # every weight still on its level set, every mask still full
+        w = t["fc.weight"]
+        w[w != 0] *= -1  # (not the zeros: -0.0 is not a level, bit for bit)
+
+    bad = _tamper(masked, tmp_path / "bad.safetensors", swap)
+    code, out, err = run(capsys, "verify", bad)
+    assert code == 1 and "FAIL" not in out
+    assert err.startswith(f"inq verify: {bad}: the contents do not match their sha256 digest")
+    code, _, err = run(capsys, "export", bad, "-o", tmp_path / "out.safetensors")
+    assert code == 1 and "sha256 digest" in err and not (tmp_path / "out.safetensors").exists()
+
+
 def test_export_refuses_an_unverified_checkpoint(capsys, masked: Path, tmp_path: Path) -> None:
     def plant(t) -> None:
         t["fc.weight"][0, 0] = 0.3

@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from inq.export import load_masked, save_masked
+from inq.io import DIGEST_KEY
 from inq.packed import (
     CODES_SUFFIX,
     PACKED_FORMAT,
@@ -217,6 +218,24 @@ def test_tampered_files_fail_with_one_clear_error(packed_file, edit_tensors, edi
     bad = _rewrite(packed_file, packed_file.with_name("bad.safetensors"), edit_tensors, edit_meta)
     with pytest.raises(ValueError, match=match):
         load_packed(bad)
+
+
+@pytest.mark.parametrize(
+    ("edit_tensors", "edit_meta"),
+    [
+        (lambda t: _set_code(t, "conv.weight", 0x8), None),  # another valid code
+        (lambda t: t["fc.bias"].add_(1.0), None),  # a float tensor
+        (None, _edit_layer("n1", -3)),  # a valid n1: the whole layer scaled by 2
+        (None, _edit_layer("dtype", "float16")),
+        (None, lambda m: m.pop(DIGEST_KEY)),
+    ],
+)
+def test_valid_looking_edits_fail_the_digest(packed_file, edit_tensors, edit_meta) -> None:
+    bad = _rewrite(packed_file, packed_file.with_name("bad.safetensors"), edit_tensors, edit_meta)
+    with pytest.raises(ValueError, match="sha256 digest"):
+        load_packed(bad)
+    assert "sha256 digest" in load_packed(bad, validate=False).digest_problem
+    assert load_packed(packed_file).digest_problem is None
 
 
 def test_padding_nibble_must_be_zero(packed_file: Path) -> None:
