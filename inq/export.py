@@ -110,6 +110,9 @@ def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
     try:
         layers = json.loads(metadata["layers"])
         masks = {key: tensors.pop(key + MASK_SUFFIX) for key in layers}
+        stray = [k for k in tensors if k.endswith(MASK_SUFFIX)]
+        if stray:
+            raise ValueError(f"masks {stray} have no layer metadata")
         return MaskedCheckpoint(
             state=tensors,
             masks=masks,

@@ -237,7 +237,10 @@ def from_packed(
     packed = source if isinstance(source, PackedFile) else load_packed(source)
     if model is None:
         if not packed.model.get("name"):
-            raise ValueError("the packed file names no model (empty 'model' metadata); pass model=")
+            raise ValueError(
+                "the packed file names no model (empty 'model' metadata); build the model "
+                "yourself and call inq.nn.from_packed(path, model)"
+            )
         from inq.train.models import build_model  # the app's model zoo, only needed here
 
         model = build_model(packed.model)

@@ -142,6 +142,16 @@ def test_a_change_that_stays_on_the_level_set_fails_the_digest(
     assert code == 1 and "sha256 digest" in err and not (tmp_path / "out.safetensors").exists()
 
 
+def test_a_mask_without_layer_metadata_is_refused(capsys, masked: Path, tmp_path: Path) -> None:
+    def add_mask(t) -> None:
+        t["bn.weight" + MASK_SUFFIX] = torch.ones(5, dtype=torch.bool)
+
+    bad = _tamper(masked, tmp_path / "bad.safetensors", add_mask)
+    for command in ("verify", "export"):
+        code, _, err = run(capsys, command, bad)
+        assert code == 1 and "have no layer metadata" in err, err
+
+
 def test_export_refuses_an_unverified_checkpoint(capsys, masked: Path, tmp_path: Path) -> None:
     def plant(t) -> None:
         t["fc.weight"][0, 0] = 0.3
