@@ -157,9 +157,13 @@ class SeededSamples(Dataset):
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         epoch, index = key
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(hash((self.seed, epoch, index)) & (2**63 - 1))
+        generator = torch.default_generator  # what CPU transforms draw from
+        state = generator.get_state()
+        generator.manual_seed(hash((self.seed, epoch, index)) & (2**63 - 1))
+        try:
             return self.dataset[index]
+        finally:
+            generator.set_state(state)  # (torch.manual_seed would cost 50x more: every device)
 
 
 def build_train_loader(
