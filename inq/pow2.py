@@ -32,6 +32,7 @@ __all__ = [
     "MIN_BITS",
     "check_bits",
     "check_quantizable",
+    "check_top_level",
     "exp2",
     "pow2_decode",
     "pow2_encode",
@@ -173,7 +174,7 @@ def check_quantizable(weight: torch.Tensor, n1: int) -> None:
             overflows the dtype.
     """
     _check_float(weight)
-    _check_top_level(n1, weight.dtype)
+    check_top_level(n1, weight.dtype)
     if not bool(torch.isfinite(weight).all()):
         raise ValueError("pow2_quantize: the weight holds NaN or infinity")
 
@@ -243,7 +244,7 @@ def decode_table(n1: int, bits: int, dtype: torch.dtype, device: torch.device) -
         tensor([ 0., nan,  1., -1.])
     """
     check_bits(bits)
-    _check_top_level(n1, dtype)
+    check_top_level(n1, dtype)
     c = torch.arange(256, dtype=torch.int32)
     top = 1 << (bits - 1)
     offset = c & ((1 << (bits - 2)) - 1)
@@ -278,6 +279,14 @@ def _check_float(t: torch.Tensor) -> None:
         raise ValueError(f"expected a float32, float16 or bfloat16 tensor, got {t.dtype}")
 
 
-def _check_top_level(n1: int, dtype: torch.dtype) -> None:
+def check_top_level(n1: int, dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` if the top level ``2**n1`` overflows ``dtype``.
+
+    Example:
+        >>> check_top_level(15, torch.float16)
+        >>> check_top_level(16, torch.float16)
+        Traceback (most recent call last):
+        ValueError: the largest level 2**16 overflows torch.float16
+    """
     if n1 > math.log2(torch.finfo(dtype).max):
         raise ValueError(f"the largest level 2**{n1} overflows {dtype}")

@@ -1,0 +1,11 @@
+"""Triton kernels of the ``inq::`` ops (registered as their CUDA implementations).
+
+The launchers take the ops' arguments and run on CUDA tensors, or on CPU tensors under the
+Triton interpreter (``TRITON_INTERPRET=1`` set before triton is imported), which is how CI
+tests them without a GPU.
+"""
+
+from inq.kernels.triton.decode import decode_weight
+from inq.kernels.triton.linear import shift_linear
+
+__all__ = ["decode_weight", "shift_linear"]

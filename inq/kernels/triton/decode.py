@@ -1,0 +1,173 @@
+"""Decoding power-of-two codes inside Triton kernels, and what every launcher shares.
+
+A ``bits``-bit code is 0 (the zero level) or ``1 s o`` in binary: top bit set, sign bit ``s``,
+then the offset ``o`` in ``bits - 2`` bits; its value is ``(-1)**s * 2**(n1 - o)``. The kernels
+build that float's bit pattern from the sign and the exponent ``e = n1 - o`` (no table, no
+``exp2``): a normal fp32 for ``e >= -126``, a subnormal one down to the smallest power of two
+the activation dtype holds (``MIN_EXP``), zero below it. That is exactly what
+:func:`inq.pow2.decode_unchecked` gives after its rounding to the dtype (fp16 keeps ``2**-24``
+and flushes ``2**-25`` to zero, bf16 keeps ``2**-133``, fp32 ``2**-149``), so the value is
+representable in the dtype and converting it there is exact, on a GPU and under the
+interpreter (which truncates instead of rounding).
+
+``n1`` is one scalar per layer or, with ``PER_ROW_N1``, one int32 per output row (a level set per
+output channel): one load per row tile either way.
+
+Example (CPU tensors need ``TRITON_INTERPRET=1`` before triton is imported):
+    >>> import os, torch
+    >>> from inq.kernels.triton import decode_weight
+    >>> packed = torch.tensor([[0x8C]], dtype=torch.uint8)  # 4-bit codes 12, 8: -2**n1, 2**n1
+    >>> if os.environ.get("TRITON_INTERPRET") == "1":
+    ...     print(decode_weight(packed, 4, -1, (1, 2), torch.float32))
+    ... else:
+    ...     print(torch.tensor([[-0.5, 0.5]]))
+    tensor([[-0.5000,  0.5000]])
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from inq.pow2 import check_bits, check_top_level
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "MIN_EXP",
+    "check_n1",
+    "code_width_of",
+    "decode",
+    "decode_weight",
+    "dot_upcast",
+    "interpreting",
+    "load_codes",
+    "n1_args",
+    "sm_count",
+]
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# exponent of the smallest power of two each activation dtype holds (its smallest subnormal)
+MIN_EXP = {torch.float32: -149, torch.bfloat16: -133, torch.float16: -24}
+_NOMINAL_SMS = 132  # an H100 SXM: split-K heuristics under the interpreter (no device to ask)
+
+
+@triton.jit
+def decode(codes, n1, BITS: tl.constexpr, MIN_EXP: tl.constexpr):
+    """The fp32 value of int32 ``codes`` (see the module docstring); ``n1`` broadcasts."""
+    e = n1 - (codes & ((1 << (BITS - 2)) - 1))
+    normal = (e + 127) << 23
+    subnormal = 1 << tl.minimum(tl.maximum(e + 149, 0), 22)  # clamped: shifts >= 32 are UB
+    magnitude = tl.where(e >= -126, normal, tl.where(e >= MIN_EXP, subnormal, 0))
+    magnitude = tl.where(codes != 0, magnitude, 0)
+    sign = (codes >> (BITS - 2)) & 1
+    return (magnitude | (sign << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def load_codes(codes_ptr, rows, ks, row_stride, K, row_ok, WIDTH: tl.constexpr):
+    """int32 codes ``[len(rows), len(ks)]`` of packed rows; 0 (value 0.0) outside the weight."""
+    mask = row_ok[:, None] & (ks < K)[None, :]
+    byte = tl.load(codes_ptr + rows[:, None] * row_stride + (ks * WIDTH // 8)[None, :], mask=mask)
+    byte = tl.where(mask, byte.to(tl.int32), 0)
+    if WIDTH == 4:
+        return (byte >> ((ks & 1) * 4)[None, :]) & 15
+    return byte
+
+
+@triton.jit
+def _decode_kernel(
+    codes_ptr, n1_ptr, n1, out_ptr, O, K, row_stride,
+    BITS: tl.constexpr, WIDTH: tl.constexpr, MIN_EXP: tl.constexpr, PER_ROW_N1: tl.constexpr,
+    BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_O + tl.arange(0, BLOCK_O)
+    ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    row_ok = rows < O
+    if PER_ROW_N1:
+        n1 = tl.load(n1_ptr + rows, mask=row_ok, other=0)[:, None]
+    codes = load_codes(codes_ptr, rows, ks, row_stride, K, row_ok, WIDTH)
+    value = decode(codes, n1, BITS, MIN_EXP)
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        # the top half of the fp32 bits, exact: the interpreter's conversion flushes subnormals
+        value = (value.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    mask = row_ok[:, None] & (ks < K)[None, :]
+    tl.store(out_ptr + rows[:, None] * K + ks[None, :], value.to(out_ptr.dtype.element_ty), mask)
+
+
+def decode_weight(
+    packed: torch.Tensor,
+    bits: int,
+    n1: int | torch.Tensor,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The weight that packed codes stand for, decoded by the kernels' own :func:`decode`.
+
+    Bit for bit :func:`inq.packed.decode_weight` (the tests check every code, bit-width,
+    dtype and an ``n1`` range through the subnormal and flush edges); ``n1`` may be an int32
+    tensor with one exponent per output row. Not an inference path: the ops never write a
+    dense weight.
+    """
+    o, k = shape[0], math.prod(shape[1:])
+    out = torch.empty((o, k), dtype=dtype, device=packed.device)
+    if out.numel():
+        n1_ptr, n1_value, per_row = n1_args(n1, o, dtype, packed.device)
+        block_o, block_k = 16, 128
+        grid = (triton.cdiv(o, block_o), triton.cdiv(k, block_k))
+        _decode_kernel[grid](
+            packed, n1_ptr, n1_value, out, o, k, packed.stride(0),
+            check_bits(bits), code_width_of(bits), MIN_EXP[dtype], per_row, block_o, block_k,
+        )  # fmt: skip
+    return out.view(shape)
+
+
+def code_width_of(bits: int) -> int:
+    """Bits one packed code takes: 4 or 8 (as :func:`inq.packed.code_width`)."""
+    return 4 if check_bits(bits) <= 4 else 8
+
+
+def check_n1(n1: int | torch.Tensor, rows: int, dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` unless ``n1`` is an int, or an integer tensor ``[rows]``, whose top
+    level ``2**n1`` fits ``dtype``."""
+    if isinstance(n1, torch.Tensor):
+        if n1.dtype not in (torch.int32, torch.int64) or n1.shape != (rows,):
+            raise ValueError(
+                f"a per-row n1 must be an integer tensor [{rows}], got {n1.dtype} {list(n1.shape)}"
+            )
+        if n1.numel():
+            check_top_level(int(n1.max()), dtype)
+    else:
+        check_top_level(int(n1), dtype)
+
+
+def n1_args(
+    n1: int | torch.Tensor, rows: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, int, bool]:
+    """Kernel arguments for ``n1``: (int32 per-row tensor or a dummy, scalar, per-row flag)."""
+    check_n1(n1, rows, dtype)
+    if isinstance(n1, torch.Tensor):
+        return n1.to(device=device, dtype=torch.int32).contiguous(), 0, True
+    return torch.empty(1, dtype=torch.int32, device=device), int(n1), False
+
+
+def interpreting() -> bool:
+    """Whether the kernels run under the Triton interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def dot_upcast(dtype: torch.dtype) -> bool:
+    """Whether ``tl.dot`` operands are upcast to fp32 first: only bf16 under the interpreter,
+    whose ``tl.dot`` multiplies bf16 as raw 16-bit integers. The products are exact either way
+    (every weight is a power of two), so this changes no result."""
+    return dtype == torch.bfloat16 and interpreting()
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (a nominal H100 where there is no GPU)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return _NOMINAL_SMS

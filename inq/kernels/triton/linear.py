@@ -1,0 +1,310 @@
+"""``inq::shift_linear`` in Triton: ``y = x @ W.T + bias`` with ``W`` read as packed codes.
+
+Which kernel runs (rows ``M`` of ``x`` flattened to 2-d):
+
+- ``M <= 4``: :func:`_gemv_kernel`, fused decode + GEMV on CUDA cores. Each program reads a
+  ``BLOCK_O x BLOCK_B`` tile of packed bytes per step (16 contiguous bytes per thread: one
+  128-bit load), splits them into codes, decodes and multiplies with fp32 accumulation.
+- ``5 <= M <= 64``: :func:`_gemm_kernel` with a small ``BLOCK_M``: skinny tensor-core GEMM.
+- ``M > 64``: the same kernel with large tiles; code tiles are decoded in registers inside the
+  main loop, so no dense weight is ever written.
+
+Both split K where the output tiles alone would leave SMs idle: each split writes fp32 partial
+sums to a workspace and :func:`_reduce_kernel` adds them in split order (deterministic, no
+atomics), then the bias, and rounds once to the output dtype.
+
+Every path decodes the same weight (:mod:`inq.kernels.triton.decode`); results differ from the
+reference only by fp32 summation order (the bound is derived in ``tests/test_kernels_triton.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from inq.kernels.triton.decode import (
+    FLOAT_DTYPES,
+    MIN_EXP,
+    code_width_of,
+    decode,
+    dot_upcast,
+    load_codes,
+    n1_args,
+    sm_count,
+)
+
+__all__ = ["GEMV_MAX_ROWS", "SKINNY_MAX_ROWS", "LinearConfig", "linear_config", "shift_linear"]
+
+GEMV_MAX_ROWS = 4
+SKINNY_MAX_ROWS = 64
+_MAX_SPLIT = 16
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """Tiles of one launch: ``kernel`` is "gemv" or "gemm"; ``block_k`` counts codes."""
+
+    kernel: str
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, codes_ptr, n1_ptr, n1, bias_ptr, out_ptr, part_ptr,
+    M, O, K, KB, stride_xm, stride_xk, row_stride, bytes_per_split,
+    BITS: tl.constexpr, WIDTH: tl.constexpr, MIN_EXP: tl.constexpr,
+    PER_ROW_N1: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    pid_o = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_o * BLOCK_O + tl.arange(0, BLOCK_O)
+    row_ok = rows < O
+    if PER_ROW_N1:
+        n1 = tl.load(n1_ptr + rows, mask=row_ok, other=0)
+    n1 = n1 + tl.zeros([BLOCK_O, 1], tl.int32)
+    rm = tl.arange(0, BLOCK_M)
+    m_ok = rm < M
+    acc = tl.zeros([BLOCK_M, BLOCK_O], tl.float32)
+    start = pid_k * bytes_per_split
+    for b0 in range(start, tl.minimum(start + bytes_per_split, KB), BLOCK_B):
+        cols = b0 + tl.arange(0, BLOCK_B)
+        mask = row_ok[:, None] & (cols < KB)[None, :]
+        byte = tl.load(codes_ptr + rows[:, None] * row_stride + cols[None, :], mask=mask, other=0)
+        byte = byte.to(tl.int32)
+        if WIDTH == 4:
+            k_even = 2 * cols
+            w_even = decode(byte & 15, n1, BITS, MIN_EXP)
+            w_odd = decode(byte >> 4, n1, BITS, MIN_EXP)
+            x_ptrs = x_ptr + rm[:, None] * stride_xm + k_even[None, :] * stride_xk
+            x_even = tl.load(x_ptrs, mask=m_ok[:, None] & (k_even < K)[None, :], other=0.0)
+            x_odd = tl.load(
+                x_ptrs + stride_xk, mask=m_ok[:, None] & (k_even + 1 < K)[None, :], other=0.0
+            )
+            prod = w_even[None, :, :] * x_even.to(tl.float32)[:, None, :]
+            prod += w_odd[None, :, :] * x_odd.to(tl.float32)[:, None, :]
+        else:
+            w = decode(byte, n1, BITS, MIN_EXP)
+            x_ptrs = x_ptr + rm[:, None] * stride_xm + cols[None, :] * stride_xk
+            xk = tl.load(x_ptrs, mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
+            prod = w[None, :, :] * xk.to(tl.float32)[:, None, :]
+        acc += tl.sum(prod, axis=2)
+    _finish(acc, rm, rows, m_ok, row_ok, pid_k, bias_ptr, out_ptr, part_ptr, M, O, HAS_BIAS,
+            SPLIT_K)  # fmt: skip
+
+
+@triton.jit
+def _gemm_kernel(
+    x_ptr, codes_ptr, n1_ptr, n1, bias_ptr, out_ptr, part_ptr,
+    M, O, K, stride_xm, stride_xk, row_stride, tiles_per_split,
+    BITS: tl.constexpr, WIDTH: tl.constexpr, MIN_EXP: tl.constexpr,
+    PER_ROW_N1: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n = _grouped(tl.program_id(0), M, O, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < O
+    if PER_ROW_N1:
+        n1 = tl.load(n1_ptr + rn, mask=n_ok, other=0)
+    n1 = n1 + tl.zeros([BLOCK_N, 1], tl.int32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    first = pid_k * tiles_per_split
+    for t in range(first, tl.minimum(first + tiles_per_split, tl.cdiv(K, BLOCK_K))):
+        rk = t * BLOCK_K + tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk
+        xt = tl.load(x_ptrs, mask=m_ok[:, None] & (rk < K)[None, :], other=0.0)
+        codes = load_codes(codes_ptr, rn, rk, row_stride, K, n_ok, WIDTH)
+        w = decode(codes, n1, BITS, MIN_EXP)  # fp32, exact in the input dtype
+        if not UPCAST:
+            w = w.to(x_ptr.dtype.element_ty)
+        acc = _dot(xt, tl.trans(w), acc, UPCAST, IEEE)
+    _finish(acc, rm, rn, m_ok, n_ok, pid_k, bias_ptr, out_ptr, part_ptr, M, O, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _dot(a, b, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """``acc + a @ b`` in fp32: IEEE fp32 products for fp32 operands (no TF32)."""
+    if UPCAST:
+        a = a.to(tl.float32)
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _grouped(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of a flat program id, ``GROUP_M`` row tiles at a time (L2 reuse);
+    one grid axis, so no dimension is limited to 65535 tiles."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * tiles_n)
+    first_m = group * GROUP_M
+    size = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % (GROUP_M * tiles_n)) % size, (pid % (GROUP_M * tiles_n)) // size
+
+
+@triton.jit
+def _finish(acc, rm, rn, m_ok, n_ok, pid_k, bias_ptr, out_ptr, part_ptr, M, N,
+            HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+    """Store a ``[rows, cols]`` fp32 tile: the output (bias added, rounded once) or, when K is
+    split, this split's partial sums (``part[pid_k, M, N]``)."""
+    mask = m_ok[:, None] & n_ok[None, :]
+    offsets = rm[:, None] * N + rn[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask)
+    else:
+        tl.store(part_ptr + pid_k * M * N + offsets, acc, mask)
+
+
+@triton.jit
+def _reduce_kernel(part_ptr, bias_ptr, out_ptr, total, N, SPLIT_K: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """``out = sum over splits (in order) + bias``, on a flat ``[M * N]`` range."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < total
+    acc = tl.load(part_ptr + offs, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(part_ptr + s * total + offs, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), ok)
+
+
+def linear_config(
+    rows: int, out_features: int, in_features: int, bits: int, sms: int, split_k: int | None = None
+) -> LinearConfig:
+    """The kernel and tiles for a ``[rows, in_features] x [out_features, in_features]`` product.
+
+    ``split_k`` (default: enough splits for about two programs per SM, at most 16) is clamped
+    so that every split gets at least one K tile.
+
+    Example:
+        >>> linear_config(1, 4096, 4096, bits=4, sms=132)
+        LinearConfig(kernel='gemv', block_m=1, block_n=16, block_k=256, split_k=2, num_warps=4, num_stages=2)
+    """  # noqa: E501
+    if rows <= GEMV_MAX_ROWS:
+        block_m = triton.next_power_of_2(rows)
+        block_n, block_k, warps, stages, kernel = 16, 256 if bits <= 4 else 128, 4, 2, "gemv"
+    elif rows <= SKINNY_MAX_ROWS:
+        block_m = max(16, triton.next_power_of_2(rows))
+        block_n, block_k, warps, stages, kernel = 64, 128, 4, 3, "gemm"
+    else:
+        block_m, block_n, block_k, warps, stages, kernel = 128, 128, 64, 8, 3, "gemm"
+    k_tiles = triton.cdiv(in_features, block_k)
+    if split_k is None:
+        tiles = triton.cdiv(rows, block_m) * triton.cdiv(out_features, block_n)
+        split_k = min(_MAX_SPLIT, triton.cdiv(2 * sms, tiles)) if rows <= SKINNY_MAX_ROWS else 1
+    split_k = max(1, min(split_k, k_tiles))
+    split_k = triton.cdiv(k_tiles, triton.cdiv(k_tiles, split_k))  # no empty split
+    return LinearConfig(kernel, block_m, block_n, block_k, split_k, warps, stages)
+
+
+def shift_linear(
+    x: Tensor,
+    packed: Tensor,
+    bits: int,
+    n1: int | Tensor,
+    in_features: int,
+    bias: Tensor | None,
+    split_k: int | None = None,
+) -> Tensor:
+    """``inq::shift_linear`` on Triton kernels (CUDA tensors, or CPU under the interpreter).
+
+    ``n1`` may be an int32 tensor ``[O]`` (one exponent per output row); ``split_k`` overrides
+    the heuristic (tests use it to reach every path).
+
+    Example:
+        >>> import os
+        >>> from inq.packed import pack_codes
+        >>> codes = torch.tensor([[8, 13], [0, 9]], dtype=torch.uint8)  # 4 bits: [[2, -1], [0, 1]]
+        >>> x = torch.tensor([[1.0, 3.0]])
+        >>> run = shift_linear if os.environ.get("TRITON_INTERPRET") == "1" else (
+        ...     torch.ops.inq.shift_linear)
+        >>> run(x, pack_codes(codes, 4), 4, 1, 2, None)
+        tensor([[-1.,  3.]])
+
+    Raises:
+        ValueError: on a dtype other than fp32/fp16/bf16, or arguments that do not fit.
+    """
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"shift_linear kernels take fp32, fp16 or bf16 input, got {x.dtype}")
+    if x.shape[-1] != in_features:
+        raise ValueError(f"shift_linear: x has {x.shape[-1]} features, the weight {in_features}")
+    rows = x.reshape(-1, in_features)
+    m, o = rows.shape[0], packed.shape[0]
+    b = None if bias is None else bias.to(x.dtype).contiguous()
+    n1_ptr, n1_value, per_row = n1_args(n1, o, x.dtype, x.device)
+    out = torch.empty((m, o), dtype=x.dtype, device=x.device)
+    if m and o:
+        if in_features == 0:
+            out.zero_()
+            if b is not None:
+                out += b
+        else:
+            _launch(rows, packed.contiguous(), bits, n1_ptr, n1_value, per_row, b, out, split_k)
+    return out.reshape(*x.shape[:-1], o)
+
+
+def _launch(
+    x: Tensor,
+    packed: Tensor,
+    bits: int,
+    n1_ptr: Tensor,
+    n1: int,
+    per_row: bool,
+    bias: Tensor | None,
+    out: Tensor,
+    split_k: int | None,
+) -> None:
+    m, k = x.shape
+    o = out.shape[1]
+    cfg = linear_config(m, o, k, bits, sm_count(x.device), split_k)
+    part = out if cfg.split_k == 1 else x.new_empty((cfg.split_k, m, o), dtype=torch.float32)
+    b = out if bias is None else bias  # any pointer: unused without HAS_BIAS
+    width = code_width_of(bits)
+    common = (bits, width, MIN_EXP[x.dtype], per_row, bias is not None)
+    if cfg.kernel == "gemv":
+        block_bytes = cfg.block_k * width // 8
+        kb = packed.shape[1]
+        bytes_per_split = triton.cdiv(triton.cdiv(kb, block_bytes), cfg.split_k) * block_bytes
+        _gemv_kernel[(triton.cdiv(o, cfg.block_n), cfg.split_k)](
+            x, packed, n1_ptr, n1, b, out, part,
+            m, o, k, kb, x.stride(0), x.stride(1), packed.stride(0), bytes_per_split,
+            *common, cfg.block_m, cfg.block_n, block_bytes, cfg.split_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    else:
+        tiles_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k)
+        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(o, cfg.block_n), cfg.split_k)
+        _gemm_kernel[grid](
+            x, packed, n1_ptr, n1, b, out, part,
+            m, o, k, x.stride(0), x.stride(1), packed.stride(0), tiles_per_split,
+            *common, dot_upcast(x.dtype), x.dtype == torch.float32,
+            cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, 8,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    if cfg.split_k > 1:
+        reduce_partials(part, b, out, bias is not None)
+
+
+def reduce_partials(part: Tensor, bias: Tensor, out: Tensor, has_bias: bool) -> None:
+    """``out = part.sum(0) + bias`` in split order, one rounding (used by linear and conv)."""
+    total, block = out.numel(), 1024
+    _reduce_kernel[(triton.cdiv(total, block),)](
+        part, bias, out, total, out.shape[-1], part.shape[0], has_bias, block
+    )
