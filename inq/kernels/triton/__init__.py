@@ -5,7 +5,9 @@ Triton interpreter (``TRITON_INTERPRET=1`` set before triton is imported), which
 tests them without a GPU.
 """
 
+from inq.kernels.triton.conv import shift_conv2d
 from inq.kernels.triton.decode import decode_weight
+from inq.kernels.triton.int8 import shift_linear_int8
 from inq.kernels.triton.linear import shift_linear
 
-__all__ = ["decode_weight", "shift_linear"]
+__all__ = ["decode_weight", "shift_conv2d", "shift_linear", "shift_linear_int8"]

@@ -1,0 +1,234 @@
+"""``inq::shift_conv2d`` in Triton: 2-d convolution with the weight read as packed codes.
+
+- :func:`_implicit_gemm_kernel`: the convolution as a GEMM of output pixels (``N*OH*OW``) by
+  output channels over ``K = Cin/groups * kh * kw``; each step gathers an activation tile
+  (stride, padding, dilation; any strides, so NCHW and channels_last alike), decodes a code tile
+  in registers and multiplies on tensor cores with fp32 accumulation. Groups are a grid
+  dimension.
+- :func:`_depthwise_kernel`: one input channel per group (depthwise, channel multiplier too),
+  where a GEMM would waste the tensor cores: a direct loop over the filter taps on CUDA cores.
+
+The result is contiguous NCHW (the reference's layout); the decoded weight is the reference's
+bit for bit, so results differ only by fp32 summation order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from inq.kernels.ops import conv2d_output_size
+from inq.kernels.triton.decode import (
+    FLOAT_DTYPES,
+    MIN_EXP,
+    code_width_of,
+    decode,
+    dot_upcast,
+    load_codes,
+    n1_args,
+)
+from inq.kernels.triton.linear import _dot
+
+__all__ = ["ConvConfig", "conv_config", "shift_conv2d"]
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    """Tiles of one launch: ``kernel`` is "implicit_gemm" or "depthwise"."""
+
+    kernel: str
+    block_m: int  # output pixels
+    block_n: int  # output channels
+    block_k: int  # reduction (implicit GEMM only)
+    num_warps: int
+    num_stages: int
+
+
+@triton.jit
+def _implicit_gemm_kernel(
+    x_ptr, codes_ptr, n1_ptr, n1, bias_ptr, out_ptr,
+    P, H, W, OH, OW, O, CG, OG, K, GROUPS,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    sxn, sxc, sxh, sxw, row_stride,
+    KH: tl.constexpr, KW: tl.constexpr,
+    BITS: tl.constexpr, WIDTH: tl.constexpr, MIN_EXP: tl.constexpr,
+    PER_ROW_N1: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(P, BLOCK_M)
+    tiles_n = tl.cdiv(OG, BLOCK_N)
+    g = pid // (tiles_m * tiles_n)
+    pid_n = (pid // tiles_m) % tiles_n
+    pid_m = pid % tiles_m
+    rp = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # output pixels
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output channels within the group
+    p_ok = rp < P
+    n_ok = rn < OG
+    oc = g * OG + rn
+    if PER_ROW_N1:
+        n1 = tl.load(n1_ptr + oc, mask=n_ok, other=0)
+    n1 = n1 + tl.zeros([BLOCK_N, 1], tl.int32)
+    n = rp // (OH * OW)
+    oh = (rp // OW) % OH
+    ow = rp % OW
+    x_base = x_ptr + n * sxn + g * CG * sxc
+    ih0 = oh * stride_h - pad_h
+    iw0 = ow * stride_w - pad_w
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)  # (channel, tap row, tap column), the packed row order
+        c = rk // (KH * KW)
+        r = (rk // KW) % KH
+        s = rk % KW
+        ih = ih0[:, None] + (r * dil_h)[None, :]
+        iw = iw0[:, None] + (s * dil_w)[None, :]
+        ok = p_ok[:, None] & (rk < K)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        offsets = (c * sxc)[None, :] + ih * sxh + iw * sxw
+        xt = tl.load(x_base[:, None] + offsets, mask=ok, other=0.0)
+        codes = load_codes(codes_ptr, oc, rk, row_stride, K, n_ok, WIDTH)
+        w = decode(codes, n1, BITS, MIN_EXP)
+        if not UPCAST:
+            w = w.to(x_ptr.dtype.element_ty)
+        acc = _dot(xt, tl.trans(w), acc, UPCAST, IEEE)
+    _store_nchw(acc, n, oh * OW + ow, oc, p_ok, n_ok, bias_ptr, out_ptr, O, OH * OW, HAS_BIAS)
+
+
+@triton.jit
+def _depthwise_kernel(
+    x_ptr, codes_ptr, n1_ptr, n1, bias_ptr, out_ptr,
+    P, H, W, OH, OW, O, MULT,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    sxn, sxc, sxh, sxw, row_stride,
+    KH: tl.constexpr, KW: tl.constexpr,
+    BITS: tl.constexpr, WIDTH: tl.constexpr, MIN_EXP: tl.constexpr,
+    PER_ROW_N1: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(P, BLOCK_M)
+    rp = (pid % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    oc = (pid // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
+    p_ok = rp < P
+    c_ok = oc < O
+    if PER_ROW_N1:
+        n1 = tl.load(n1_ptr + oc, mask=c_ok, other=0)
+    n1 = n1 + tl.zeros([BLOCK_N, 1], tl.int32)
+    n = rp // (OH * OW)
+    oh = (rp // OW) % OH
+    ow = rp % OW
+    x_base = x_ptr + (n * sxn)[:, None] + (oc // MULT * sxc)[None, :]
+    # every tap's decoded weight at once: [channels, taps] (K = kh * kw is small)
+    taps = tl.arange(0, triton.next_power_of_2(KH * KW))
+    w_all = decode(load_codes(codes_ptr, oc, taps, row_stride, KH * KW, c_ok, WIDTH), n1, BITS,
+                   MIN_EXP)  # fmt: skip
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for r in tl.static_range(KH):
+        ih = oh * stride_h - pad_h + r * dil_h
+        for s in tl.static_range(KW):
+            iw = ow * stride_w - pad_w + s * dil_w
+            ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            xt = tl.load(x_base + (ih * sxh + iw * sxw)[:, None], mask=ok[:, None] & c_ok[None, :],
+                         other=0.0)  # fmt: skip
+            w = tl.sum(tl.where(taps[None, :] == r * KW + s, w_all, 0.0), axis=1)
+            acc += xt.to(tl.float32) * w[None, :]
+    _store_nchw(acc, n, oh * OW + ow, oc, p_ok, c_ok, bias_ptr, out_ptr, O, OH * OW, HAS_BIAS)
+
+
+@triton.jit
+def _store_nchw(acc, n, pixel, oc, p_ok, c_ok, bias_ptr, out_ptr, O, PIXELS,
+                HAS_BIAS: tl.constexpr):  # fmt: skip
+    """Store an fp32 ``[pixels, channels]`` tile into contiguous NCHW, bias added, one rounding."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + oc, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    offsets = (n * O * PIXELS + pixel)[:, None] + (oc * PIXELS)[None, :]
+    tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), p_ok[:, None] & c_ok[None, :])
+
+
+def conv_config(
+    pixels: int, out_per_group: int, in_per_group: int, taps: int, dtype: torch.dtype
+) -> ConvConfig:
+    """The kernel and tiles for a convolution with ``pixels = N*OH*OW`` outputs per channel.
+
+    Example:
+        >>> conv_config(12544, 64, 64, 9, torch.float16)
+        ConvConfig(kernel='implicit_gemm', block_m=128, block_n=64, block_k=32, num_warps=4, num_stages=3)
+    """  # noqa: E501
+    if in_per_group == 1:
+        return ConvConfig("depthwise", 64, 32, 0, 4, 1)
+    block_m = 128 if pixels >= 4096 else 64 if pixels >= 512 else 32
+    block_n = min(128, max(16, triton.next_power_of_2(out_per_group)))
+    block_k = 16 if in_per_group * taps <= 16 else 32
+    warps = 8 if block_m * block_n >= 128 * 128 else 4
+    return ConvConfig("implicit_gemm", block_m, block_n, block_k, warps, 3)
+
+
+def shift_conv2d(
+    x: Tensor,
+    packed: Tensor,
+    bits: int,
+    n1: int | Tensor,
+    weight_shape: list[int],
+    bias: Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+) -> Tensor:
+    """``inq::shift_conv2d`` on Triton kernels (CUDA tensors, or CPU under the interpreter).
+
+    ``x`` is ``[N, Cin, H, W]`` (any memory format) or unbatched ``[Cin, H, W]``; the result is
+    contiguous. ``n1`` may be an int32 tensor ``[O]``.
+
+    Raises:
+        ValueError: on a dtype other than fp32/fp16/bf16, channels that do not match, or an
+            input smaller than the dilated kernel.
+    """
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"shift_conv2d kernels take fp32, fp16 or bf16 input, got {x.dtype}")
+    o, cg, kh, kw = weight_shape
+    if x.dim() not in (3, 4) or x.shape[-3] != cg * groups or o % groups:
+        raise ValueError(
+            f"shift_conv2d: input {list(x.shape)} does not fit weight {weight_shape} "
+            f"with groups={groups}"
+        )
+    batched = x.unsqueeze(0) if x.dim() == 3 else x
+    nb, _, h, w = batched.shape
+    oh, ow = conv2d_output_size((h, w), weight_shape, stride, padding, dilation)
+    if oh <= 0 or ow <= 0:  # as F.conv2d
+        raise ValueError(
+            f"shift_conv2d: the padded input {h}x{w} is smaller than the dilated kernel "
+            f"{weight_shape[2:]}: no output pixel"
+        )
+    out = torch.empty((nb, o, oh, ow), dtype=x.dtype, device=x.device)
+    pixels = out.shape[0] * out.shape[2] * out.shape[3]
+    n1_ptr, n1_value, per_row = n1_args(n1, o, x.dtype, x.device)
+    b = None if bias is None else bias.to(x.dtype).contiguous()
+    if out.numel():
+        cfg = conv_config(pixels, o // groups, cg, kh * kw, x.dtype)
+        args = (
+            batched, packed.contiguous(), n1_ptr, n1_value, out if b is None else b, out,
+            pixels, h, w, oh, ow, o,
+        )  # fmt: skip
+        geometry = (*stride, *padding, *dilation, *batched.stride(), packed.stride(0), kh, kw)
+        common = (bits, code_width_of(bits), MIN_EXP[x.dtype], per_row, b is not None)
+        launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        tiles_m = triton.cdiv(pixels, cfg.block_m)
+        if cfg.kernel == "depthwise":
+            grid = (tiles_m * triton.cdiv(o, cfg.block_n),)
+            _depthwise_kernel[grid](
+                *args, o // groups, *geometry, *common, cfg.block_m, cfg.block_n, **launch
+            )
+        else:
+            og = o // groups
+            grid = (groups * tiles_m * triton.cdiv(og, cfg.block_n),)
+            _implicit_gemm_kernel[grid](
+                *args, cg, og, cg * kh * kw, groups, *geometry, *common,
+                dot_upcast(x.dtype), x.dtype == torch.float32,
+                cfg.block_m, cfg.block_n, cfg.block_k, **launch,
+            )  # fmt: skip
+    return out.squeeze(0) if x.dim() == 3 else out
