@@ -6,7 +6,6 @@
     inq verify FILE                                          # every weight in its level set?
     inq eval model.inq.safetensors --data digits            # rebuild from codes, evaluate
     inq info model.inq.safetensors                          # sizes, ratio, bits, layers
-    inq build-kernels                                        # compile the CUDA kernels (nvcc)
     inq bench kernel --json out.json                         # time them vs cuBLAS / cuDNN
 
 Subcommands live in :data:`COMMANDS` (name -> :class:`Command`); add one there to extend the
@@ -28,7 +27,6 @@ import torch
 
 from inq.export import MASKED_FORMAT
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
-from inq.kernels.build import BUILD_KERNELS_HELP, add_build_kernels_arguments, run_build_kernels
 from inq.packed import (
     PackStats,
     code_width,
@@ -251,7 +249,6 @@ COMMANDS: dict[str, Command] = {
     "verify": Command("prove every quantized weight lies in its level set", _verify_args, _verify),
     "eval": Command("rebuild the model from a packed file and evaluate it", _eval_args, _eval),
     "info": Command("sizes (fp32 vs packed), bits and layers of a packed file", _info_args, _info),
-    "build-kernels": Command(BUILD_KERNELS_HELP, add_build_kernels_arguments, run_build_kernels),
     "bench": Command(BENCH_HELP, add_bench_arguments, run_bench),
 }
 

@@ -2,16 +2,44 @@
 
 Importing this package registers ``inq::shift_linear``, ``inq::shift_conv2d`` (pure-PyTorch
 reference, :mod:`inq.kernels.ops`, any device) and ``inq::shift_linear_int8`` (integer
-reference, :mod:`inq.kernels.int8`). With a GPU, :mod:`inq.kernels.cuda` is imported too and
-registers the CUDA implementations of the same ops (``torch.library.register_kernel``).
+reference, :mod:`inq.kernels.int8`), and the Triton kernels of :mod:`inq.kernels.triton` as
+their CUDA implementations (``torch.library.register_kernel``). Triton compiles each kernel
+variant on its first call and caches it on disk. Where triton is not installed, the references
+run on CUDA too.
 """
 
 import torch
 
 from inq.kernels.int8 import shift_linear_int8
-from inq.kernels.ops import shift_conv2d, shift_linear
+from inq.kernels.ops import (
+    shift_conv2d,
+    shift_conv2d_reference,
+    shift_linear,
+    shift_linear_reference,
+)
 
 __all__ = ["shift_conv2d", "shift_linear", "shift_linear_int8"]
 
-if torch.cuda.is_available():
-    import inq.kernels.cuda  # noqa: F401  (registers the CUDA kernels)
+try:
+    from inq.kernels import triton as _triton
+except ImportError:  # no triton in this environment: the references serve every device
+    _triton = None
+
+if _triton is not None:
+    _FLOATS = _triton.FLOAT_DTYPES
+
+    @torch.library.register_kernel("inq::shift_linear", "cuda")
+    def _shift_linear_cuda(x, packed, bits, n1, in_features, bias):
+        if x.dtype not in _FLOATS:  # float64: the reference (cuBLAS)
+            return shift_linear_reference(x, packed, bits, n1, in_features, bias)
+        return _triton.shift_linear(x, packed, bits, n1, in_features, bias)
+
+    @torch.library.register_kernel("inq::shift_conv2d", "cuda")
+    def _shift_conv2d_cuda(x, packed, bits, n1, weight_shape, bias, stride, padding, dilation,
+                           groups):  # fmt: skip
+        args = (x, packed, bits, n1, weight_shape, bias, stride, padding, dilation, groups)
+        if x.dtype not in _FLOATS:
+            return shift_conv2d_reference(*args)
+        return _triton.shift_conv2d(*args)
+
+    torch.library.register_kernel("inq::shift_linear_int8", "cuda", _triton.shift_linear_int8)

@@ -148,6 +148,19 @@ def resnet18_convs(batch: int) -> list[tuple[str, nn.Conv2d, tuple[int, ...]]]:
     return found
 
 
+def resnet18_shapes(batch: int) -> list[tuple[str, list[int], list[int], list[int]]]:
+    """(name, weight shape, input shape, output shape) of every ResNet-18 convolution."""
+    from inq.kernels.ops import conv2d_output_size
+
+    shapes = []
+    for name, conv, shape in resnet18_convs(batch):
+        wshape = list(conv.weight.shape)
+        args = (list(conv.stride), list(conv.padding), list(conv.dilation))
+        spatial = conv2d_output_size(shape[2:], wshape, *args)
+        shapes.append((name, wshape, list(shape), [batch, wshape[0], *spatial]))
+    return shapes
+
+
 def bench_resnet18(
     bits: int, dtype: torch.dtype, batches: list[int], repeats: int, flush: Tensor, copy: float
 ) -> list[BenchResult]:

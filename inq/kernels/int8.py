@@ -12,10 +12,10 @@ scale applied afterwards, like a hardware requantisation shift.
 
 Overflow cannot happen: the op refuses ``frac_bits`` with ``K * 2**(7 + frac) >= 2**31``
 (:func:`max_frac_bits`), since ``|term| <= 2**(7 + frac)``. Integer addition is then associative,
-so the CUDA kernel (any summation order) and the reference here agree bit for bit.
+so the Triton kernel (any summation order) and the reference here agree bit for bit.
 
-The implementation below is the integer reference and runs on any device; the CUDA kernel
-(``inq/kernels/csrc/int8.cu``) is registered by :mod:`inq.kernels.cuda`.
+The implementation below is the integer reference and runs on any device; the Triton kernel
+(:mod:`inq.kernels.triton.int8`) is registered as the CUDA implementation.
 
 Example:
     >>> from inq.packed import pack_codes

@@ -150,20 +150,23 @@ def _store_nchw(acc, n, pixel, oc, p_ok, c_ok, bias_ptr, out_ptr, O, PIXELS,
 
 
 def conv_config(
-    pixels: int, out_per_group: int, in_per_group: int, taps: int, dtype: torch.dtype
+    pixels: int, out_per_group: int, in_per_group: int, taps: int, fp32: bool = False
 ) -> ConvConfig:
-    """The kernel and tiles for a convolution with ``pixels = N*OH*OW`` outputs per channel.
+    """The kernel and tiles for a convolution with ``pixels = N*OH*OW`` outputs per channel
+    (``fp32``: IEEE products on CUDA cores, smaller tiles; sizes from the sm_90 static check).
 
     Example:
-        >>> conv_config(12544, 64, 64, 9, torch.float16)
-        ConvConfig(kernel='implicit_gemm', block_m=128, block_n=64, block_k=32, num_warps=4, num_stages=3)
+        >>> conv_config(12544, 64, 64, 9)
+        ConvConfig(kernel='implicit_gemm', block_m=128, block_n=64, block_k=32, num_warps=8, num_stages=3)
     """  # noqa: E501
     if in_per_group == 1:
-        return ConvConfig("depthwise", 64, 32, 0, 4, 1)
+        return ConvConfig("depthwise", 64, 32, 0, 8, 1)
     block_m = 128 if pixels >= 4096 else 64 if pixels >= 512 else 32
-    block_n = min(128, max(16, triton.next_power_of_2(out_per_group)))
+    block_n = min(128 if block_m < 128 else 64, max(16, triton.next_power_of_2(out_per_group)))
     block_k = 16 if in_per_group * taps <= 16 else 32
-    warps = 8 if block_m * block_n >= 128 * 128 else 4
+    warps = 8 if block_m * block_n >= 128 * 64 else 4  # fewer threads spill (sm_90 check)
+    if fp32:
+        return ConvConfig("implicit_gemm", min(block_m, 64), min(block_n, 64), 16, 8, 2)
     return ConvConfig("implicit_gemm", block_m, block_n, block_k, warps, 3)
 
 
@@ -209,7 +212,7 @@ def shift_conv2d(
     n1_ptr, n1_value, per_row = n1_args(n1, o, x.dtype, x.device)
     b = None if bias is None else bias.to(x.dtype).contiguous()
     if out.numel():
-        cfg = conv_config(pixels, o // groups, cg, kh * kw, x.dtype)
+        cfg = conv_config(pixels, o // groups, cg, kh * kw, x.dtype == torch.float32)
         args = (
             batched, packed.contiguous(), n1_ptr, n1_value, out if b is None else b, out,
             pixels, h, w, oh, ow, o,

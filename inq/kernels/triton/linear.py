@@ -186,12 +186,20 @@ def _reduce_kernel(part_ptr, bias_ptr, out_ptr, total, N, SPLIT_K: tl.constexpr,
 
 
 def linear_config(
-    rows: int, out_features: int, in_features: int, bits: int, sms: int, split_k: int | None = None
+    rows: int,
+    out_features: int,
+    in_features: int,
+    bits: int,
+    sms: int,
+    fp32: bool = False,
+    split_k: int | None = None,
 ) -> LinearConfig:
     """The kernel and tiles for a ``[rows, in_features] x [out_features, in_features]`` product.
 
-    ``split_k`` (default: enough splits for about two programs per SM, at most 16) is clamped
-    so that every split gets at least one K tile.
+    ``fp32`` activations multiply on CUDA cores (IEEE fp32, no TF32), in smaller tiles: the
+    sizes are those the sm_90 static check passes without spills. ``split_k`` (default: enough
+    splits for about two programs per SM, at most 16) is clamped so that every split gets at
+    least one K tile.
 
     Example:
         >>> linear_config(1, 4096, 4096, bits=4, sms=132)
@@ -202,7 +210,11 @@ def linear_config(
         block_n, block_k, warps, stages, kernel = 16, 256 if bits <= 4 else 128, 4, 2, "gemv"
     elif rows <= SKINNY_MAX_ROWS:
         block_m = max(16, triton.next_power_of_2(rows))
-        block_n, block_k, warps, stages, kernel = 64, 128, 4, 3, "gemm"
+        block_n, block_k, warps, stages, kernel = 64, 128, 8, 3, "gemm"
+        if fp32:
+            block_k, warps, stages = 32, 8 if block_m == 64 else 4, 2
+    elif fp32:
+        block_m, block_n, block_k, warps, stages, kernel = 128, 64, 16, 8, 2, "gemm"
     else:
         block_m, block_n, block_k, warps, stages, kernel = 128, 128, 64, 8, 3, "gemm"
     k_tiles = triton.cdiv(in_features, block_k)
@@ -273,7 +285,7 @@ def _launch(
 ) -> None:
     m, k = x.shape
     o = out.shape[1]
-    cfg = linear_config(m, o, k, bits, sm_count(x.device), split_k)
+    cfg = linear_config(m, o, k, bits, sm_count(x.device), x.dtype == torch.float32, split_k)
     part = out if cfg.split_k == 1 else x.new_empty((cfg.split_k, m, o), dtype=torch.float32)
     b = out if bias is None else bias  # any pointer: unused without HAS_BIAS
     width = code_width_of(bits)
