@@ -1,4 +1,7 @@
-"""``inq bench kernel``: the CUDA ops against cuBLAS (``F.linear``) and cuDNN (``F.conv2d``).
+"""``inq bench kernel``: the Triton ops against cuBLAS (``F.linear``) and cuDNN (``F.conv2d``).
+
+``--static`` needs no GPU: it compiles every kernel variant for sm_90 and checks its SASS, then
+prints a roofline of the benchmark shapes (:mod:`inq.kernels.static`).
 
 Every op timing is the median of ``--repeats`` runs, each measured with CUDA events after the L2
 cache was flushed (a write of twice its size), so weights come from HBM as in real inference.
@@ -15,9 +18,10 @@ table and the sums; and the whole ResNet-18 converted to shift modules against t
 caller waits for) and the GPU time of one CUDA-graph replay. Prints tables and writes JSON
 (``--json``).
 
-Example (needs a GPU)::
+Example::
 
-    inq bench kernel --json experiments/kernel_bench.json
+    inq bench kernel --json experiments/kernel_bench.json   # needs a GPU
+    inq bench kernel --static                               # any machine with triton
 """
 
 from __future__ import annotations
@@ -50,7 +54,10 @@ __all__ = [
     "time_cuda",
 ]
 
-BENCH_HELP = "time the CUDA kernels against cuBLAS and cuDNN: inq bench kernel"
+BENCH_HELP = (
+    "time the Triton kernels against cuBLAS and cuDNN (GPU), or check them for sm_90 "
+    "without one (--static): inq bench kernel [--static]"
+)
 
 LINEAR_SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (28672, 8192)]  # (out, in)
 LINEAR_BATCHES = [1, 16, 256, 1024]
@@ -342,7 +349,7 @@ def _network_totals(results: list[BenchResult]) -> str:
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``inq bench kernel``."""
-    parser.add_argument("target", choices=["kernel"], help="what to time: the CUDA kernels")
+    parser.add_argument("target", choices=["kernel"], help="what to time: the kernels")
     parser.add_argument("--bits", type=int, nargs="+", default=[4, 8], help="code bits")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="fp16")
     parser.add_argument("--batches", type=int, nargs="+", default=LINEAR_BATCHES)
@@ -350,6 +357,41 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--skip-conv", action="store_true", help="linear shapes only")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--static",
+        action="store_true",
+        help="no GPU: compile every kernel variant for sm_90, check its SASS, print a roofline",
+    )
+    parser.add_argument("--jobs", type=int, help="--static: compile processes (default: CPUs)")
+
+
+def run_static(args: argparse.Namespace) -> int:
+    """``inq bench kernel --static``: the sm_90 compile table and the roofline; exit status 1
+    if a variant fails a check (spills, budget, missing wide loads or tensor-core MMA)."""
+    from inq.kernels import static
+
+    try:
+        results = static.static_check(args.jobs)
+    except (ImportError, RuntimeError, OSError) as err:
+        print(f"inq bench kernel --static: cannot compile the kernels: {err}", file=sys.stderr)
+        return 1
+    rows = static.roofline(args.bits)
+    print(static.format_static(results))
+    print()
+    print(static.format_roofline(rows))
+    failed = [r for r in results if r.problems]
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "compiled": [asdict(r) for r in results],
+            "roofline": [{**asdict(r), "speedup": r.speedup} for r in rows],
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    if failed:
+        print(f"inq bench kernel --static: {len(failed)} variant(s) failed", file=sys.stderr)
+        return 1
+    return 0
 
 
 def bench_kernel_main(argv: list[str] | None = None) -> int:
@@ -361,23 +403,18 @@ def bench_kernel_main(argv: list[str] | None = None) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Time the ops and print the tables; exit status 0, or 1 (one line on stderr) where no GPU
-    is visible or the kernels did not build."""
+    """Time the ops and print the tables (``--static``: :func:`run_static`); exit status 0, or 1
+    (one line on stderr) where no GPU is visible."""
+    if args.static:
+        return run_static(args)
     if not torch.cuda.is_available():
         print(
             "inq bench kernel: needs a CUDA GPU, and none is visible; nothing was timed",
             file=sys.stderr,
         )
         return 1
-    import inq.kernels  # noqa: F401  (registers the CUDA kernels)
-    from inq.kernels.build import load_extension
+    import inq.kernels  # noqa: F401  (registers the Triton kernels for CUDA)
 
-    if load_extension() is None:
-        print(
-            "inq bench kernel: the CUDA kernels did not build (see the warning); not timing",
-            file=sys.stderr,
-        )
-        return 1
     dtype = _DTYPES[args.dtype]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     flush = torch.empty(2 * max(l2, 1 << 20), dtype=torch.uint8, device="cuda")

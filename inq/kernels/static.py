@@ -19,6 +19,7 @@ that).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import subprocess
@@ -76,59 +77,62 @@ class CompiledVariant:
 
 def variants() -> list[Variant]:
     """Every kernel variant the launchers pick (see ``linear_config`` and ``conv_config``)."""
+    from inq.kernels.triton import int8
     from inq.kernels.triton.conv import conv_config
     from inq.kernels.triton.linear import linear_config
 
     out: list[Variant] = []
     for dtype in ("fp16", "bf16", "fp32"):
+        mma, ieee = dtype != "fp32", dtype == "fp32"
         for bits in (4, 8):
             width = 4 if bits <= 4 else 8
-            flags = {"BITS": bits, "WIDTH": width, "MIN_EXP": _MIN_EXP[dtype], "PER_ROW_N1": False,
-                     "HAS_BIAS": True}  # fmt: skip
+            flags = {
+                "BITS": bits,
+                "WIDTH": width,
+                "MIN_EXP": _MIN_EXP[dtype],
+                "PER_ROW_N1": False,
+                "HAS_BIAS": True,
+            }
             for rows in (1, 2, 4, 16, 32, 64, 256):
-                cfg = linear_config(rows, 4096, 4096, bits, sms=132, fp32=dtype == "fp32")
-                tiles = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
-                split = 2 if cfg.split_k > 1 else 1
+                cfg = linear_config(rows, 4096, 4096, bits, sms=132, fp32=ieee)
+                tiles = {"BLOCK_M": cfg.block_m, "SPLIT_K": 2 if cfg.split_k > 1 else 1}
+                launch = (cfg.num_warps, cfg.num_stages)
+                name = f"linear {cfg.kernel} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
                 if cfg.kernel == "gemv":
-                    cx = {**flags, "BLOCK_M": cfg.block_m, "BLOCK_O": cfg.block_n,
-                          "BLOCK_B": cfg.block_k * width // 8, "SPLIT_K": split}  # fmt: skip
-                    out.append(Variant(f"linear gemv {tiles}", "linear", "_gemv_kernel", dtype,
-                                       cx, cfg.num_warps, cfg.num_stages, wide_loads=True))  # fmt: skip
+                    tiles |= {"BLOCK_O": cfg.block_n, "BLOCK_B": cfg.block_k * width // 8}
+                    cx = flags | tiles
+                    out.append(Variant(name, "linear", "_gemv_kernel", dtype, cx, *launch, True))
                 else:
-                    cx = {**flags, "UPCAST": False, "IEEE": dtype == "fp32",
-                          "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                          "BLOCK_K": cfg.block_k, "SPLIT_K": split, "GROUP_M": 8}  # fmt: skip
-                    out.append(Variant(f"linear gemm {tiles}", "linear", "_gemm_kernel", dtype,
-                                       cx, cfg.num_warps, cfg.num_stages,
-                                       tensor_cores=dtype != "fp32"))  # fmt: skip
-            for pixels, og, cg in ((12544, 64, 64), (196, 512, 256)):  # ResNet-18 early / late
-                cfg = conv_config(pixels, og, cg, 9, fp32=dtype == "fp32")
-                cx = {**flags, "KH": 3, "KW": 3, "UPCAST": False, "IEEE": dtype == "fp32",
-                      "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}  # fmt: skip
-                tiles = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
-                out.append(Variant(f"conv implicit gemm {tiles}", "conv", "_implicit_gemm_kernel",
-                                   dtype, cx, cfg.num_warps, cfg.num_stages,
-                                   tensor_cores=dtype != "fp32"))  # fmt: skip
-            cfg = conv_config(12544, 1, 1, 9)
-            cx = {**flags, "KH": 3, "KW": 3, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}
-            out.append(Variant(f"conv depthwise {cfg.block_m}x{cfg.block_n}", "conv",
-                               "_depthwise_kernel", dtype, cx, cfg.num_warps, cfg.num_stages))  # fmt: skip
-        out.append(Variant("linear split-K reduce", "linear", "_reduce_kernel", dtype,
-                           {"SPLIT_K": 4, "HAS_BIAS": True, "BLOCK": 1024}))  # fmt: skip
-    from inq.kernels.triton import int8
-
+                    tiles |= {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": 8}
+                    cx = flags | tiles | {"UPCAST": False, "IEEE": ieee}
+                    kernel = "_gemm_kernel"
+                    out.append(Variant(name, "linear", kernel, dtype, cx, *launch, False, mma))
+            for pixels, og, cg in ((12544, 64, 64), (196, 512, 256), (12544, 1, 1)):
+                cfg = conv_config(pixels, og, cg, 9, fp32=ieee)  # ResNet-18 early, late; depthwise
+                cx = flags | {"KH": 3, "KW": 3, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}
+                launch = (cfg.num_warps, cfg.num_stages)
+                if cfg.kernel == "depthwise":
+                    name = f"conv depthwise {cfg.block_m}x{cfg.block_n}"
+                    out.append(Variant(name, "conv", "_depthwise_kernel", dtype, cx, *launch))
+                else:
+                    name = f"conv implicit gemm {cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
+                    cx |= {"UPCAST": False, "IEEE": ieee, "BLOCK_K": cfg.block_k}
+                    kernel = "_implicit_gemm_kernel"
+                    out.append(Variant(name, "conv", kernel, dtype, cx, *launch, False, mma))
+        reduce = {"SPLIT_K": 4, "HAS_BIAS": True, "BLOCK": 1024}
+        out.append(Variant("linear split-K reduce", "linear", "_reduce_kernel", dtype, reduce))
+    tiles = {"BLOCK_M": int8.BLOCK_M, "BLOCK_O": int8.BLOCK_O, "BLOCK_K": int8.BLOCK_K}
+    name = f"int8 shift-add {int8.BLOCK_M}x{int8.BLOCK_O}x{int8.BLOCK_K}"
     for bits in (4, 8):
-        cx = {"BITS": bits, "WIDTH": 4 if bits <= 4 else 8, "BLOCK_M": int8.BLOCK_M,
-              "BLOCK_O": int8.BLOCK_O, "BLOCK_K": int8.BLOCK_K}  # fmt: skip
-        out.append(Variant(f"int8 shift-add {int8.BLOCK_M}x{int8.BLOCK_O}x{int8.BLOCK_K}", "int8",
-                           "_int8_kernel", "int8", cx))  # fmt: skip
+        cx = {"BITS": bits, "WIDTH": 4 if bits <= 4 else 8} | tiles
+        out.append(Variant(name, "int8", "_int8_kernel", "int8", cx))
     return out
 
 
 # pointer arguments by name; every other non-constexpr argument is an i32
 _POINTERS = {"codes_ptr": "*u8", "n1_ptr": "*i32", "part_ptr": "*fp32"}
 # integer arguments that are multiples of 16 for the benchmark shapes (Triton specialises them)
-_DIVISIBLE = {"K", "KB", "O", "row_stride", "stride_xm", "bytes_per_split", "total", "N", "sxn"}
+_DIVISIBLE = {"K", "KB", "N", "row_stride", "stride_xm", "bytes_per_split", "total", "sxn"}
 _UNIT = {"stride_xk", "sxw"}  # unit strides: Triton makes them constants at run time
 
 
@@ -204,11 +208,14 @@ def _inspect_cubin(cubin: bytes) -> tuple[dict[str, int], str]:
 
 
 def static_check(jobs: int | None = None) -> list[CompiledVariant]:
-    """Compile and check every :func:`variants` entry (in ``jobs`` processes)."""
+    """Compile and check every :func:`variants` entry in ``jobs`` fresh processes (spawned
+    without ``TRITON_INTERPRET``, so this works from an interpreted session too)."""
     todo = variants()
     env_interpret = os.environ.pop("TRITON_INTERPRET", None)
     try:
-        with ProcessPoolExecutor(max_workers=jobs or min(8, os.cpu_count() or 1)) as pool:
+        workers = jobs or min(8, os.cpu_count() or 1)
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
             return list(pool.map(compile_variant, todo))
     finally:
         if env_interpret is not None:
@@ -228,7 +235,8 @@ def format_static(results: list[CompiledVariant]) -> str:
         verdict = "ok" if not r.problems else "FAIL: " + "; ".join(r.problems)
         rows.append(
             f"{v.name:<34}{v.dtype:>6}{bits!s:>5}{v.num_warps:>6}{r.registers:>6}"
-            f"{r.shared_bytes / 1024:>10.1f}{r.local_bytes:>7}{r.wide_loads:>9}{r.mma:>6}  {verdict}"
+            f"{r.shared_bytes / 1024:>10.1f}{r.local_bytes:>7}{r.wide_loads:>9}{r.mma:>6}"
+            f"  {verdict}"
         )
     return "\n".join([head, "-" * len(head), *rows])
 
@@ -274,23 +282,25 @@ def roofline(bits_list: list[int], device: Device = H100) -> list[Roofline]:
         return max(moved / device.bandwidth_gbps / 1e3, flops / device.fp16_tflops / 1e6)
 
     rows = []
+
+    def add(op: str, name: str, batch: int, codes: int, dense: int, act: int, flops: int) -> None:
+        inq_us, base_us = bound(codes + act, flops), bound(dense + act, flops)
+        rows.append(
+            Roofline(op, name, batch, bits, codes + act, dense + act, flops, inq_us, base_us)
+        )
+
     for bits in bits_list:
         for out_f, in_f in LINEAR_SHAPES:
             for batch in LINEAR_BATCHES:
-                act = 2 * batch * (in_f + out_f)
                 codes, dense = out_f * row_bytes(in_f, bits), 2 * out_f * in_f
-                flops = 2 * batch * out_f * in_f
-                rows.append(Roofline("linear", f"{out_f}x{in_f}", batch, bits, codes + act,
-                                     dense + act, flops, bound(codes + act, flops),
-                                     bound(dense + act, flops)))  # fmt: skip
+                act, flops = 2 * batch * (in_f + out_f), 2 * batch * out_f * in_f
+                add("linear", f"{out_f}x{in_f}", batch, codes, dense, act, flops)
         for batch in (1, 32):
             for name, wshape, in_shape, out_shape in resnet18_shapes(batch):
-                act = 2 * (_prod(in_shape) + _prod(out_shape))
                 codes = wshape[0] * row_bytes(_prod(wshape[1:]), bits)
-                dense = 2 * _prod(wshape)
+                act = 2 * (_prod(in_shape) + _prod(out_shape))
                 flops = 2 * _prod(out_shape) * _prod(wshape[1:])
-                rows.append(Roofline("conv2d", name, batch, bits, codes + act, dense + act,
-                                     flops, bound(codes + act, flops), bound(dense + act, flops)))  # fmt: skip
+                add("conv2d", name, batch, codes, 2 * _prod(wshape), act, flops)
     return rows
 
 
@@ -305,7 +315,7 @@ def format_roofline(rows: list[Roofline], device: Device = H100) -> str:
     """The roofline table: estimated microseconds of the op and its fp16 baseline."""
     head = (
         f"{'op':<7}{'shape/layer':<22}{'batch':>6}{'bits':>5}{'inq MB':>9}{'fp16 MB':>9}"
-        f"{'GFLOP':>8}{'inq us':>9}{'fp16 us':>9}{'bound':>8}"
+        f"{'GFLOP':>8}{'inq us':>9}{'fp16 us':>9}{'fp16/inq':>9}"
     )
     lines = [
         f"roofline at {device.name} peaks ({device.bandwidth_gbps:.0f} GB/s, "
@@ -316,7 +326,7 @@ def format_roofline(rows: list[Roofline], device: Device = H100) -> str:
     lines += [
         f"{r.op:<7}{r.name:<22}{r.batch:>6}{r.bits:>5}{r.inq_bytes / 1e6:>9.2f}"
         f"{r.base_bytes / 1e6:>9.2f}{r.flops / 1e9:>8.2f}{r.inq_us:>9.1f}{r.base_us:>9.1f}"
-        f"{r.speedup:>7.2f}x"
+        f"{r.speedup:>8.2f}x"
         for r in rows
     ]
     return "\n".join(lines)

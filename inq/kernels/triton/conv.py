@@ -27,11 +27,12 @@ from inq.kernels.triton.decode import (
     MIN_EXP,
     code_width_of,
     decode,
+    dot,
     dot_upcast,
     load_codes,
     n1_args,
+    output_tensor,
 )
-from inq.kernels.triton.linear import _dot
 
 __all__ = ["ConvConfig", "conv_config", "shift_conv2d"]
 
@@ -51,7 +52,7 @@ class ConvConfig:
 @triton.jit
 def _implicit_gemm_kernel(
     x_ptr, codes_ptr, n1_ptr, n1, bias_ptr, out_ptr,
-    P, H, W, OH, OW, O, CG, OG, K, GROUPS,
+    P, H, W, OH, OW, COUT, CG, OG, K, GROUPS,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     sxn, sxc, sxh, sxw, row_stride,
     KH: tl.constexpr, KW: tl.constexpr,
@@ -71,8 +72,7 @@ def _implicit_gemm_kernel(
     n_ok = rn < OG
     oc = g * OG + rn
     if PER_ROW_N1:
-        n1 = tl.load(n1_ptr + oc, mask=n_ok, other=0)
-    n1 = n1 + tl.zeros([BLOCK_N, 1], tl.int32)
+        n1 = tl.load(n1_ptr + oc, mask=n_ok, other=0)[:, None]
     n = rp // (OH * OW)
     oh = (rp // OW) % OH
     ow = rp % OW
@@ -94,14 +94,14 @@ def _implicit_gemm_kernel(
         w = decode(codes, n1, BITS, MIN_EXP)
         if not UPCAST:
             w = w.to(x_ptr.dtype.element_ty)
-        acc = _dot(xt, tl.trans(w), acc, UPCAST, IEEE)
-    _store_nchw(acc, n, oh * OW + ow, oc, p_ok, n_ok, bias_ptr, out_ptr, O, OH * OW, HAS_BIAS)
+        acc = dot(xt, tl.trans(w), acc, UPCAST, IEEE)
+    _store_nchw(acc, n, oh * OW + ow, oc, p_ok, n_ok, bias_ptr, out_ptr, COUT, OH * OW, HAS_BIAS)
 
 
 @triton.jit
 def _depthwise_kernel(
     x_ptr, codes_ptr, n1_ptr, n1, bias_ptr, out_ptr,
-    P, H, W, OH, OW, O, MULT,
+    P, H, W, OH, OW, COUT, MULT,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     sxn, sxc, sxh, sxw, row_stride,
     KH: tl.constexpr, KW: tl.constexpr,
@@ -114,10 +114,9 @@ def _depthwise_kernel(
     rp = (pid % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)
     oc = (pid // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
     p_ok = rp < P
-    c_ok = oc < O
+    c_ok = oc < COUT
     if PER_ROW_N1:
-        n1 = tl.load(n1_ptr + oc, mask=c_ok, other=0)
-    n1 = n1 + tl.zeros([BLOCK_N, 1], tl.int32)
+        n1 = tl.load(n1_ptr + oc, mask=c_ok, other=0)[:, None]
     n = rp // (OH * OW)
     oh = (rp // OW) % OH
     ow = rp % OW
@@ -136,16 +135,16 @@ def _depthwise_kernel(
                          other=0.0)  # fmt: skip
             w = tl.sum(tl.where(taps[None, :] == r * KW + s, w_all, 0.0), axis=1)
             acc += xt.to(tl.float32) * w[None, :]
-    _store_nchw(acc, n, oh * OW + ow, oc, p_ok, c_ok, bias_ptr, out_ptr, O, OH * OW, HAS_BIAS)
+    _store_nchw(acc, n, oh * OW + ow, oc, p_ok, c_ok, bias_ptr, out_ptr, COUT, OH * OW, HAS_BIAS)
 
 
 @triton.jit
-def _store_nchw(acc, n, pixel, oc, p_ok, c_ok, bias_ptr, out_ptr, O, PIXELS,
+def _store_nchw(acc, n, pixel, oc, p_ok, c_ok, bias_ptr, out_ptr, COUT, PIXELS,
                 HAS_BIAS: tl.constexpr):  # fmt: skip
     """Store an fp32 ``[pixels, channels]`` tile into contiguous NCHW, bias added, one rounding."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + oc, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    offsets = (n * O * PIXELS + pixel)[:, None] + (oc * PIXELS)[None, :]
+    offsets = (n * COUT * PIXELS + pixel)[:, None] + (oc * PIXELS)[None, :]
     tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), p_ok[:, None] & c_ok[None, :])
 
 
@@ -181,11 +180,13 @@ def shift_conv2d(
     padding: list[int],
     dilation: list[int],
     groups: int,
+    out: Tensor | None = None,
 ) -> Tensor:
     """``inq::shift_conv2d`` on Triton kernels (CUDA tensors, or CPU under the interpreter).
 
     ``x`` is ``[N, Cin, H, W]`` (any memory format) or unbatched ``[Cin, H, W]``; the result is
-    contiguous. ``n1`` may be an int32 tensor ``[O]``.
+    contiguous (``out``, a contiguous ``[N, O, OH, OW]`` tensor, receives it if given). ``n1``
+    may be an int32 tensor ``[O]``.
 
     Raises:
         ValueError: on a dtype other than fp32/fp16/bf16, channels that do not match, or an
@@ -207,7 +208,7 @@ def shift_conv2d(
             f"shift_conv2d: the padded input {h}x{w} is smaller than the dilated kernel "
             f"{weight_shape[2:]}: no output pixel"
         )
-    out = torch.empty((nb, o, oh, ow), dtype=x.dtype, device=x.device)
+    out = output_tensor(out, (nb, o, oh, ow), x.dtype, x.device)
     pixels = out.shape[0] * out.shape[2] * out.shape[3]
     n1_ptr, n1_value, per_row = n1_args(n1, o, x.dtype, x.device)
     b = None if bias is None else bias.to(x.dtype).contiguous()

@@ -32,6 +32,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from inq.pow2 import check_bits, check_top_level
 
@@ -42,10 +43,12 @@ __all__ = [
     "code_width_of",
     "decode",
     "decode_weight",
+    "dot",
     "dot_upcast",
     "interpreting",
     "load_codes",
     "n1_args",
+    "output_tensor",
     "sm_count",
 ]
 
@@ -61,7 +64,7 @@ def decode(codes, n1, BITS: tl.constexpr, MIN_EXP: tl.constexpr):
     e = n1 - (codes & ((1 << (BITS - 2)) - 1))
     normal = (e + 127) << 23
     subnormal = 1 << tl.minimum(tl.maximum(e + 149, 0), 22)  # clamped: shifts >= 32 are UB
-    magnitude = tl.where(e >= -126, normal, tl.where(e >= MIN_EXP, subnormal, 0))
+    magnitude = tl.where(e >= MIN_EXP, tl.where(e >= -126, normal, subnormal), 0)
     magnitude = tl.where(codes != 0, magnitude, 0)
     sign = (codes >> (BITS - 2)) & 1
     return (magnitude | (sign << 31)).to(tl.float32, bitcast=True)
@@ -80,13 +83,13 @@ def load_codes(codes_ptr, rows, ks, row_stride, K, row_ok, WIDTH: tl.constexpr):
 
 @triton.jit
 def _decode_kernel(
-    codes_ptr, n1_ptr, n1, out_ptr, O, K, row_stride,
+    codes_ptr, n1_ptr, n1, out_ptr, ROWS, K, row_stride,
     BITS: tl.constexpr, WIDTH: tl.constexpr, MIN_EXP: tl.constexpr, PER_ROW_N1: tl.constexpr,
     BLOCK_O: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_O + tl.arange(0, BLOCK_O)
     ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    row_ok = rows < O
+    row_ok = rows < ROWS
     if PER_ROW_N1:
         n1 = tl.load(n1_ptr + rows, mask=row_ok, other=0)[:, None]
     codes = load_codes(codes_ptr, rows, ks, row_stride, K, row_ok, WIDTH)
@@ -98,22 +101,34 @@ def _decode_kernel(
     tl.store(out_ptr + rows[:, None] * K + ks[None, :], value.to(out_ptr.dtype.element_ty), mask)
 
 
+@triton.jit
+def dot(a, b, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """``acc + a @ b`` in fp32: IEEE fp32 products for fp32 operands (no TF32)."""
+    if UPCAST:
+        a = a.to(tl.float32)
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
 def decode_weight(
     packed: torch.Tensor,
     bits: int,
     n1: int | torch.Tensor,
     shape: tuple[int, ...],
     dtype: torch.dtype,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The weight that packed codes stand for, decoded by the kernels' own :func:`decode`.
 
     Bit for bit :func:`inq.packed.decode_weight` (the tests check every code, bit-width,
     dtype and an ``n1`` range through the subnormal and flush edges); ``n1`` may be an int32
-    tensor with one exponent per output row. Not an inference path: the ops never write a
-    dense weight.
+    tensor with one exponent per output row. The levels are those of ``dtype``; ``out_dtype``
+    (default ``dtype``) stores them, fp32 showing the values the kernels multiply with. Not an
+    inference path: the ops never write a dense weight.
     """
     o, k = shape[0], math.prod(shape[1:])
-    out = torch.empty((o, k), dtype=dtype, device=packed.device)
+    out = torch.empty((o, k), dtype=out_dtype or dtype, device=packed.device)
     if out.numel():
         n1_ptr, n1_value, per_row = n1_args(n1, o, dtype, packed.device)
         block_o, block_k = 16, 128
@@ -152,6 +167,20 @@ def n1_args(
     if isinstance(n1, torch.Tensor):
         return n1.to(device=device, dtype=torch.int32).contiguous(), 0, True
     return torch.empty(1, dtype=torch.int32, device=device), int(n1), False
+
+
+def output_tensor(
+    out: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """``out`` checked to be a contiguous tensor of ``shape`` and ``dtype``, or a new one."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if out.shape != shape or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(
+            f"out must be a contiguous {dtype} tensor of shape {list(shape)}, got "
+            f"{out.dtype} {list(out.shape)}"
+        )
+    return out
 
 
 def interpreting() -> bool:

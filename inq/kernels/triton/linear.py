@@ -19,6 +19,7 @@ reference only by fp32 summation order (the bound is derived in ``tests/test_ker
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -31,9 +32,11 @@ from inq.kernels.triton.decode import (
     MIN_EXP,
     code_width_of,
     decode,
+    dot,
     dot_upcast,
     load_codes,
     n1_args,
+    output_tensor,
     sm_count,
 )
 
@@ -60,7 +63,7 @@ class LinearConfig:
 @triton.jit
 def _gemv_kernel(
     x_ptr, codes_ptr, n1_ptr, n1, bias_ptr, out_ptr, part_ptr,
-    M, O, K, KB, stride_xm, stride_xk, row_stride, bytes_per_split,
+    M, N, K, KB, stride_xm, stride_xk, row_stride, bytes_per_split,
     BITS: tl.constexpr, WIDTH: tl.constexpr, MIN_EXP: tl.constexpr,
     PER_ROW_N1: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -68,10 +71,9 @@ def _gemv_kernel(
     pid_o = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_o * BLOCK_O + tl.arange(0, BLOCK_O)
-    row_ok = rows < O
+    row_ok = rows < N
     if PER_ROW_N1:
-        n1 = tl.load(n1_ptr + rows, mask=row_ok, other=0)
-    n1 = n1 + tl.zeros([BLOCK_O, 1], tl.int32)
+        n1 = tl.load(n1_ptr + rows, mask=row_ok, other=0)[:, None]
     rm = tl.arange(0, BLOCK_M)
     m_ok = rm < M
     acc = tl.zeros([BLOCK_M, BLOCK_O], tl.float32)
@@ -98,28 +100,27 @@ def _gemv_kernel(
             xk = tl.load(x_ptrs, mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
             prod = w[None, :, :] * xk.to(tl.float32)[:, None, :]
         acc += tl.sum(prod, axis=2)
-    _finish(acc, rm, rows, m_ok, row_ok, pid_k, bias_ptr, out_ptr, part_ptr, M, O, HAS_BIAS,
+    _finish(acc, rm, rows, m_ok, row_ok, pid_k, bias_ptr, out_ptr, part_ptr, M, N, HAS_BIAS,
             SPLIT_K)  # fmt: skip
 
 
 @triton.jit
 def _gemm_kernel(
     x_ptr, codes_ptr, n1_ptr, n1, bias_ptr, out_ptr, part_ptr,
-    M, O, K, stride_xm, stride_xk, row_stride, tiles_per_split,
+    M, N, K, stride_xm, stride_xk, row_stride, tiles_per_split,
     BITS: tl.constexpr, WIDTH: tl.constexpr, MIN_EXP: tl.constexpr,
     PER_ROW_N1: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = _grouped(tl.program_id(0), M, O, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _grouped(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = rm < M
-    n_ok = rn < O
+    n_ok = rn < N
     if PER_ROW_N1:
-        n1 = tl.load(n1_ptr + rn, mask=n_ok, other=0)
-    n1 = n1 + tl.zeros([BLOCK_N, 1], tl.int32)
+        n1 = tl.load(n1_ptr + rn, mask=n_ok, other=0)[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     first = pid_k * tiles_per_split
     for t in range(first, tl.minimum(first + tiles_per_split, tl.cdiv(K, BLOCK_K))):
@@ -130,18 +131,8 @@ def _gemm_kernel(
         w = decode(codes, n1, BITS, MIN_EXP)  # fp32, exact in the input dtype
         if not UPCAST:
             w = w.to(x_ptr.dtype.element_ty)
-        acc = _dot(xt, tl.trans(w), acc, UPCAST, IEEE)
-    _finish(acc, rm, rn, m_ok, n_ok, pid_k, bias_ptr, out_ptr, part_ptr, M, O, HAS_BIAS, SPLIT_K)
-
-
-@triton.jit
-def _dot(a, b, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    """``acc + a @ b`` in fp32: IEEE fp32 products for fp32 operands (no TF32)."""
-    if UPCAST:
-        a = a.to(tl.float32)
-    if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
+        acc = dot(xt, tl.trans(w), acc, UPCAST, IEEE)
+    _finish(acc, rm, rn, m_ok, n_ok, pid_k, bias_ptr, out_ptr, part_ptr, M, N, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
@@ -234,11 +225,13 @@ def shift_linear(
     in_features: int,
     bias: Tensor | None,
     split_k: int | None = None,
+    out: Tensor | None = None,
 ) -> Tensor:
     """``inq::shift_linear`` on Triton kernels (CUDA tensors, or CPU under the interpreter).
 
     ``n1`` may be an int32 tensor ``[O]`` (one exponent per output row); ``split_k`` overrides
-    the heuristic (tests use it to reach every path).
+    the heuristic (tests use it to reach every path); ``out``, a contiguous ``[rows, O]`` tensor
+    of ``x``'s dtype, receives the result.
 
     Example:
         >>> import os
@@ -257,11 +250,11 @@ def shift_linear(
         raise ValueError(f"shift_linear kernels take fp32, fp16 or bf16 input, got {x.dtype}")
     if x.shape[-1] != in_features:
         raise ValueError(f"shift_linear: x has {x.shape[-1]} features, the weight {in_features}")
-    rows = x.reshape(-1, in_features)
+    rows = x.reshape(math.prod(x.shape[:-1]), in_features)
     m, o = rows.shape[0], packed.shape[0]
     b = None if bias is None else bias.to(x.dtype).contiguous()
     n1_ptr, n1_value, per_row = n1_args(n1, o, x.dtype, x.device)
-    out = torch.empty((m, o), dtype=x.dtype, device=x.device)
+    out = output_tensor(out, (m, o), x.dtype, x.device)
     if m and o:
         if in_features == 0:
             out.zero_()
@@ -311,11 +304,11 @@ def _launch(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     if cfg.split_k > 1:
-        reduce_partials(part, b, out, bias is not None)
+        _reduce_partials(part, b, out, bias is not None)
 
 
-def reduce_partials(part: Tensor, bias: Tensor, out: Tensor, has_bias: bool) -> None:
-    """``out = part.sum(0) + bias`` in split order, one rounding (used by linear and conv)."""
+def _reduce_partials(part: Tensor, bias: Tensor, out: Tensor, has_bias: bool) -> None:
+    """``out = part.sum(0) + bias[column]`` in split order, one rounding."""
     total, block = out.numel(), 1024
     _reduce_kernel[(triton.cdiv(total, block),)](
         part, bias, out, total, out.shape[-1], part.shape[0], has_bias, block

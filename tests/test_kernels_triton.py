@@ -1,0 +1,391 @@
+"""The Triton kernels (:mod:`inq.kernels.triton`) against the references.
+
+Without a GPU they run under the Triton interpreter on CPU tensors (``tests/conftest.py`` sets
+``TRITON_INTERPRET=1``); with one, on the GPU. Shapes stay near one tile: the interpreter runs
+programs one after another, some 10 ms per program-iteration.
+
+Decoding is checked bit for bit. Float results are compared with a float64 product of the
+same decoded weights (decoded in the activation dtype, so flushed exactly as the reference
+flushes them). Products ``x * 2**e`` are exact in fp32, so the only errors are fp32 summation
+(at most ``(K + S) * 2**-24 * sum|x||w|`` for K terms added in any order, S split-K partial
+sums; 2x that as margin) and one rounding of the result to the output dtype (half an ulp,
+``u``; a full ulp for bf16 under the interpreter, whose fp32->bf16 conversion truncates; below
+the normal range a subnormal step ``s`` instead):
+
+    |y - ref| <= 2 * (K + S + 2) * 2**-24 * (|x| @ |W|.T) + u * |ref| + s
+
+Where every sum is exact (small integers times powers of two), every path must give the
+reference bit for bit. The int8 op is bit-exact by definition.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import inq.kernels  # noqa: F401  (registers torch.ops.inq.*)
+from inq.kernels import ops
+from inq.kernels import triton as tk
+from inq.kernels.int8 import exact_frac_bits, max_frac_bits, shift_linear_int8_reference
+from inq.kernels.triton.decode import interpreting
+from inq.kernels.triton.linear import GEMV_MAX_ROWS, SKINNY_MAX_ROWS, linear_config
+from inq.packed import decode_weight, pack_codes
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+_ROUNDING = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+# a subnormal step of each dtype (bf16: the whole subnormal range, which the interpreter's
+# fp32->bf16 conversion flushes)
+_SMALLEST = {torch.float32: 2.0**-149, torch.float16: 2.0**-24, torch.bfloat16: 2.0**-126}
+_BITS_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+def rounding(dtype: torch.dtype) -> float:
+    """Largest relative error of rounding an fp32 result to ``dtype`` here."""
+    truncates = dtype == torch.bfloat16 and interpreting()
+    return _ROUNDING[dtype] * (2 if truncates else 1)
+
+
+def random_codes(o: int, k: int, bits: int, seed: int, zeros: float = 0.2) -> torch.Tensor:
+    """Valid ``bits``-bit codes ``uint8 [o, k]``, about ``zeros`` of them the zero code."""
+    gen = torch.Generator().manual_seed(seed)
+    top = 1 << (bits - 1)
+    codes = torch.randint(top, 2 * top, (o, k), generator=gen)
+    codes[torch.rand(o, k, generator=gen) < zeros] = 0
+    return codes.to(torch.uint8)
+
+
+def assert_close_fp32_sum(y, x, w, ref, k: int, splits: int, abs_op) -> None:
+    """``y`` within the bound of the module docstring; ``abs_op(|x|, |w|)`` in float64."""
+    assert y.dtype == x.dtype and y.shape == ref.shape
+    sums = abs_op(x.double().abs(), w.abs())
+    bound = 2 * (k + splits + 2) * 2.0**-24 * sums + rounding(y.dtype) * ref.abs()
+    bound += _SMALLEST[y.dtype]  # results below the normal range round to subnormal steps
+    err = (y.double().cpu() - ref).abs()
+    worst = (err / bound).max().item() if err.numel() else 0.0
+    assert worst <= 1.0, f"error {worst:.3g} x the fp32-summation bound"
+
+
+def guarded(shape: tuple[int, ...], dtype: torch.dtype, guard: int = 64):
+    """(out, check): ``out`` is a contiguous view in the middle of a sentinel-filled buffer,
+    ``check()`` asserts the kernel wrote nothing around it (the interpreter does not fault on
+    an out-of-bounds store)."""
+    n = math.prod(shape)
+    buf = torch.full((n + 2 * guard,), 77, dtype=dtype, device=DEVICE)
+    sentinel = buf[:guard].clone()
+
+    def check() -> None:
+        assert torch.equal(buf[:guard], sentinel) and torch.equal(buf[guard + n :], sentinel)
+
+    return buf[guard : guard + n].view(shape), check
+
+
+# ---------------------------------------------------------------------------------- decode
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_is_bit_exact_for_every_code_and_edge(bits: int, dtype: torch.dtype) -> None:
+    """Every code, n1 through the subnormal range and the flush edge of each dtype (fp16
+    2**-14 .. 2**-25, bf16/fp32 2**-126 .. 2**-134 / 2**-150), and the top of the range."""
+    top = 1 << (bits - 1)
+    codes = torch.cat([torch.zeros(1, dtype=torch.int64), torch.arange(top, 2 * top)])
+    codes = codes.to(torch.uint8).repeat(2, 1)
+    packed = pack_codes(codes, bits)
+    depth = (1 << (bits - 2)) - 1  # n1 - depth is the smallest level
+    top_n1 = int(math.log2(torch.finfo(dtype).max))
+    edges = {-14, -24, -25, -126, -133, -134, -149, -150}
+    n1s = sorted({e + d for e in edges for d in (0, 1, depth)} | {0, top_n1, -200})
+    for n1 in (n for n in n1s if n <= top_n1):
+        expected = decode_weight(packed, bits, n1, tuple(codes.shape), dtype)
+        for out_dtype in (dtype, torch.float32):  # fp32: the values before any conversion
+            got = tk.decode_weight(packed.to(DEVICE), bits, n1, codes.shape, dtype, out_dtype)
+            view = _BITS_VIEW[out_dtype]
+            want = expected.to(out_dtype).view(view)
+            assert torch.equal(got.cpu().view(view), want), f"n1={n1} {out_dtype}"
+
+
+@pytest.mark.parametrize("bits", [3, 6])
+def test_decode_per_row_n1(bits: int) -> None:
+    codes = random_codes(5, 9, bits, seed=bits)
+    packed = pack_codes(codes, bits)
+    n1 = torch.tensor([-3, 0, 2, -20, 7], dtype=torch.int32)
+    got = tk.decode_weight(packed.to(DEVICE), bits, n1.to(DEVICE), (5, 9), torch.float16).cpu()
+    for row in range(5):
+        expected = decode_weight(packed[row : row + 1], bits, int(n1[row]), (1, 9), torch.float16)
+        assert torch.equal(got[row : row + 1].view(torch.int16), expected.view(torch.int16))
+
+
+def test_n1_out_of_range_is_a_clear_error() -> None:
+    packed = pack_codes(random_codes(2, 4, 4, seed=0), 4)
+    x = torch.randn(1, 4, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"overflows torch\.float16"):
+        tk.shift_linear(x, packed.to(DEVICE), 4, 16, 4, None)
+    with pytest.raises(ValueError, match="per-row n1"):
+        tk.shift_linear(x, packed.to(DEVICE), 4, torch.zeros(3, dtype=torch.int32), 4, None)
+
+
+# ---------------------------------------------------------------------------------- linear
+
+# (rows, out, in): rows on both sides of each path's limit (GEMV 4, skinny 64), sizes at the
+# tiles +-1 (16/64/128 outputs, 128/256 codes per GEMV step, 128/64 per GEMM step), odd sizes
+LINEAR_CASES = [
+    (1, 16, 256),
+    (1, 17, 255),
+    (2, 15, 257),
+    (3, 33, 100),
+    (4, 7, 1),
+    (5, 64, 128),
+    (16, 65, 129),
+    (17, 63, 127),
+    (64, 20, 300),
+    (65, 129, 64),
+    (130, 40, 65),
+]
+
+
+@pytest.mark.parametrize("bits", [2, 4, 5, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("m", "o", "k"), LINEAR_CASES)
+def test_shift_linear_matches_reference(m: int, o: int, k: int, dtype, bits: int) -> None:
+    seed = m * 10_000 + o * 100 + k + bits
+    codes = random_codes(o, k, bits, seed)
+    packed = pack_codes(codes, bits).to(DEVICE)
+    n1 = -20 if dtype == torch.float16 and bits == 5 else -1  # fp16: reaches the flush edge
+    w = decode_weight(packed.cpu(), bits, n1, (o, k), dtype).double()
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    bias = torch.randn(o, generator=gen) if m % 2 else None  # float32: cast like the reference
+    ref = x.double() @ w.T + (0 if bias is None else bias.to(dtype).double())
+    for split in sorted({1, 3, linear_config(m, o, k, bits, 132, dtype == torch.float32).split_k}):
+        out, check = guarded((m, o), dtype)
+        bias_dev = None if bias is None else bias.to(DEVICE)
+        y = tk.shift_linear(x.to(DEVICE), packed, bits, n1, k, bias_dev, split_k=split, out=out)
+        check()
+        assert_close_fp32_sum(y, x, w, ref, k, split, lambda a, b: a @ b.T)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_path_is_exact_where_the_arithmetic_is(dtype) -> None:
+    """Small integers times levels 1 and 2: every sum is exact in fp32 and in the output
+    dtype, so GEMV, skinny and large GEMM, split or not, give the reference bit for bit;
+    each row the same whatever the batch it is in."""
+    o, k, bits, n1 = 48, 32, 3, 1
+    packed = pack_codes(random_codes(o, k, bits, seed=5), bits).to(DEVICE)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(-2, 3, (130, k), generator=gen).to(dtype)
+    ref = ops.shift_linear_reference(x, packed.cpu(), bits, n1, k, None)
+    for rows in (1, 3, 5, 64, 130):
+        for split in (1, 2):
+            y = tk.shift_linear(x[:rows].to(DEVICE), packed, bits, n1, k, None, split_k=split)
+            assert torch.equal(y.cpu(), ref[:rows]), (rows, split)
+
+
+@pytest.mark.parametrize("m", [1, 20, 70])
+def test_per_row_n1_linear(m: int) -> None:
+    o, k, bits = 6, 40, 4
+    codes = random_codes(o, k, bits, seed=m)
+    packed = pack_codes(codes, bits)
+    n1 = torch.tensor([-4, -1, 0, 3, -9, 1], dtype=torch.int32)
+    w = torch.cat([decode_weight(packed[i : i + 1], bits, int(n1[i]), (1, k), torch.float32)
+                   for i in range(o)]).double()  # fmt: skip
+    x = torch.randn(m, k)
+    y = tk.shift_linear(x.to(DEVICE), packed.to(DEVICE), bits, n1.to(DEVICE), k, None)
+    assert_close_fp32_sum(y.cpu(), x, w, x.double() @ w.T, k, 16, lambda a, b: a @ b.T)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shift_linear_odd_layouts(dtype) -> None:
+    """Strided x, 3-d x, float32 bias, and empty inputs (no rows, no outputs, no features)."""
+    o, k, bits, n1 = 24, 70, 4, 2
+    packed = pack_codes(random_codes(o, k, bits, seed=1), bits).to(DEVICE)
+    w = decode_weight(packed.cpu(), bits, n1, (o, k), dtype).double()
+    base = torch.randn(3, 5, 2 * k).to(dtype)
+    x = base[..., ::2]  # stride 2 along k
+    bias = torch.randn(o)
+    ref = x.double() @ w.T + bias.to(dtype).double()
+    y = tk.shift_linear(x.to(DEVICE), packed, bits, n1, k, bias.to(DEVICE))
+    assert y.shape == (3, 5, o)
+    assert_close_fp32_sum(y, x, w, ref, k, 16, lambda a, b: a @ b.T)
+    empty_x = torch.empty(0, 4, k, dtype=dtype, device=DEVICE)
+    assert tk.shift_linear(empty_x, packed, bits, n1, k, None).shape == (0, 4, o)
+    none = torch.empty(0, 35, dtype=torch.uint8, device=DEVICE)
+    assert tk.shift_linear(x.to(DEVICE), none, bits, n1, k, None).shape == (3, 5, 0)
+    no_k = torch.empty(o, 0, dtype=torch.uint8, device=DEVICE)
+    y = tk.shift_linear(torch.ones(2, 0, dtype=dtype, device=DEVICE), no_k, bits, n1, 0, bias)
+    assert torch.equal(y.cpu(), bias.to(dtype).expand(2, o))
+
+
+# ---------------------------------------------------------------------------------- conv2d
+
+CONV_CASES = [
+    # (N, Cin, H, W, Cout, kh, kw, stride, padding, dilation, groups)
+    (2, 3, 9, 11, 8, 3, 3, 1, 1, 1, 1),
+    (1, 16, 14, 14, 17, 3, 3, 2, 1, 1, 1),  # Cout a tile + 1
+    (3, 8, 10, 7, 12, 1, 1, 1, 0, 1, 4),  # grouped 1x1
+    (2, 4, 13, 13, 6, 2, 4, (1, 3), (1, 2), (2, 1), 2),
+    (2, 6, 12, 12, 6, 3, 3, 1, 2, 2, 6),  # depthwise, dilated
+    (1, 5, 8, 9, 10, 5, 3, (2, 1), (2, 0), 1, 5),  # depthwise, channel multiplier 2
+    (1, 33, 6, 6, 33, 7, 7, 1, 3, 1, 33),  # depthwise 7x7, channels a tile + 1
+]
+
+
+def _pair(v) -> list[int]:
+    return [v, v] if isinstance(v, int) else list(v)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("bits", [3, 6])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_shift_conv2d_matches_reference(case, dtype, bits: int, channels_last: bool) -> None:
+    n, cin, h, wd, cout, kh, kw, stride, padding, dilation, groups = case
+    seed = sum(hash(str(v)) % 97 for v in case) + bits
+    shape = [cout, cin // groups, kh, kw]
+    packed = pack_codes(random_codes(cout, math.prod(shape[1:]), bits, seed), bits)
+    w = decode_weight(packed, bits, 0, tuple(shape), dtype).double()
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, cin, h, wd, generator=gen).to(dtype)
+    bias = torch.randn(cout, generator=gen).to(dtype)
+    args = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    xd = x.to(DEVICE, memory_format=layout)
+    ref = F.conv2d(x.double(), w, bias.double(), *args)
+    out, check = guarded(tuple(ref.shape), dtype)
+    y = tk.shift_conv2d(xd, packed.to(DEVICE), bits, 0, shape, bias.to(DEVICE), *args, out=out)
+    check()
+    assert y.is_contiguous()
+    conv = lambda a, b: F.conv2d(a, b, None, *args)  # noqa: E731
+    assert_close_fp32_sum(y, x, w, ref, math.prod(shape[1:]), 1, conv)
+
+
+def test_shift_conv2d_unbatched_per_row_n1_and_errors() -> None:
+    shape, args = [4, 2, 3, 3], ([1, 1], [1, 1], [1, 1], 1)
+    packed = pack_codes(random_codes(4, 18, 4, seed=3), 4)
+    n1 = torch.tensor([0, -2, 1, -5], dtype=torch.int32)
+    w = torch.cat([decode_weight(packed[i : i + 1], 4, int(n1[i]), (1, 2, 3, 3), torch.float32)
+                   for i in range(4)]).double()  # fmt: skip
+    x = torch.randn(2, 6, 6)
+    y = tk.shift_conv2d(x.to(DEVICE), packed.to(DEVICE), 4, n1.to(DEVICE), shape, None, *args)
+    conv = lambda a, b: F.conv2d(a, b, None, *args)  # noqa: E731
+    assert y.shape == (4, 6, 6)
+    assert_close_fp32_sum(y.cpu(), x, w, conv(x.double(), w), 18, 1, conv)
+    with pytest.raises(ValueError, match="smaller than the dilated kernel"):
+        tiny = torch.randn(1, 2, 2, 2, device=DEVICE)  # H=2, k=3, p=0, s=2: F.conv2d refuses
+        tk.shift_conv2d(tiny, packed.to(DEVICE), 4, 0, shape, None, [2, 2], [0, 0], [1, 1], 1)
+
+
+# ---------------------------------------------------------------------------------- int8
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+@pytest.mark.parametrize(("m", "o", "k"), [(1, 1, 1), (3, 33, 100), (5, 31, 65), (9, 4, 300)])
+def test_int8_bit_exact(m: int, o: int, k: int, bits: int) -> None:
+    packed = pack_codes(random_codes(o, k, bits, seed=o + k + bits), bits)
+    gen = torch.Generator().manual_seed(bits)
+    x = torch.randint(-128, 128, (m, k), generator=gen, dtype=torch.int8)
+    x[0, 0] = -128  # -x does not fit int8: the kernel negates in int32
+    for frac in sorted({0, min(exact_frac_bits(bits), max_frac_bits(k)), max_frac_bits(k)}):
+        out, check = guarded((m, o), torch.int32)
+        y = tk.shift_linear_int8(x.to(DEVICE), packed.to(DEVICE), bits, k, frac, out=out)
+        check()
+        assert torch.equal(y.cpu(), shift_linear_int8_reference(x, packed, bits, k, frac))
+
+
+def test_int8_batch_dims_and_refusals() -> None:
+    packed = pack_codes(random_codes(3, 10, 6, seed=0), 6)
+    x = torch.randint(-128, 128, (2, 3, 10), dtype=torch.int8)
+    y = tk.shift_linear_int8(x.to(DEVICE), packed.to(DEVICE), 6, 10, 4)
+    assert torch.equal(y.cpu(), shift_linear_int8_reference(x, packed, 6, 10, 4))
+    with pytest.raises(ValueError, match="overflow"):
+        tk.shift_linear_int8(x.to(DEVICE), packed.to(DEVICE), 6, 10, 40)
+
+
+# ---------------------------------------------------------------------------------- ops
+
+
+@pytest.fixture
+def triton_ops():
+    """The ``inq::`` ops dispatching to the Triton kernels on ``DEVICE``. On CUDA that is
+    their registration; on CPU a test-only kernel routes to the interpreter while this
+    fixture is active and to the reference otherwise."""
+    if DEVICE == "cuda":
+        yield
+        return
+    _CPU_ROUTE["triton"] = True
+    try:
+        yield
+    finally:
+        _CPU_ROUTE["triton"] = False
+
+
+_CPU_ROUTE = {"triton": False}
+
+
+def _register_cpu_route() -> None:
+    pairs = [
+        (ops.shift_linear, tk.shift_linear, ops.shift_linear_reference),
+        (ops.shift_conv2d, tk.shift_conv2d, ops.shift_conv2d_reference),
+    ]
+    for op, kernel, reference in pairs:
+
+        def route(*args, kernel=kernel, reference=reference):
+            return (kernel if _CPU_ROUTE["triton"] else reference)(*args)
+
+        op.register_kernel("cpu")(route)
+
+
+if DEVICE == "cpu":
+    _register_cpu_route()
+
+
+@pytest.mark.parametrize("bits", [3, 6])
+def test_opcheck(triton_ops, bits: int) -> None:
+    """Schema, fake implementation, autograd registration and dynamic shapes, with the
+    Triton kernels behind the ops."""
+    packed = pack_codes(random_codes(6, 9, bits, seed=1), bits).to(DEVICE)
+    for x, bias in ((torch.randn(5, 9), torch.randn(6)), (torch.randn(2, 3, 9), None)):
+        b = None if bias is None else bias.to(DEVICE)
+        args = (x.to(DEVICE), packed, bits, 0, 9, b)
+        torch.library.opcheck(torch.ops.inq.shift_linear.default, args)
+    packed = pack_codes(random_codes(6, 18, bits, seed=2), bits).to(DEVICE)
+    conv = ([6, 2, 3, 3], torch.randn(6, device=DEVICE), [2, 1], [1, 0], [1, 2], 2)
+    for x in (torch.randn(2, 4, 7, 8), torch.randn(4, 7, 8)):
+        args = (x.to(DEVICE), packed, bits, 0, *conv)
+        torch.library.opcheck(torch.ops.inq.shift_conv2d.default, args)
+
+
+def test_compile_fullgraph(triton_ops) -> None:
+    """``torch.compile(fullgraph=True)`` traces both ops (fake impls) and runs the kernels."""
+    lin = pack_codes(random_codes(5, 12, 5, seed=3), 5).to(DEVICE)
+    conv = pack_codes(random_codes(3, 18, 3, seed=4), 3).to(DEVICE)
+
+    def net(x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.inq.shift_conv2d(x, conv, 3, 0, [3, 2, 3, 3], None, [1, 1], [1, 1],
+                                       [1, 1], 1)  # fmt: skip
+        y = torch.relu(y).flatten(1)[:, :12]
+        return torch.ops.inq.shift_linear(y, lin, 5, -1, 12, None)
+
+    x = torch.randn(2, 2, 4, 4, device=DEVICE)
+    compiled = torch.compile(net, fullgraph=True, backend="aot_eager")
+    got = compiled(x)
+    _CPU_ROUTE["triton"] = False  # the reference, eagerly, for comparison
+    expected = torch.ops.inq.shift_linear(
+        torch.relu(ops.shift_conv2d_reference(x, conv, 3, 0, [3, 2, 3, 3], None, [1, 1],
+                                              [1, 1], [1, 1], 1)).flatten(1)[:, :12],
+        lin, 5, -1, 12, None,
+    )  # fmt: skip
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_limits_are_what_the_launcher_uses() -> None:
+    assert linear_config(GEMV_MAX_ROWS, 64, 64, 4, 132).kernel == "gemv"
+    assert linear_config(GEMV_MAX_ROWS + 1, 64, 64, 4, 132).block_m == 16
+    assert linear_config(SKINNY_MAX_ROWS, 64, 64, 4, 132).block_m == 64
+    assert linear_config(SKINNY_MAX_ROWS + 1, 64, 64, 4, 132).block_m == 128
+    # split-K fills the SMs at batch 1 but never leaves a split without work
+    assert linear_config(1, 512, 4096, 4, 132).split_k > 1
+    assert linear_config(1, 512, 200, 4, 132).split_k == 1
