@@ -389,3 +389,33 @@ def test_limits_are_what_the_launcher_uses() -> None:
     # split-K fills the SMs at batch 1 but never leaves a split without work
     assert linear_config(1, 512, 4096, 4, 132).split_k > 1
     assert linear_config(1, 512, 200, 4, 132).split_k == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_converted_digits_model_predicts_like_reference(tmp_path, dtype) -> None:
+    """A trained digits model rebuilt from its packed file predicts on the GPU, in each dtype,
+    what the reference ops predict on the CPU (ties within dtype rounding not compared)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from export_fixtures import DIGITS_DATA, digits_run
+
+    from inq.nn import from_packed
+    from inq.packed import export_packed
+    from inq.train.data import build_datasets
+
+    path, _ = digits_run(tmp_path)
+    export_packed(path, tmp_path / "digits.inq.safetensors")
+    model = from_packed(tmp_path / "digits.inq.safetensors")
+    x, _ = build_datasets(DIGITS_DATA)[1].tensors
+    with torch.no_grad():
+        ref = model(x).double()
+        out = model.to("cuda", dtype)(x.to("cuda", dtype)).double().cpu()
+    top2 = ref.topk(2, dim=1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 64 * _ROUNDING[dtype] * top2[:, 0].abs()
+    assert clear.float().mean() > 0.9
+    assert torch.equal(out.argmax(1)[clear], ref.argmax(1)[clear])

@@ -25,7 +25,6 @@ from inq.kernels.ops import conv2d_output_size
 from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
     MIN_EXP,
-    code_width_of,
     decode,
     dot,
     dot_upcast,
@@ -33,6 +32,7 @@ from inq.kernels.triton.decode import (
     n1_args,
     output_tensor,
 )
+from inq.packed import code_width
 
 __all__ = ["ConvConfig", "conv_config", "shift_conv2d"]
 
@@ -219,7 +219,7 @@ def shift_conv2d(
             pixels, h, w, oh, ow, o,
         )  # fmt: skip
         geometry = (*stride, *padding, *dilation, *batched.stride(), packed.stride(0), kh, kw)
-        common = (bits, code_width_of(bits), MIN_EXP[x.dtype], per_row, b is not None)
+        common = (bits, code_width(bits), MIN_EXP[x.dtype], per_row, b is not None)
         launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         tiles_m = triton.cdiv(pixels, cfg.block_m)
         if cfg.kernel == "depthwise":

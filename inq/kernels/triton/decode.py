@@ -34,13 +34,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from inq.packed import code_width
 from inq.pow2 import check_bits, check_top_level
 
 __all__ = [
     "FLOAT_DTYPES",
     "MIN_EXP",
     "check_n1",
-    "code_width_of",
     "decode",
     "decode_weight",
     "dot",
@@ -135,14 +135,9 @@ def decode_weight(
         grid = (triton.cdiv(o, block_o), triton.cdiv(k, block_k))
         _decode_kernel[grid](
             packed, n1_ptr, n1_value, out, o, k, packed.stride(0),
-            check_bits(bits), code_width_of(bits), MIN_EXP[dtype], per_row, block_o, block_k,
+            check_bits(bits), code_width(bits), MIN_EXP[dtype], per_row, block_o, block_k,
         )  # fmt: skip
     return out.view(shape)
-
-
-def code_width_of(bits: int) -> int:
-    """Bits one packed code takes: 4 or 8 (as :func:`inq.packed.code_width`)."""
-    return 4 if check_bits(bits) <= 4 else 8
 
 
 def check_n1(n1: int | torch.Tensor, rows: int, dtype: torch.dtype) -> None:

@@ -18,7 +18,8 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.kernels.int8 import check_int8_args
-from inq.kernels.triton.decode import code_width_of, load_codes, output_tensor
+from inq.kernels.triton.decode import load_codes, output_tensor
+from inq.packed import code_width
 
 __all__ = ["shift_linear_int8"]
 
@@ -77,6 +78,6 @@ def shift_linear_int8(
         _int8_kernel[grid](
             rows, packed.contiguous(), out, m, o, in_features, frac_bits,
             rows.stride(0), rows.stride(1), packed.stride(0),
-            bits, code_width_of(bits), BLOCK_M, BLOCK_O, BLOCK_K,
+            bits, code_width(bits), BLOCK_M, BLOCK_O, BLOCK_K,
         )  # fmt: skip
     return out.reshape(*x.shape[:-1], o)

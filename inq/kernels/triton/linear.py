@@ -30,7 +30,6 @@ from torch import Tensor
 from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
     MIN_EXP,
-    code_width_of,
     decode,
     dot,
     dot_upcast,
@@ -39,6 +38,7 @@ from inq.kernels.triton.decode import (
     output_tensor,
     sm_count,
 )
+from inq.packed import code_width
 
 __all__ = ["GEMV_MAX_ROWS", "SKINNY_MAX_ROWS", "LinearConfig", "linear_config", "shift_linear"]
 
@@ -281,7 +281,7 @@ def _launch(
     cfg = linear_config(m, o, k, bits, sm_count(x.device), x.dtype == torch.float32, split_k)
     part = out if cfg.split_k == 1 else x.new_empty((cfg.split_k, m, o), dtype=torch.float32)
     b = out if bias is None else bias  # any pointer: unused without HAS_BIAS
-    width = code_width_of(bits)
+    width = code_width(bits)
     common = (bits, width, MIN_EXP[x.dtype], per_row, bias is not None)
     if cfg.kernel == "gemv":
         block_bytes = cfg.block_k * width // 8
