@@ -6,7 +6,8 @@
     inq verify FILE                                          # every weight in its level set?
     inq eval model.inq.safetensors --data digits            # rebuild from codes, evaluate
     inq info model.inq.safetensors                          # sizes, ratio, bits, layers
-    inq bench kernel --json out.json                         # time them vs cuBLAS / cuDNN
+    inq bench kernel --json out.json                         # GPU kernels vs cuBLAS / cuDNN
+    inq bench kernel --static                                # no GPU: sm_90 SASS check
 
 Subcommands live in :data:`COMMANDS` (name -> :class:`Command`); add one there to extend the
 tool. Errors a user can cause end in one line on stderr and exit status 1.

@@ -119,6 +119,23 @@ def test_decode_per_row_n1(bits: int) -> None:
         assert torch.equal(got[row : row + 1].view(torch.int16), expected.view(torch.int16))
 
 
+def test_tensors_on_another_device_are_refused() -> None:
+    """A kernel must not read a pointer of another device as its own (meta stands in for a
+    second device here)."""
+    packed = pack_codes(random_codes(2, 4, 4, seed=0), 4).to(DEVICE)
+    x, x8 = torch.randn(1, 4, device=DEVICE), torch.ones(1, 4, dtype=torch.int8, device=DEVICE)
+    elsewhere = torch.empty(2, 2, dtype=torch.uint8, device="meta")
+    with pytest.raises(ValueError, match="move them to one device"):
+        tk.shift_linear(x, elsewhere, 4, 0, 4, None)
+    with pytest.raises(ValueError, match="move them to one device"):
+        tk.shift_linear(x, packed, 4, 0, 4, torch.zeros(2, device="meta"))
+    with pytest.raises(ValueError, match="move them to one device"):
+        tk.shift_linear_int8(x8, elsewhere, 4, 4, 0)
+    with pytest.raises(ValueError, match="move them to one device"):
+        conv = torch.randn(1, 1, 3, 3, device=DEVICE)
+        tk.shift_conv2d(conv, elsewhere, 4, 0, [2, 1, 1, 4], None, [1, 1], [0, 0], [1, 1], 1)
+
+
 def test_n1_out_of_range_is_a_clear_error() -> None:
     packed = pack_codes(random_codes(2, 4, 4, seed=0), 4)
     x = torch.randn(1, 4, dtype=torch.float16, device=DEVICE)

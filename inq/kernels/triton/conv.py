@@ -25,6 +25,7 @@ from inq.kernels.ops import conv2d_output_size
 from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
     MIN_EXP,
+    check_devices,
     decode,
     dot,
     dot_upcast,
@@ -200,6 +201,7 @@ def shift_conv2d(
             f"shift_conv2d: input {list(x.shape)} does not fit weight {weight_shape} "
             f"with groups={groups}"
         )
+    check_devices("shift_conv2d", x, packed, bias, n1 if isinstance(n1, Tensor) else None)
     batched = x.unsqueeze(0) if x.dim() == 3 else x
     nb, _, h, w = batched.shape
     oh, ow = conv2d_output_size((h, w), weight_shape, stride, padding, dilation)

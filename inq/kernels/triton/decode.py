@@ -40,6 +40,7 @@ from inq.pow2 import check_bits, check_top_level
 __all__ = [
     "FLOAT_DTYPES",
     "MIN_EXP",
+    "check_devices",
     "check_n1",
     "decode",
     "decode_weight",
@@ -176,6 +177,14 @@ def output_tensor(
             f"{out.dtype} {list(out.shape)}"
         )
     return out
+
+
+def check_devices(op: str, x: Tensor, *others: Tensor | None) -> None:
+    """Raise ``ValueError`` unless every tensor given lies on ``x``'s device (a kernel would
+    read another device's pointer as its own)."""
+    for t in others:
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{op}: tensors on {x.device} and {t.device}; move them to one device")
 
 
 def interpreting() -> bool:

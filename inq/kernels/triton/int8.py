@@ -18,7 +18,7 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.kernels.int8 import check_int8_args
-from inq.kernels.triton.decode import load_codes, output_tensor
+from inq.kernels.triton.decode import check_devices, load_codes, output_tensor
 from inq.packed import code_width
 
 __all__ = ["shift_linear_int8"]
@@ -68,6 +68,7 @@ def shift_linear_int8(
         ValueError: as :func:`inq.kernels.int8.check_int8_args`.
     """
     check_int8_args(x, bits, in_features, frac_bits)
+    check_devices("shift_linear_int8", x, packed)
     rows = x.reshape(math.prod(x.shape[:-1]), in_features)
     m, o = rows.shape[0], packed.shape[0]
     out = output_tensor(out, (m, o), torch.int32, x.device)

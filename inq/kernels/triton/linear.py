@@ -30,6 +30,7 @@ from torch import Tensor
 from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
     MIN_EXP,
+    check_devices,
     decode,
     dot,
     dot_upcast,
@@ -250,6 +251,7 @@ def shift_linear(
         raise ValueError(f"shift_linear kernels take fp32, fp16 or bf16 input, got {x.dtype}")
     if x.shape[-1] != in_features:
         raise ValueError(f"shift_linear: x has {x.shape[-1]} features, the weight {in_features}")
+    check_devices("shift_linear", x, packed, bias, n1 if isinstance(n1, Tensor) else None)
     rows = x.reshape(math.prod(x.shape[:-1]), in_features)
     m, o = rows.shape[0], packed.shape[0]
     b = None if bias is None else bias.to(x.dtype).contiguous()
