@@ -136,6 +136,37 @@ def test_tensors_on_another_device_are_refused() -> None:
         tk.shift_conv2d(conv, elsewhere, 4, 0, [2, 1, 1, 4], None, [1, 1], [0, 0], [1, 1], 1)
 
 
+def test_bad_codes_bias_and_sizes_are_refused() -> None:
+    """Short code rows or a short bias would be read out of bounds on a GPU; offsets past
+    2**31 would wrap."""
+    packed = pack_codes(random_codes(3, 8, 4, seed=0), 4).to(DEVICE)
+    x = torch.randn(2, 8, device=DEVICE)
+    with pytest.raises(ValueError, match=r"must be uint8 \[3, 4\]"):
+        tk.shift_linear(x, packed[:, :3], 4, 0, 8, None)
+    with pytest.raises(ValueError, match="bias has 1 entries"):
+        tk.shift_linear(x, packed, 4, 0, 8, torch.zeros(1, device=DEVICE))
+    with pytest.raises(ValueError, match="must be uint8"):
+        tk.shift_conv2d(x.view(1, 2, 2, 4), packed, 4, 0, [3, 2, 1, 1], None, [1, 1], [0, 0],
+                        [1, 1], 1)  # fmt: skip
+    with pytest.raises(ValueError, match="must be uint8"):
+        tk.shift_linear_int8(x.to(torch.int8), packed[:, :3], 4, 8, 0)
+    huge = torch.empty(1 << 16, 1 << 15, dtype=torch.uint8, device="meta")
+    with pytest.raises(ValueError, match="int32 offsets"):
+        from inq.kernels.triton.decode import check_operands
+
+        check_operands("op", huge, 4, 1 << 16, 1 << 16, None)
+
+
+def test_very_low_n1_decodes_to_zero() -> None:
+    """An n1 far below every dtype's range (int32 would wrap it) gives zero weights."""
+    packed = pack_codes(random_codes(2, 4, 4, seed=0), 4).to(DEVICE)
+    n1 = torch.tensor([-(2**40), -5000], dtype=torch.int64, device=DEVICE)
+    assert torch.equal(tk.decode_weight(packed, 4, n1, (2, 4), torch.float32).cpu(),
+                       torch.zeros(2, 4))  # fmt: skip
+    x = torch.ones(1, 4, device=DEVICE)
+    assert torch.equal(tk.shift_linear(x, packed, 4, -(2**40), 4, None).cpu(), torch.zeros(1, 2))
+
+
 def test_n1_out_of_range_is_a_clear_error() -> None:
     packed = pack_codes(random_codes(2, 4, 4, seed=0), 4)
     x = torch.randn(1, 4, dtype=torch.float16, device=DEVICE)

@@ -26,6 +26,7 @@ from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
     MIN_EXP,
     check_devices,
+    check_operands,
     decode,
     dot,
     dot_upcast,
@@ -210,6 +211,8 @@ def shift_conv2d(
             f"shift_conv2d: the padded input {h}x{w} is smaller than the dilated kernel "
             f"{weight_shape[2:]}: no output pixel"
         )
+    k = cg * kh * kw
+    check_operands("shift_conv2d", packed, bits, o, k, bias, x.numel(), nb * o * oh * ow)
     out = output_tensor(out, (nb, o, oh, ow), x.dtype, x.device)
     pixels = out.shape[0] * out.shape[2] * out.shape[3]
     n1_ptr, n1_value, per_row = n1_args(n1, o, x.dtype, x.device)
@@ -233,7 +236,7 @@ def shift_conv2d(
             og = o // groups
             grid = (groups * tiles_m * triton.cdiv(og, cfg.block_n),)
             _implicit_gemm_kernel[grid](
-                *args, cg, og, cg * kh * kw, groups, *geometry, *common,
+                *args, cg, og, k, groups, *geometry, *common,
                 dot_upcast(x.dtype), x.dtype == torch.float32,
                 cfg.block_m, cfg.block_n, cfg.block_k, **launch,
             )  # fmt: skip

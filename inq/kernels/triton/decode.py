@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from inq.packed import code_width
+from inq.packed import code_width, row_bytes
 from inq.pow2 import check_bits, check_top_level
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "MIN_EXP",
     "check_devices",
     "check_n1",
+    "check_operands",
     "decode",
     "decode_weight",
     "dot",
@@ -56,6 +57,7 @@ __all__ = [
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # exponent of the smallest power of two each activation dtype holds (its smallest subnormal)
 MIN_EXP = {torch.float32: -149, torch.bfloat16: -133, torch.float16: -24}
+_LOWEST_N1 = -300
 _NOMINAL_SMS = 132  # an H100 SXM: split-K heuristics under the interpreter (no device to ask)
 
 
@@ -160,9 +162,10 @@ def n1_args(
 ) -> tuple[torch.Tensor, int, bool]:
     """Kernel arguments for ``n1``: (int32 per-row tensor or a dummy, scalar, per-row flag)."""
     check_n1(n1, rows, dtype)
+    # below -300 every level decodes to 0 anyway: clamping keeps n1 - offset inside int32
     if isinstance(n1, torch.Tensor):
-        return n1.to(device=device, dtype=torch.int32).contiguous(), 0, True
-    return torch.empty(1, dtype=torch.int32, device=device), int(n1), False
+        return n1.clamp(min=_LOWEST_N1).to(device=device, dtype=torch.int32).contiguous(), 0, True
+    return torch.empty(1, dtype=torch.int32, device=device), max(int(n1), _LOWEST_N1), False
 
 
 def output_tensor(
@@ -185,6 +188,24 @@ def check_devices(op: str, x: Tensor, *others: Tensor | None) -> None:
     for t in others:
         if t is not None and t.device != x.device:
             raise ValueError(f"{op}: tensors on {x.device} and {t.device}; move them to one device")
+
+
+def check_operands(
+    op: str, packed: Tensor, bits: int, rows: int, k: int, bias: Tensor | None, *sizes: int
+) -> None:
+    """Raise ``ValueError`` unless ``packed`` is ``uint8 [rows, row_bytes(k, bits)]``, ``bias``
+    (if any) has ``rows`` entries and every element count in ``sizes`` fits the kernels'
+    int32 offsets (below ``2**31``)."""
+    expected = (rows, row_bytes(k, bits))
+    if packed.dtype != torch.uint8 or tuple(packed.shape) != expected:
+        raise ValueError(
+            f"{op}: packed codes must be uint8 {list(expected)} for {rows}x{k} {bits}-bit codes, "
+            f"got {packed.dtype} {list(packed.shape)}"
+        )
+    if bias is not None and bias.numel() != rows:
+        raise ValueError(f"{op}: bias has {bias.numel()} entries, the weight {rows} rows")
+    if max((packed.numel(), *sizes), default=0) >= 1 << 31:
+        raise ValueError(f"{op}: tensors of 2**31 elements or more are beyond int32 offsets")
 
 
 def interpreting() -> bool:

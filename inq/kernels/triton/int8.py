@@ -18,7 +18,7 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.kernels.int8 import check_int8_args
-from inq.kernels.triton.decode import check_devices, load_codes, output_tensor
+from inq.kernels.triton.decode import check_devices, check_operands, load_codes, output_tensor
 from inq.packed import code_width
 
 __all__ = ["shift_linear_int8"]
@@ -71,6 +71,7 @@ def shift_linear_int8(
     check_devices("shift_linear_int8", x, packed)
     rows = x.reshape(math.prod(x.shape[:-1]), in_features)
     m, o = rows.shape[0], packed.shape[0]
+    check_operands("shift_linear_int8", packed, bits, o, in_features, None, x.numel(), m * o)
     out = output_tensor(out, (m, o), torch.int32, x.device)
     if m and o and not in_features:
         out.zero_()

@@ -31,6 +31,7 @@ from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
     MIN_EXP,
     check_devices,
+    check_operands,
     decode,
     dot,
     dot_upcast,
@@ -254,6 +255,7 @@ def shift_linear(
     check_devices("shift_linear", x, packed, bias, n1 if isinstance(n1, Tensor) else None)
     rows = x.reshape(math.prod(x.shape[:-1]), in_features)
     m, o = rows.shape[0], packed.shape[0]
+    check_operands("shift_linear", packed, bits, o, in_features, bias, x.numel(), m * o * 16)
     b = None if bias is None else bias.to(x.dtype).contiguous()
     n1_ptr, n1_value, per_row = n1_args(n1, o, x.dtype, x.device)
     out = output_tensor(out, (m, o), x.dtype, x.device)
