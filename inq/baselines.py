@@ -9,7 +9,8 @@
   identity. :meth:`STEQuantizer.finalize` snaps the shadows and hands back a fully quantized
   scheduler, so :func:`inq.export.save_masked` and ``verify`` work unchanged.
 
-Both take ``n1`` of each layer from its weights when they start (the float model), like INQ.
+Both take the level sets (n1 per layer or channel, by the scheduler's ``n1_rule`` and
+``granularity``) from the weights when they start (the float model), like INQ.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from inq.pow2 import pow2_n1, pow2_quantize
+from inq.pow2 import pow2_quantize
 from inq.scheduler import INQScheduler, QuantizedLayer
 
 __all__ = ["STEQuantizer", "oneshot_quantize"]
@@ -31,6 +32,8 @@ def oneshot_quantize(
     bits: int = 5,
     include: str | Sequence[str] | None = None,
     exclude: str | Sequence[str] | None = None,
+    n1_rule: str = "max",
+    granularity: str = "layer",
 ) -> INQScheduler:
     """Snap every target weight of ``model`` to its power-of-two level set, all at once.
 
@@ -46,7 +49,15 @@ def oneshot_quantize(
     Raises:
         ValueError: as :class:`~inq.scheduler.INQScheduler` (bad bits, patterns, NaN weights).
     """
-    scheduler = INQScheduler(model, bits=bits, portions=(1.0,), include=include, exclude=exclude)
+    scheduler = INQScheduler(
+        model,
+        bits=bits,
+        portions=(1.0,),
+        include=include,
+        exclude=exclude,
+        n1_rule=n1_rule,
+        granularity=granularity,
+    )
     scheduler.step()
     return scheduler
 
@@ -55,7 +66,7 @@ class STEQuantizer:
     """Straight-through-estimator fine-tuning of ``scheduler``'s target weights in ``model``.
 
     ``scheduler`` must be an unstepped :class:`~inq.scheduler.INQScheduler` with
-    ``portions=(1.0,)`` over ``model``; it selects the layers and holds ``n1`` per layer (taken
+    ``portions=(1.0,)`` over ``model``; it selects the layers and holds their level sets (chosen
     now from the weights unless already set, e.g. by ``load_state_dict`` on a resume), so its
     ``state_dict()`` is all a checkpoint needs. While active, each target module's ``weight`` is
     parametrized (:mod:`torch.nn.utils.parametrize`): the parameter, under
@@ -93,9 +104,7 @@ class STEQuantizer:
             for module in model.modules()
             if id(getattr(module, "weight", None)) in by_weight  # tied weights: every user
         ]
-        for _, layer in self._modules:
-            if layer.n1 is None:
-                layer.n1 = pow2_n1(layer.weight)
+        scheduler.fix_level_sets()
         for module, layer in self._modules:
             parametrize.register_parametrization(
                 module, "weight", _StraightThrough(layer, scheduler.bits)

@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from inq.export import MASKED_FORMAT
+from inq.export import MASKED_FORMAT, MASKED_FORMATS
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
+from inq.levels import describe_n1
 from inq.packed import (
     PackStats,
     code_width,
@@ -95,7 +96,7 @@ def find_masked(source: str | os.PathLike[str]) -> Path:
         return path / RUN_MASKED_NAME
     if path.is_dir():
         found = [
-            p for p in sorted(path.rglob("*.safetensors")) if _format_or_none(p) == MASKED_FORMAT
+            p for p in sorted(path.rglob("*.safetensors")) if _format_or_none(p) in MASKED_FORMATS
         ]
         if len(found) != 1:
             what = "no masked checkpoint" if not found else f"{len(found)} masked checkpoints"
@@ -105,7 +106,7 @@ def find_masked(source: str | os.PathLike[str]) -> Path:
     if not path.exists():
         raise ValueError(f"{path}: no such file or directory")
     fmt = read_format(path)
-    if fmt != MASKED_FORMAT:
+    if fmt not in MASKED_FORMATS:
         raise ValueError(f"{path}: not an INQ masked checkpoint (format {fmt!r})")
     return path
 
@@ -165,7 +166,7 @@ def _info(args: argparse.Namespace) -> int:
         shape = "x".join(map(str, layer.shape))
         size = layer.shape[0] * row_bytes(layer.k, layer.bits)
         print(
-            f"{key:<{width}}  {shape:<18}  {layer.bits:>4}  {layer.n1:>4}  "
+            f"{key:<{width}}  {shape:<18}  {layer.bits:>4}  {describe_n1(layer.n1):>4}  "
             f"{code_width(layer.bits):>5}  {size:>6}"
         )
     return 0

@@ -4,9 +4,13 @@ A ``.safetensors`` file anyone can read with the ``safetensors`` library:
 
 - every tensor of ``model.state_dict()`` under its usual key (quantized weights exact);
 - one bool mask per quantized weight under ``"<weight key>.inq_mask"`` (True = quantized);
-- string metadata: ``format`` (``"inq-masked/1"``), ``bits``, ``portions``, ``stage``,
-  ``strategy``, ``layers`` (JSON ``{weight key: {"module": name, "n1": n1}}``) and ``model``
-  (JSON the caller passes to name the model, e.g. its config, so it can be rebuilt).
+- string metadata: ``format`` (``"inq-masked/2"``), ``bits``, ``portions``, ``stage``,
+  ``strategy``, ``n1_rule``, ``granularity``, ``layers`` (JSON ``{weight key: {"module": name,
+  "n1": n1}}``, n1 an int, or a list with one int per output channel) and ``model`` (JSON the
+  caller passes to name the model, e.g. its config, so it can be rebuilt).
+
+Files of format ``"inq-masked/1"`` (one n1 per layer, no ``n1_rule``/``granularity``: the
+paper's "max" rule per layer) still load.
 """
 
 from __future__ import annotations
@@ -19,12 +23,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from inq.io import digest_problem, metadata_int, read_safetensors, write_safetensors
+from inq.io import digest_problem, metadata_n1, n1_json, read_safetensors, write_safetensors
+from inq.pow2 import N1
 from inq.scheduler import INQScheduler
 
-__all__ = ["MASKED_FORMAT", "MASK_SUFFIX", "MaskedCheckpoint", "load_masked", "save_masked"]
+__all__ = [
+    "MASKED_FORMAT",
+    "MASKED_FORMATS",
+    "MASK_SUFFIX",
+    "MaskedCheckpoint",
+    "load_masked",
+    "save_masked",
+]
 
-MASKED_FORMAT = "inq-masked/1"
+MASKED_FORMAT = "inq-masked/2"
+MASKED_FORMATS = ("inq-masked/1", MASKED_FORMAT)  # what load_masked reads
 MASK_SUFFIX = ".inq_mask"
 
 
@@ -33,19 +46,22 @@ class MaskedCheckpoint:
     """A loaded masked checkpoint.
 
     ``state`` is the model state dict; ``masks`` and ``n1`` are keyed by weight key (e.g.
-    ``"features.0.weight"``); ``model`` is the caller's model description; ``digest_problem``
-    says why the file's contents do not match the digest written with them (None if they do).
+    ``"features.0.weight"``), n1 an int or an int32 tensor ``[O]`` (one per output channel);
+    ``model`` is the caller's model description; ``digest_problem`` says why the file's contents
+    do not match the digest written with them (None if they do).
     """
 
     state: dict[str, torch.Tensor]
     masks: dict[str, torch.Tensor]
-    n1: dict[str, int | None]  # None for a layer not partitioned yet
+    n1: dict[str, N1 | None]  # None for a layer not partitioned yet
     bits: int
     portions: tuple[float, ...]
     stage: int
     strategy: str
     model: dict[str, Any] = field(default_factory=dict)
     digest_problem: str | None = None
+    n1_rule: str = "max"
+    granularity: str = "layer"
 
 
 def save_masked(
@@ -83,13 +99,15 @@ def save_masked(
     for layer in scheduler.layers:
         key = keys[id(layer.weight)]
         tensors[key + MASK_SUFFIX] = layer.mask.cpu().contiguous()
-        layers[key] = {"module": layer.name, "n1": layer.n1}
+        layers[key] = {"module": layer.name, "n1": None if layer.n1 is None else n1_json(layer.n1)}
     metadata = {
         "format": MASKED_FORMAT,
         "bits": str(scheduler.bits),
         "portions": json.dumps(list(scheduler.portions)),
         "stage": str(scheduler.stage),
         "strategy": scheduler.strategy,
+        "n1_rule": scheduler.n1_rule,
+        "granularity": scheduler.granularity,
         "layers": json.dumps(layers),
         "model": json.dumps(model_info or {}),
     }
@@ -104,7 +122,7 @@ def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
     """
     tensors_read, metadata = read_safetensors(path)
     tensors = dict(tensors_read)
-    if metadata.get("format") != MASKED_FORMAT:
+    if metadata.get("format") not in MASKED_FORMATS:
         found = metadata.get("format")
         raise ValueError(f"{path}: not an INQ masked checkpoint (format {found!r})")
     try:
@@ -123,10 +141,12 @@ def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
             strategy=metadata["strategy"],
             model=json.loads(metadata["model"]),
             digest_problem=digest_problem(tensors_read, metadata),
+            n1_rule=metadata.get("n1_rule", "max"),
+            granularity=metadata.get("granularity", "layer"),
         )
     except (KeyError, ValueError, TypeError) as err:
         raise ValueError(f"{path}: corrupt INQ masked checkpoint metadata ({err!r})") from err
 
 
-def _n1(value: object) -> int | None:
-    return None if value is None else metadata_int(value)  # None: not partitioned yet
+def _n1(value: object) -> N1 | None:
+    return None if value is None else metadata_n1(value)  # None: not partitioned yet

@@ -19,6 +19,8 @@ __all__ = [
     "atomic_path",
     "digest_problem",
     "metadata_int",
+    "metadata_n1",
+    "n1_json",
     "read_safetensors",
     "read_safetensors_metadata",
     "write_safetensors",
@@ -69,6 +71,32 @@ def metadata_int(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {value!r}")
     return value
+
+
+def metadata_n1(value: object) -> int | torch.Tensor:
+    """An n1 read from a file's JSON metadata: an int (one level set), or a list of ints (one per
+    output channel) as an int32 tensor.
+
+    Example:
+        >>> metadata_n1(-3), metadata_n1([-3, -4])
+        (-3, tensor([-3, -4], dtype=torch.int32))
+
+    Raises:
+        TypeError: if it is neither an int nor a non-empty list of ints.
+    """
+    if isinstance(value, list) and value:
+        return torch.tensor([metadata_int(v) for v in value], dtype=torch.int32)
+    return metadata_int(value)
+
+
+def n1_json(n1: int | torch.Tensor) -> int | list[int]:
+    """The inverse of :func:`metadata_n1`: an n1 as JSON (an int, or a list per channel).
+
+    Example:
+        >>> n1_json(torch.tensor([-3, -4])), n1_json(2)
+        ([-3, -4], 2)
+    """
+    return n1.tolist() if isinstance(n1, torch.Tensor) else n1
 
 
 def read_safetensors_metadata(path: str | os.PathLike[str]) -> dict[str, str]:

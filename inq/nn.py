@@ -26,37 +26,50 @@ import torch.nn.functional as F
 from torch import nn
 
 import inq.kernels  # noqa: F401  (registers torch.ops.inq.*)
+from inq.levels import describe_n1
 from inq.packed import PackedFile, PackedLayer, decode_weight, load_packed, pack_codes
-from inq.pow2 import pow2_encode
+from inq.pow2 import N1, pow2_encode
 
 __all__ = ["ShiftConv2d", "ShiftLinear", "convert_model", "from_packed"]
 
 
 class _Shift(nn.Module):
-    """Shared state: packed codes ``[O, row_bytes]``, bits, n1, the weight's shape, a bias."""
+    """Shared state: packed codes ``[O, row_bytes]``, bits, the level sets, the weight's shape, a
+    bias. One level set: ``n1`` (int) and ``n1_rows`` None; one per output channel (``n1`` given
+    as a tensor ``[O]``): ``n1 = 0`` and the buffer ``n1_rows`` (int32 ``[O]``), as the ops take
+    them."""
 
     packed: torch.Tensor
     bias: torch.Tensor | None
+    n1_rows: torch.Tensor | None
 
     def __init__(
         self,
         packed: torch.Tensor,
         bits: int,
-        n1: int,
+        n1: N1,
         shape: tuple[int, ...],
         bias: torch.Tensor | None,
     ) -> None:
         super().__init__()
-        self.bits, self.n1, self.weight_shape = bits, n1, tuple(shape)
+        self.bits, self.weight_shape = bits, tuple(shape)
+        self.n1 = n1 if isinstance(n1, int) else 0
+        rows = None if isinstance(n1, int) else n1.to(packed.device, torch.int32, copy=True)
         self.register_buffer("packed", packed)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.register_buffer("n1_rows", rows)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The float weight the codes stand for (exact)."""
-        return decode_weight(self.packed, self.bits, self.n1, self.weight_shape, dtype)
+        return decode_weight(self.packed, self.bits, self.level_sets, self.weight_shape, dtype)
+
+    @property
+    def level_sets(self) -> N1:
+        """n1 as :mod:`inq.pow2` takes it: an int, or int32 ``[O]`` per output channel."""
+        return self.n1 if self.n1_rows is None else self.n1_rows + self.n1
 
     @staticmethod
-    def _pack(weight: torch.Tensor, n1: int, bits: int) -> torch.Tensor:
+    def _pack(weight: torch.Tensor, n1: N1, bits: int) -> torch.Tensor:
         return pack_codes(pow2_encode(weight.detach(), n1, bits), bits)
 
 
@@ -70,7 +83,7 @@ class ShiftLinear(_Shift):
         self,
         packed: torch.Tensor,
         bits: int,
-        n1: int,
+        n1: N1,
         in_features: int,
         bias: torch.Tensor | None = None,
     ) -> None:
@@ -78,8 +91,9 @@ class ShiftLinear(_Shift):
         self.in_features, self.out_features = in_features, packed.shape[0]
 
     @classmethod
-    def from_float(cls, module: nn.Linear, n1: int, bits: int) -> ShiftLinear:
-        """Pack a linear layer whose weight already lies in the level set of ``(n1, bits)``.
+    def from_float(cls, module: nn.Linear, n1: N1, bits: int) -> ShiftLinear:
+        """Pack a linear layer whose weight already lies in the level set of ``(n1, bits)``
+        (``n1`` an int, or a tensor ``[out_features]``: one level set per output channel).
 
         Raises:
             ValueError: if a weight is off the level set.
@@ -94,13 +108,13 @@ class ShiftLinear(_Shift):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.inq.shift_linear(
-            x, self.packed, self.bits, self.n1, self.in_features, self.bias
+            x, self.packed, self.bits, self.n1, self.in_features, self.bias, self.n1_rows
         )
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bits={self.bits}, n1={self.n1}, bias={self.bias is not None}"
+            f"bits={self.bits}, n1={describe_n1(self.level_sets)}, bias={self.bias is not None}"
         )
 
 
@@ -121,7 +135,7 @@ class ShiftConv2d(_Shift):
         self,
         packed: torch.Tensor,
         bits: int,
-        n1: int,
+        n1: N1,
         weight_shape: tuple[int, int, int, int],
         bias: torch.Tensor | None = None,
         stride: tuple[int, int] = (1, 1),
@@ -136,8 +150,9 @@ class ShiftConv2d(_Shift):
         self.pre_pad = pre_pad  # (F.pad widths, mode) applied before the op, or None
 
     @classmethod
-    def from_float(cls, module: nn.Conv2d, n1: int, bits: int) -> ShiftConv2d:
-        """Pack a conv layer whose weight already lies in the level set of ``(n1, bits)``.
+    def from_float(cls, module: nn.Conv2d, n1: N1, bits: int) -> ShiftConv2d:
+        """Pack a conv layer whose weight already lies in the level set of ``(n1, bits)``
+        (``n1`` an int, or a tensor ``[out_channels]``: one level set per output channel).
 
         Raises:
             ValueError: if a weight is off the level set.
@@ -150,7 +165,7 @@ class ShiftConv2d(_Shift):
         return cls._like(module, layer.packed, layer.n1, layer.bits)
 
     @classmethod
-    def _like(cls, module: nn.Conv2d, packed: torch.Tensor, n1: int, bits: int) -> ShiftConv2d:
+    def _like(cls, module: nn.Conv2d, packed: torch.Tensor, n1: N1, bits: int) -> ShiftConv2d:
         padding, pre_pad = module.padding, None
         if module.padding_mode != "zeros" or isinstance(padding, str):
             # what nn.Conv2d does: pad first ("same" may be asymmetric), then convolve unpadded
@@ -183,6 +198,7 @@ class ShiftConv2d(_Shift):
             self.padding,
             self.dilation,
             self.groups,
+            self.n1_rows,
         )
 
     def extra_repr(self) -> str:
@@ -191,7 +207,7 @@ class ShiftConv2d(_Shift):
         return (
             f"{i * self.groups}, {o}, kernel_size=({kh}, {kw}), stride={tuple(self.stride)}, "
             f"{pad}, dilation={tuple(self.dilation)}, groups={self.groups}, bits={self.bits}, "
-            f"n1={self.n1}, bias={self.bias is not None}"
+            f"n1={describe_n1(self.level_sets)}, bias={self.bias is not None}"
         )
 
 

@@ -10,11 +10,13 @@ A packed file is a ``.safetensors`` file, readable with the ``safetensors`` libr
 
 - the packed ``uint8`` codes of each quantized weight under ``"<weight key>.inq_codes"``;
 - every other tensor of the model's state (biases, norm layers, buffers) as it is;
-- string metadata: ``format`` (``"inq-packed/1"``), ``bits``, ``portions``, ``strategy``,
-  ``layers`` (JSON ``{weight key: {"module", "bits", "n1", "shape", "width", "dtype"}}``) and
-  ``model`` (the masked checkpoint's model description, to rebuild the model).
+- string metadata: ``format`` (``"inq-packed/2"``), ``bits``, ``portions``, ``strategy``,
+  ``n1_rule``, ``granularity``, ``layers`` (JSON ``{weight key: {"module", "bits", "n1", "shape",
+  "width", "dtype"}}``, n1 an int or a list with one int per row) and ``model`` (the masked
+  checkpoint's model description, to rebuild the model).
 
-Decoding reproduces the masked checkpoint's weights bit for bit.
+Decoding reproduces the masked checkpoint's weights bit for bit. Files of format
+``"inq-packed/1"`` (one n1 per layer) still load.
 """
 
 from __future__ import annotations
@@ -27,19 +29,21 @@ from typing import Any
 
 import torch
 
-from inq.export import MASKED_FORMAT, MaskedCheckpoint, load_masked
+from inq.export import MASKED_FORMATS, MaskedCheckpoint, load_masked
 from inq.io import (
     digest_problem,
-    metadata_int,
+    metadata_n1,
+    n1_json,
     read_safetensors,
     read_safetensors_metadata,
     write_safetensors,
 )
-from inq.pow2 import check_bits, decode_unchecked, pow2_encode, pow2_quantize
+from inq.pow2 import N1, check_bits, decode_unchecked, pow2_encode, pow2_quantize
 
 __all__ = [
     "CODES_SUFFIX",
     "PACKED_FORMAT",
+    "PACKED_FORMATS",
     "PackStats",
     "PackedFile",
     "PackedLayer",
@@ -56,7 +60,8 @@ __all__ = [
     "unpack_codes",
 ]
 
-PACKED_FORMAT = "inq-packed/1"
+PACKED_FORMAT = "inq-packed/2"
+PACKED_FORMATS = ("inq-packed/1", PACKED_FORMAT)  # what load_packed reads
 CODES_SUFFIX = ".inq_codes"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -137,12 +142,12 @@ def unpack_codes(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
 
 
 def decode_weight(
-    packed: torch.Tensor, bits: int, n1: int, shape: tuple[int, ...], dtype: torch.dtype
+    packed: torch.Tensor, bits: int, n1: N1, shape: tuple[int, ...], dtype: torch.dtype
 ) -> torch.Tensor:
     """The weight of ``shape`` and ``dtype`` that packed codes stand for (no validation).
 
     Codes are trusted here (this runs inside the inference ops); files are checked once, when
-    :func:`load_packed` reads them.
+    :func:`load_packed` reads them. ``n1`` is an int or a tensor ``[O]`` (one per row).
 
     Example:
         >>> packed = pack_codes(torch.tensor([[4, 7], [0, 5]], dtype=torch.uint8), bits=3)
@@ -180,7 +185,7 @@ def masked_layer_problem(ckpt: MaskedCheckpoint, key: str) -> str | None:
 
     Checks that the weight and its mask exist with the same shape, that the mask is fully set,
     and that every value (bit pattern included: ``-0.0`` has no code) lies in the level set of
-    the layer's ``n1`` and the checkpoint's ``bits``.
+    the layer's ``n1`` (per row if it is a tensor) and the checkpoint's ``bits``.
 
     Example:
         >>> w = torch.tensor([[0.5, -0.25], [0.3, 0.0]])
@@ -207,9 +212,15 @@ def masked_layer_problem(ckpt: MaskedCheckpoint, key: str) -> str | None:
     off = _bits(snapped) != _bits(weight)
     if bool(off.any()):
         index = int(off.flatten().nonzero()[0])
+        n1 = ckpt.n1[key]
+        if isinstance(n1, torch.Tensor):
+            row = index // max(1, math.prod(weight.shape[1:]))
+            where = f"level sets of its channels (first: channel {row}, n1={int(n1[row])}, value"
+        else:
+            where = f"level set of n1={n1} (first:"
         return (
-            f"{int(off.sum())} weight(s) off the {ckpt.bits}-bit level set of n1={ckpt.n1[key]} "
-            f"(first: {weight.flatten()[index].item()!r} at flat index {index})"
+            f"{int(off.sum())} weight(s) off the {ckpt.bits}-bit {where} "
+            f"{weight.flatten()[index].item()!r} at flat index {index})"
         )
     return None
 
@@ -229,7 +240,7 @@ class PackedLayer:
     module: str
     packed: torch.Tensor
     bits: int
-    n1: int
+    n1: N1  # an int, or int32 [shape[0]]: one per row
     shape: tuple[int, ...]
     dtype: torch.dtype
 
@@ -255,8 +266,12 @@ class PackedLayer:
                 f"uint8 {expected} for shape {list(self.shape)} at {self.bits} bits"
             )
         low, high = _exponent_range(self.dtype)
-        if not low <= self.n1 <= high:
-            return f"n1={self.n1} puts the top level 2**n1 outside {self.dtype} ({low}..{high})"
+        n1 = self.n1
+        if isinstance(n1, torch.Tensor) and tuple(n1.shape) != (self.shape[0],):
+            return f"{n1.numel()} per-row n1 values for {self.shape[0]} rows"
+        for value in (n1,) if isinstance(n1, int) else (int(n1.min()), int(n1.max())):
+            if not low <= value <= high:
+                return f"n1={value} puts the top level 2**n1 outside {self.dtype} ({low}..{high})"
         if code_width(self.bits) == 4 and self.k % 2 and bool((self.packed[:, -1] >> 4).any()):
             return "a padding nibble at the end of an odd-length row is not zero"
         return codes_problem(self.codes(), self.bits)
@@ -359,7 +374,7 @@ def export_packed(
         layers[key] = {
             "module": key.rpartition(".")[0],
             "bits": ckpt.bits,
-            "n1": n1,
+            "n1": n1_json(n1),
             "shape": list(weight.shape),
             "width": code_width(ckpt.bits),
             "dtype": dtype,
@@ -369,6 +384,8 @@ def export_packed(
         "bits": str(ckpt.bits),
         "portions": json.dumps(list(ckpt.portions)),
         "strategy": ckpt.strategy,
+        "n1_rule": ckpt.n1_rule,
+        "granularity": ckpt.granularity,
         "layers": json.dumps(layers),
         "model": json.dumps(ckpt.model),
     }
@@ -398,8 +415,8 @@ def load_packed(path: str | os.PathLike[str], validate: bool = True) -> PackedFi
             file, has inconsistent metadata, or (with ``validate``) holds invalid codes.
     """
     fmt = read_format(path)
-    if fmt != PACKED_FORMAT:
-        hint = "; run `inq export` on it first" if fmt == MASKED_FORMAT else ""
+    if fmt not in PACKED_FORMATS:
+        hint = "; run `inq export` on it first" if fmt in MASKED_FORMATS else ""
         raise ValueError(f"{path}: not an INQ packed file (format {fmt!r}){hint}")
     tensors, metadata = read_safetensors(path)
     packed = _parse(tensors, metadata, path)
@@ -433,7 +450,7 @@ def _parse(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: obj
                 module=str(info["module"]),
                 packed=tensors.pop(key + CODES_SUFFIX),
                 bits=bits,
-                n1=metadata_int(info["n1"]),
+                n1=metadata_n1(info["n1"]),
                 shape=shape,
                 dtype=_DTYPES[info["dtype"]],
             )

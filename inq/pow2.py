@@ -18,6 +18,10 @@ Codes (``bits`` bits in a ``uint8``)::
 
 i.e. a set top bit marks a non-zero weight, then its sign, then its exponent offset below n1.
 Codes with the top bit clear other than 0 are invalid.
+
+Wherever a function takes ``n1`` it accepts an int (one level set for the whole tensor) or an
+integer tensor of shape ``[O]`` (one level set per slice along dim 0, i.e. per output channel of
+a conv or linear weight; see :mod:`inq.levels`). Codes do not depend on n1's granularity.
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ import math
 
 import torch
 
+N1 = int | torch.Tensor  # one n1 per tensor, or an integer tensor [O]: one per slice of dim 0
+
 __all__ = [
     "MAX_BITS",
     "MIN_BITS",
+    "N1",
     "check_bits",
     "check_quantizable",
     "check_top_level",
@@ -41,6 +48,7 @@ __all__ = [
     "pow2_n2",
     "pow2_quantize",
     "pow2_quantize_codes",
+    "rows_n1",
 ]
 
 MIN_BITS = 2
@@ -96,7 +104,7 @@ def pow2_n1(weight: torch.Tensor) -> int:
     return n
 
 
-def pow2_n2(n1: int, bits: int) -> int:
+def pow2_n2(n1: N1, bits: int) -> N1:
     """Smallest exponent of the level set: ``n1 + 1 - 2**(bits-2)``.
 
     Example:
@@ -119,17 +127,21 @@ def pow2_levels(n1: int, bits: int, dtype: torch.dtype = torch.float32) -> torch
     return torch.tensor([-m for m in reversed(mags)] + [0.0] + mags, dtype=torch.float64).to(dtype)
 
 
-def pow2_quantize(weight: torch.Tensor, n1: int, bits: int) -> torch.Tensor:
+def pow2_quantize(weight: torch.Tensor, n1: N1, bits: int) -> torch.Tensor:
     """Round every weight to the nearest level of ``P(n1, bits)`` (Eq. 4; ties go up).
 
     Vectorised and exact on any device, for float32, float16 and bfloat16 tensors; the
     result has the input's dtype, shape and device. ``|w| >= 1.5 * 2**n1`` clamps to ``2**n1``;
-    ``|w| < 2**(n2-1)`` becomes zero.
+    ``|w| < 2**(n2-1)`` becomes zero. ``n1`` may be a tensor ``[O]``: row ``i`` (``weight[i]``)
+    uses ``n1[i]``.
 
     Example:
         >>> w = torch.tensor([0.9, -0.3, 0.05, 0.0])
         >>> pow2_quantize(w, n1=0, bits=3)
         tensor([ 1.0000, -0.5000,  0.0000,  0.0000])
+        >>> pow2_quantize(torch.tensor([[0.9, 0.3], [0.9, 0.3]]), torch.tensor([0, -1]), bits=3)
+        tensor([[1.0000, 0.5000],
+                [0.5000, 0.2500]])
 
     Raises:
         ValueError: on a non-float tensor, bits outside [2, 8], NaN/infinite weights, or an n1
@@ -138,7 +150,7 @@ def pow2_quantize(weight: torch.Tensor, n1: int, bits: int) -> torch.Tensor:
     return decode_unchecked(pow2_quantize_codes(weight, n1, bits), n1, bits, weight.dtype)
 
 
-def pow2_quantize_codes(weight: torch.Tensor, n1: int, bits: int) -> torch.Tensor:
+def pow2_quantize_codes(weight: torch.Tensor, n1: N1, bits: int) -> torch.Tensor:
     """Eq. 4 straight to codes: ``pow2_encode(pow2_quantize(w, n1, bits), n1, bits)``, faster.
 
     Example:
@@ -149,18 +161,19 @@ def pow2_quantize_codes(weight: torch.Tensor, n1: int, bits: int) -> torch.Tenso
         ValueError: as :func:`pow2_quantize`.
     """
     check_quantizable(weight, n1)
+    n1 = rows_n1(n1, weight)
     n2 = pow2_n2(n1, bits)
     work = weight.detach().to(torch.float32)  # exact for every supported dtype
     mantissa, exponent = torch.frexp(work)  # |w| = |m| * 2**k, |m| in [0.5, 1)
     # |w| in [2**(k-1), 2**k): the midpoint 1.5 * 2**(k-1) is |m| = 0.75; ties go up.
-    e = (exponent - 1 + (mantissa.abs() >= 0.75).to(exponent.dtype)).clamp_(n2, n1)
+    e = torch.clamp(exponent - 1 + (mantissa.abs() >= 0.75).to(exponent.dtype), n2, n1)
     # k >= n2  <=>  |w| >= 2**(n2-1), the midpoint between 0 and 2**n2.
     zero = (exponent < n2) | (work == 0)
     codes = (1 << (bits - 1)) | ((mantissa < 0).to(e.dtype) << (bits - 2)) | (n1 - e)
     return codes.masked_fill_(zero, 0).to(torch.uint8)
 
 
-def check_quantizable(weight: torch.Tensor, n1: int) -> None:
+def check_quantizable(weight: torch.Tensor, n1: N1) -> None:
     """Raise unless :func:`pow2_quantize` can round ``weight`` with this ``n1``.
 
     Example:
@@ -174,12 +187,12 @@ def check_quantizable(weight: torch.Tensor, n1: int) -> None:
             overflows the dtype.
     """
     _check_float(weight)
-    check_top_level(n1, weight.dtype)
+    check_top_level(n1 if isinstance(n1, int) else int(rows_n1(n1, weight).max()), weight.dtype)
     if not bool(torch.isfinite(weight).all()):
         raise ValueError("pow2_quantize: the weight holds NaN or infinity")
 
 
-def pow2_encode(quantized: torch.Tensor, n1: int, bits: int) -> torch.Tensor:
+def pow2_encode(quantized: torch.Tensor, n1: N1, bits: int) -> torch.Tensor:
     """Integer codes (``uint8``, same shape) of a tensor whose values lie in ``P(n1, bits)``.
 
     Example:
@@ -195,15 +208,16 @@ def pow2_encode(quantized: torch.Tensor, n1: int, bits: int) -> torch.Tensor:
     off_level = decode_unchecked(codes, n1, bits, quantized.dtype) != quantized
     if bool(off_level.any()):
         first = quantized.detach()[off_level].flatten()[0].item()
+        where = f"n1={n1}" if isinstance(n1, int) else "their row's n1"
         raise ValueError(
             f"pow2_encode: {int(off_level.sum())} value(s) are not in the {bits}-bit level set "
-            f"of n1={n1} (first: {first!r}); quantize with pow2_quantize first"
+            f"of {where} (first: {first!r}); quantize with pow2_quantize first"
         )
     return codes
 
 
 def pow2_decode(
-    codes: torch.Tensor, n1: int, bits: int, dtype: torch.dtype = torch.float32
+    codes: torch.Tensor, n1: N1, bits: int, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """Values of integer codes made by :func:`pow2_encode`; the exact inverse.
 
@@ -226,13 +240,19 @@ def pow2_decode(
     return decode_unchecked(c, n1, bits, dtype)
 
 
-def decode_unchecked(codes: torch.Tensor, n1: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
+def decode_unchecked(codes: torch.Tensor, n1: N1, bits: int, dtype: torch.dtype) -> torch.Tensor:
     """:func:`pow2_decode` without validation, for codes this library produced itself.
 
-    A lookup in a 256-entry table (invalid codes map to NaN, never to a plausible value).
+    Invalid codes map to NaN, never to a plausible value. One n1: a lookup in a 256-entry table;
+    n1 per row: the same formula as the table's, element by element (so the same values).
     """
-    table = decode_table(n1, bits, dtype, codes.device)
-    return torch.index_select(table, 0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
+    if isinstance(n1, int):
+        table = decode_table(n1, bits, dtype, codes.device)
+        return torch.index_select(table, 0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
+    check_bits(bits)
+    n1 = rows_n1(n1, codes)
+    check_top_level(int(n1.max()) if n1.numel() else 0, dtype)
+    return _code_values(codes.to(torch.int32), n1, bits).to(dtype)
 
 
 @functools.lru_cache(maxsize=256)
@@ -245,14 +265,39 @@ def decode_table(n1: int, bits: int, dtype: torch.dtype, device: torch.device) -
     """
     check_bits(bits)
     check_top_level(n1, dtype)
-    c = torch.arange(256, dtype=torch.int32)
+    return _code_values(torch.arange(256, dtype=torch.int32), n1, bits).to(dtype).to(device)
+
+
+def _code_values(c: torch.Tensor, n1: N1, bits: int) -> torch.Tensor:
+    """float32 value of every int32 code ``c`` (NaN for invalid codes); ``n1`` broadcasts."""
     top = 1 << (bits - 1)
     offset = c & ((1 << (bits - 2)) - 1)
     sign = 1.0 - 2.0 * ((c >> (bits - 2)) & 1).to(torch.float32)
-    values = torch.where(c >= top, sign * exp2(n1 - offset), float("nan"))
-    values[0] = 0.0
-    values[c >= 2 * top] = float("nan")
-    return values.to(dtype).to(device)
+    values = torch.where((c >= top) & (c < 2 * top), sign * exp2(n1 - offset), float("nan"))
+    return values.masked_fill_(c == 0, 0.0)
+
+
+def rows_n1(n1: N1, like: torch.Tensor) -> N1:
+    """``n1`` ready to broadcast against ``like``: an int as it is, a tensor ``[O]`` (one n1 per
+    slice ``like[i]``) as int32 ``[O, 1, ..., 1]`` on ``like``'s device.
+
+    Example:
+        >>> rows_n1(torch.tensor([0, -2]), torch.zeros(2, 3, 3)).shape
+        torch.Size([2, 1, 1])
+
+    Raises:
+        ValueError: if the tensor is not integer, or its length is not ``like.shape[0]``.
+    """
+    if isinstance(n1, int) and not isinstance(n1, bool):
+        return n1
+    if not isinstance(n1, torch.Tensor) or n1.is_floating_point() or n1.dtype == torch.bool:
+        raise ValueError(f"n1 must be an int or an integer tensor [O], got {n1!r}")
+    if n1.dim() != 1 or like.dim() == 0 or n1.shape[0] != like.shape[0]:
+        raise ValueError(
+            f"a per-row n1 must have one entry per slice along dim 0: shape "
+            f"[{like.shape[0] if like.dim() else 0}], got {list(n1.shape)}"
+        )
+    return n1.to(device=like.device, dtype=torch.int32).view(-1, *[1] * (like.dim() - 1))
 
 
 def exp2(e: torch.Tensor) -> torch.Tensor:

@@ -23,13 +23,15 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from inq.levels import check_level_options, select_n1
 from inq.partition import STRATEGIES, grow_mask, quantized_count
 from inq.pow2 import (
+    N1,
     check_bits,
     check_quantizable,
     decode_unchecked,
-    pow2_n1,
     pow2_quantize_codes,
+    rows_n1,
 )
 
 __all__ = [
@@ -51,7 +53,7 @@ TARGET_TYPES = (
     nn.ConvTranspose2d,
     nn.ConvTranspose3d,
 )
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2 added n1_rule and granularity; version 1 states load as "max"/"layer"
 FLOAT_CODE = 1  # valid codes are 0 and 2**(bits-1) .. 2**bits - 1, so 1 never is one
 
 
@@ -61,13 +63,14 @@ class QuantizedLayer:
 
     ``codes`` (``uint8``, the weight's shape) holds the power-of-two code (see :mod:`inq.pow2`)
     of each quantized entry and :data:`FLOAT_CODE` where the weight is still float; ``n1`` is None
-    until the first partition; ``count`` is the number of quantized entries.
+    until the first partition, then an int (one level set) or an int32 tensor ``[O]`` on the CPU
+    (one per output channel); ``count`` is the number of quantized entries.
     """
 
     name: str
     weight: nn.Parameter
     codes: torch.Tensor
-    n1: int | None = None
+    n1: N1 | None = None
     count: int = 0
 
     @property
@@ -79,7 +82,8 @@ class QuantizedLayer:
     def frozen_values(self, bits: int) -> torch.Tensor:
         """The snapped values of the quantized entries (NaN where the weight is still float)."""
         self._follow_weight_device()
-        return decode_unchecked(self.codes, self.n1 or 0, bits, self.weight.dtype)
+        n1 = 0 if self.n1 is None else self.n1
+        return decode_unchecked(self.codes, n1, bits, self.weight.dtype)
 
     def _follow_weight_device(self) -> None:
         # model.to(device) after the scheduler was built moves the weights but not our state
@@ -106,12 +110,17 @@ class INQScheduler:
         portions: accumulated quantized fractions, strictly increasing, ending at 1.0.
         strategy: ``"magnitude"`` (largest weights first) or ``"random"``.
         seed: seeds the ``random`` partition (identical draw on every process).
+        n1_rule: how each level set's n1 is chosen at the first :meth:`step`: ``"max"`` (the
+            paper's ``floor(log2(4 max|W| / 3))``) or ``"mse"`` (least squared rounding error of
+            the float weights); see :mod:`inq.levels`.
+        granularity: ``"layer"`` (one level set per layer, the paper) or ``"channel"`` (one per
+            output channel: per slice along the weight's dim 0).
         include: glob patterns (``fnmatch``) of module names to quantize; default all targets.
         exclude: glob patterns of module names to leave in float.
 
     Raises:
-        ValueError: on bad bits, portions or strategy, a pattern that matches no conv/linear
-            layer, or a model with no target layer left.
+        ValueError: on bad bits, portions, strategy, n1_rule or granularity, a pattern that
+            matches no conv/linear layer, or a model with no target layer left.
     """
 
     def __init__(
@@ -123,12 +132,15 @@ class INQScheduler:
         seed: int = 0,
         include: str | Sequence[str] | None = None,
         exclude: str | Sequence[str] | None = None,
+        n1_rule: str = "max",
+        granularity: str = "layer",
     ) -> None:
         self.bits = check_bits(bits)
         self.portions = check_portions(portions)
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-        self.strategy = strategy
+        check_level_options(n1_rule, granularity)
+        self.strategy, self.n1_rule, self.granularity = strategy, n1_rule, granularity
         self.seed = int(seed)
         self.stage = 0
         self._layers = tuple(
@@ -179,8 +191,9 @@ class INQScheduler:
     def step(self) -> float:
         """Go to the next stage: partition each layer, snap the new weights, freeze them.
 
-        Returns the new accumulated portion. n1 of each layer is taken from its weights at the
-        first call and kept from then on. Either every layer advances or, on error, none does.
+        Returns the new accumulated portion. The level sets (n1 of each layer or channel) are
+        chosen from the weights at the first call (:meth:`fix_level_sets`) and kept from then on.
+        Either every layer advances or, on error, none does.
 
         Raises:
             RuntimeError: if every stage is already done.
@@ -194,7 +207,7 @@ class INQScheduler:
         portion = self.portions[self.stage]
         # Check every layer before changing any, then advance one layer at a time: the
         # temporaries of one layer are all that exists beside the state at any moment.
-        n1s = [self._checked_n1(layer) for layer in self._layers]
+        n1s = self._checked_n1s()
         for layer, n1 in zip(self._layers, n1s, strict=True):
             self._advance(layer, n1, portion)
         self.stage += 1
@@ -202,6 +215,17 @@ class INQScheduler:
         for optimizer in self._optimizers:
             self._clear_optimizer_state(optimizer)
         return portion
+
+    def fix_level_sets(self) -> None:
+        """Choose every layer's n1 from its current weights now, if not chosen yet.
+
+        :meth:`step` does this at the first stage; the STE baseline calls it before training.
+
+        Raises:
+            ValueError: if a weight holds NaN or infinity.
+        """
+        for layer, n1 in zip(self._layers, self._checked_n1s(), strict=True):
+            layer.n1 = n1
 
     @torch.no_grad()
     def enforce(self) -> None:
@@ -250,6 +274,8 @@ class INQScheduler:
             "portions": list(self.portions),
             "strategy": self.strategy,
             "seed": self.seed,
+            "n1_rule": self.n1_rule,
+            "granularity": self.granularity,
             "stage": self.stage,
             "layers": {
                 layer.name: {"n1": layer.n1, "codes": layer.codes.cpu()} for layer in self._layers
@@ -263,9 +289,10 @@ class INQScheduler:
             ValueError: if the state was made with other settings or for another model, or
                 holds codes that are not valid ``bits``-bit codes.
         """
-        if state.get("version") != _STATE_VERSION:
+        if state.get("version") not in (1, _STATE_VERSION):
             raise ValueError(f"unsupported INQ scheduler state version {state.get('version')!r}")
-        for key in ("bits", "portions", "strategy", "seed"):
+        state = {"n1_rule": "max", "granularity": "layer", **state}  # version 1: the paper's
+        for key in ("bits", "portions", "strategy", "seed", "n1_rule", "granularity"):
             mine = getattr(self, key)
             theirs = tuple(state[key]) if key == "portions" else state[key]
             if theirs != mine:
@@ -291,10 +318,18 @@ class INQScheduler:
             valid = (codes == FLOAT_CODE) | (codes == 0) | ((codes >= top) & (codes < 2 * top))
             if not bool(valid.all()) or (n1 is None and bool((codes != FLOAT_CODE).any())):
                 raise ValueError(f"INQ state for {layer.name!r} holds invalid codes (corrupt?)")
+            if n1 is not None and not self._n1_fits(n1, layer.weight):
+                raise ValueError(
+                    f"INQ state for {layer.name!r} holds n1 {n1!r}, not one per "
+                    f"{self.granularity} for this weight"
+                )
         for layer in self._layers:
             codes, n1 = saved[layer.name]["codes"], saved[layer.name]["n1"]
             layer.codes = codes.to(layer.weight.device, copy=True)
-            layer.n1 = None if n1 is None else int(n1)
+            if isinstance(n1, torch.Tensor):
+                layer.n1 = n1.to("cpu", torch.int32, copy=True)
+            else:
+                layer.n1 = None if n1 is None else int(n1)
             layer.count = int((codes != FLOAT_CODE).sum())
         self.stage = stage
         self.enforce()
@@ -302,25 +337,40 @@ class INQScheduler:
     def __repr__(self) -> str:
         return (
             f"INQScheduler(bits={self.bits}, portions={self.portions}, strategy={self.strategy!r}, "
+            f"n1_rule={self.n1_rule!r}, granularity={self.granularity!r}, "
             f"stage={self.stage}/{len(self.portions)}, layers={len(self._layers)}, "
             f"quantized={self.quantized_fraction():.1%})"
         )
 
     # ------------------------------------------------------------------ internals
 
-    @staticmethod
-    def _checked_n1(layer: QuantizedLayer) -> int:
-        """The layer's n1 (taken from the weights at the first stage), once they are known to
+    def _checked_n1s(self) -> list[N1]:
+        """Every layer's n1 (chosen from the weights if not yet), once the weights are known to
         be quantizable with it."""
-        weight = layer.weight.detach()
-        try:
-            n1 = pow2_n1(weight) if layer.n1 is None else layer.n1
-            check_quantizable(weight, n1)
-        except ValueError as err:
-            raise ValueError(f"INQScheduler.step(): layer {layer.name!r}: {err}") from err
-        return n1
+        n1s = []
+        for layer in self._layers:
+            weight = layer.weight.detach()
+            try:
+                n1 = layer.n1
+                if n1 is None:
+                    n1 = select_n1(weight, self.bits, self.n1_rule, self.granularity)
+                    n1 = n1.cpu() if isinstance(n1, torch.Tensor) else n1
+                check_quantizable(weight, n1)
+            except ValueError as err:
+                raise ValueError(f"INQScheduler.step(): layer {layer.name!r}: {err}") from err
+            n1s.append(n1)
+        return n1s
 
-    def _advance(self, layer: QuantizedLayer, n1: int, portion: float) -> None:
+    def _n1_fits(self, n1: object, weight: torch.Tensor) -> bool:
+        if self.granularity == "layer":
+            return isinstance(n1, int) and not isinstance(n1, bool)
+        return (
+            isinstance(n1, torch.Tensor)
+            and not n1.is_floating_point()
+            and tuple(n1.shape) == (weight.shape[0],)
+        )
+
+    def _advance(self, layer: QuantizedLayer, n1: N1, portion: float) -> None:
         """Partition and snap one layer whose weights passed :meth:`_checked_n1`."""
         weight = layer.weight.detach()
         count = quantized_count(portion, weight.numel())
@@ -329,7 +379,8 @@ class INQScheduler:
         new = grow_mask(weight, old, count, self.strategy, self.seed, key)
         new &= ~old
         codes = layer.codes.clone()  # a new tensor: state_dict() copies taken earlier keep theirs
-        codes[new] = pow2_quantize_codes(weight[new], n1, self.bits)  # only the new weights
+        n1_new = n1 if isinstance(n1, int) else rows_n1(n1, weight).expand(weight.shape)[new]
+        codes[new] = pow2_quantize_codes(weight[new], n1_new, self.bits)  # only the new weights
         layer.n1, layer.codes, layer.count = n1, codes, count
 
     @staticmethod

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from inq.export import MASKED_FORMAT, MaskedCheckpoint, load_masked
-from inq.packed import PACKED_FORMAT, PackedFile, load_packed, masked_layer_problem, read_format
-from inq.pow2 import pow2_encode
+from inq.export import MASKED_FORMATS, MaskedCheckpoint, load_masked
+from inq.levels import describe_n1
+from inq.packed import PACKED_FORMATS, PackedFile, load_packed, masked_layer_problem, read_format
+from inq.pow2 import N1, pow2_encode
 
 __all__ = ["LayerReport", "VerifyReport", "verify_file", "verify_masked", "verify_packed"]
 
@@ -25,7 +26,7 @@ class LayerReport:
 
     key: str
     bits: int
-    n1: int
+    n1: N1
     levels_used: int | None
     zeros: float | None
     problem: str | None = None
@@ -56,13 +57,15 @@ class VerifyReport:
     def table(self) -> str:
         """A fixed-width table: tensor, bits, n1, levels used, zeros %, status."""
         width = max([len("tensor"), *(len(layer.key) for layer in self.layers)])
-        lines = [f"{'tensor':<{width}}  bits    n1  levels   zeros  status"]
+        n1_width = max([4, *(len(describe_n1(layer.n1)) for layer in self.layers)])
+        lines = [f"{'tensor':<{width}}  bits  {'n1':>{n1_width}}  levels   zeros  status"]
         for layer in self.layers:
             used = "-" if layer.levels_used is None else f"{layer.levels_used}/{layer.levels}"
             zeros = "-" if layer.zeros is None else f"{100 * layer.zeros:.1f}%"
             status = "ok" if layer.problem is None else "FAIL"
             lines.append(
-                f"{layer.key:<{width}}  {layer.bits:>4}  {layer.n1:>4}  {used:>6}  {zeros:>6}  "
+                f"{layer.key:<{width}}  {layer.bits:>4}  {describe_n1(layer.n1):>{n1_width}}  "
+                f"{used:>6}  {zeros:>6}  "
                 f"{status}"
             )
         return "\n".join(lines)
@@ -120,18 +123,18 @@ def verify_file(path: str | os.PathLike[str]) -> VerifyReport:
         ValueError: if the file cannot be read or is neither kind of INQ file.
     """
     fmt = read_format(path)
-    if fmt == MASKED_FORMAT:
+    if fmt in MASKED_FORMATS:
         return verify_masked(load_masked(path), str(path))
-    if fmt == PACKED_FORMAT:
+    if fmt in PACKED_FORMATS:
         return verify_packed(load_packed(path, validate=False), str(path))
     raise ValueError(
         f"{path}: not an INQ masked checkpoint or packed file (format {fmt!r}; expected "
-        f"{MASKED_FORMAT!r} or {PACKED_FORMAT!r})"
+        f"one of {MASKED_FORMATS + PACKED_FORMATS})"
     )
 
 
 def _report(
-    key: str, bits: int, n1: int, codes: torch.Tensor | None, problem: str | None
+    key: str, bits: int, n1: N1, codes: torch.Tensor | None, problem: str | None
 ) -> LayerReport:
     if codes is None:
         return LayerReport(key, bits, n1, None, None, problem)

@@ -193,8 +193,8 @@ def test_eval_matches_the_masked_checkpoint_on_digits(capsys, tmp_path: Path) ->
         correct = int((model(x).argmax(1) == y).sum())
     assert code == 0 and f"accuracy {100 * correct / len(y):.2f}% ({correct}/{len(y)})" in out
 
-    code, _, err = run(capsys, "eval", tmp_path / "d.safetensors", "--data", "mnist")
-    assert code == 1 and "unknown dataset 'mnist'" in err
+    code, _, err = run(capsys, "eval", tmp_path / "d.safetensors", "--data", "emnist")
+    assert code == 1 and "unknown dataset 'emnist'" in err
     code, _, err = run(capsys, "eval", tmp_path / "d.safetensors", "--data", "split_seed=1")
     assert code == 1 and "--data needs a dataset name" in err
 

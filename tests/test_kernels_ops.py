@@ -26,11 +26,12 @@ def random_weight(shape: tuple[int, ...], bits: int, n1: int, seed: int):
 def test_schemas_are_the_contract() -> None:
     assert str(torch.ops.inq.shift_linear.default._schema) == (
         "inq::shift_linear(Tensor x, Tensor packed, int bits, int n1, int in_features, "
-        "Tensor? bias) -> Tensor"
+        "Tensor? bias, Tensor? n1_rows=None) -> Tensor"
     )
     assert str(torch.ops.inq.shift_conv2d.default._schema) == (
         "inq::shift_conv2d(Tensor x, Tensor packed, int bits, int n1, int[] weight_shape, "
-        "Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups) -> Tensor"
+        "Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, "
+        "Tensor? n1_rows=None) -> Tensor"
     )
 
 

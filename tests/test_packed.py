@@ -211,7 +211,7 @@ def _set_code(tensors, key: str, value: int) -> None:
         (None, _edit_layer("dtype", "int8"), "corrupt"),
         (None, lambda m: m.pop("layers"), "corrupt"),
         (None, lambda m: m.update(model="[1]"), "must be a JSON object"),
-        (None, lambda m: m.update(format="inq-packed/2"), "not an INQ packed file"),
+        (None, lambda m: m.update(format="inq-packed/3"), "not an INQ packed file"),
     ],
 )
 def test_tampered_files_fail_with_one_clear_error(packed_file, edit_tensors, edit_meta, match):

@@ -12,6 +12,7 @@ import torch
 
 from inq.kernels.int8 import shift_linear_int8
 from inq.kernels.ops import (
+    row_exponents,
     shift_conv2d,
     shift_conv2d_reference,
     shift_linear,
@@ -29,17 +30,20 @@ if _triton is not None:
     _FLOATS = _triton.FLOAT_DTYPES
 
     @torch.library.register_kernel("inq::shift_linear", "cuda")
-    def _shift_linear_cuda(x, packed, bits, n1, in_features, bias):
+    def _shift_linear_cuda(x, packed, bits, n1, in_features, bias, n1_rows=None):
         if x.dtype not in _FLOATS:  # float64: the reference (cuBLAS)
-            return shift_linear_reference(x, packed, bits, n1, in_features, bias)
-        return _triton.shift_linear(x, packed, bits, n1, in_features, bias)
+            return shift_linear_reference(x, packed, bits, n1, in_features, bias, n1_rows)
+        return _triton.shift_linear(x, packed, bits, row_exponents(n1, n1_rows), in_features, bias)
 
     @torch.library.register_kernel("inq::shift_conv2d", "cuda")
     def _shift_conv2d_cuda(x, packed, bits, n1, weight_shape, bias, stride, padding, dilation,
-                           groups):  # fmt: skip
-        args = (x, packed, bits, n1, weight_shape, bias, stride, padding, dilation, groups)
+                           groups, n1_rows=None):  # fmt: skip
         if x.dtype not in _FLOATS:
-            return shift_conv2d_reference(*args)
+            return shift_conv2d_reference(
+                x, packed, bits, n1, weight_shape, bias, stride, padding, dilation, groups, n1_rows
+            )
+        exponents = row_exponents(n1, n1_rows)
+        args = (x, packed, bits, exponents, weight_shape, bias, stride, padding, dilation, groups)
         return _triton.shift_conv2d(*args)
 
     torch.library.register_kernel("inq::shift_linear_int8", "cuda", _triton.shift_linear_int8)

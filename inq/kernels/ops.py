@@ -7,6 +7,9 @@ are tested against. A device kernel overrides it with
 ``torch.library.register_kernel("inq::shift_linear", "cuda")``. Fake implementations make both
 ops traceable by ``torch.compile``. Inference only: the ops have no autograd formula.
 
+``n1`` is the layer's top exponent; with per-channel level sets, ``n1_rows`` (an integer tensor
+``[O]``) adds one exponent per output row: row ``r`` decodes with ``n1 + n1_rows[r]``.
+
 Example:
     >>> from inq.packed import pack_codes
     >>> codes = torch.tensor([[8, 13], [0, 9]], dtype=torch.uint8)  # 4 bits: [[2, -1], [0, 1]]
@@ -29,6 +32,7 @@ from inq.packed import decode_weight
 
 __all__ = [
     "conv2d_output_size",
+    "row_exponents",
     "shift_conv2d",
     "shift_conv2d_reference",
     "shift_linear",
@@ -36,11 +40,28 @@ __all__ = [
 ]
 
 
+def row_exponents(n1: int, n1_rows: Tensor | None) -> int | Tensor:
+    """The exponent of every output row: ``n1``, or ``n1 + n1_rows`` (int32 ``[O]``).
+
+    Example:
+        >>> row_exponents(-2, torch.tensor([0, -1]))
+        tensor([-2, -3], dtype=torch.int32)
+    """
+    return n1 if n1_rows is None else (n1_rows.to(torch.int32) + n1)
+
+
 def shift_linear_reference(
-    x: Tensor, packed: Tensor, bits: int, n1: int, in_features: int, bias: Tensor | None
+    x: Tensor,
+    packed: Tensor,
+    bits: int,
+    n1: int,
+    in_features: int,
+    bias: Tensor | None,
+    n1_rows: Tensor | None = None,
 ) -> Tensor:
     """Decode + ``F.linear``: the reference every ``inq::shift_linear`` kernel must match."""
-    weight = decode_weight(packed, bits, n1, (packed.shape[0], in_features), x.dtype)
+    rows_n1 = row_exponents(n1, n1_rows)
+    weight = decode_weight(packed, bits, rows_n1, (packed.shape[0], in_features), x.dtype)
     return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
 
 
@@ -55,9 +76,10 @@ def shift_conv2d_reference(
     padding: list[int],
     dilation: list[int],
     groups: int,
+    n1_rows: Tensor | None = None,
 ) -> Tensor:
     """Decode + ``F.conv2d`` (contiguous result): the reference of ``inq::shift_conv2d``."""
-    weight = decode_weight(packed, bits, n1, tuple(weight_shape), x.dtype)
+    weight = decode_weight(packed, bits, row_exponents(n1, n1_rows), tuple(weight_shape), x.dtype)
     b = None if bias is None else bias.to(x.dtype)
     return F.conv2d(x, weight, b, stride, padding, dilation, groups).contiguous()
 
@@ -86,17 +108,32 @@ def conv2d_output_size(
 @torch.library.custom_op(
     "inq::shift_linear",
     mutates_args=(),
-    schema="(Tensor x, Tensor packed, int bits, int n1, int in_features, Tensor? bias) -> Tensor",
+    schema="(Tensor x, Tensor packed, int bits, int n1, int in_features, Tensor? bias, "
+    "Tensor? n1_rows=None) -> Tensor",
 )
 def shift_linear(
-    x: Tensor, packed: Tensor, bits: int, n1: int, in_features: int, bias: Tensor | None
+    x: Tensor,
+    packed: Tensor,
+    bits: int,
+    n1: int,
+    in_features: int,
+    bias: Tensor | None,
+    n1_rows: Tensor | None = None,
 ) -> Tensor:
     """``F.linear(x, W, bias)`` for the weight ``W [O, in_features]`` that ``packed`` encodes."""
-    return shift_linear_reference(x, packed, bits, n1, in_features, bias)
+    return shift_linear_reference(x, packed, bits, n1, in_features, bias, n1_rows)
 
 
 @shift_linear.register_fake
-def _(x: Tensor, packed: Tensor, bits: int, n1: int, in_features: int, bias: Tensor | None):
+def _(
+    x: Tensor,
+    packed: Tensor,
+    bits: int,
+    n1: int,
+    in_features: int,
+    bias: Tensor | None,
+    n1_rows: Tensor | None = None,
+):
     torch._check(x.shape[-1] == in_features, lambda: "shift_linear: x.shape[-1] != in_features")
     return x.new_empty((*x.shape[:-1], packed.shape[0]))
 
@@ -105,7 +142,7 @@ def _(x: Tensor, packed: Tensor, bits: int, n1: int, in_features: int, bias: Ten
     "inq::shift_conv2d",
     mutates_args=(),
     schema="(Tensor x, Tensor packed, int bits, int n1, int[] weight_shape, Tensor? bias, "
-    "int[] stride, int[] padding, int[] dilation, int groups) -> Tensor",
+    "int[] stride, int[] padding, int[] dilation, int groups, Tensor? n1_rows=None) -> Tensor",
 )
 def shift_conv2d(
     x: Tensor,
@@ -118,13 +155,14 @@ def shift_conv2d(
     padding: list[int],
     dilation: list[int],
     groups: int,
+    n1_rows: Tensor | None = None,
 ) -> Tensor:
     """``F.conv2d`` with the weight ``[O, Cin/groups, kh, kw]`` that ``packed`` encodes.
 
     ``x`` is ``[N, Cin, H, W]`` or unbatched ``[Cin, H, W]``; the result is contiguous.
     """
     return shift_conv2d_reference(
-        x, packed, bits, n1, weight_shape, bias, stride, padding, dilation, groups
+        x, packed, bits, n1, weight_shape, bias, stride, padding, dilation, groups, n1_rows
     )
 
 
@@ -140,6 +178,7 @@ def _(
     padding: list[int],
     dilation: list[int],
     groups: int,
+    n1_rows: Tensor | None = None,
 ):
     torch._check(
         x.shape[-3] == weight_shape[1] * groups, lambda: "shift_conv2d: channels do not match"

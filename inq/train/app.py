@@ -302,6 +302,9 @@ class Trainer:
             "bits": self.sched.bits,
             "portions": list(self.sched.portions),
             "strategy": self.sched.strategy,
+            "n1_rule": self.sched.n1_rule,
+            "granularity": self.sched.granularity,
+            "zero_fraction": _zero_fraction(self.sched),
             "seed": self.cfg.trainer.seed,
             "retrain_epochs": sum(p.epochs for p in self.phases if p.stage > 0),
             "stages": {name: self.history[name] for name in stages},
@@ -374,6 +377,8 @@ def _build_scheduler(model: nn.Module, cfg: DictConfig) -> INQScheduler:
             seed=cfg.trainer.seed,
             include=None if cfg.inq.include is None else list(cfg.inq.include),
             exclude=None if cfg.inq.exclude is None else list(cfg.inq.exclude),
+            n1_rule=cfg.inq.n1_rule.name,
+            granularity=cfg.inq.granularity.name,
         )
     except ValueError as err:
         keys = ("portions", "include", "exclude", "strategy")
@@ -388,6 +393,12 @@ def _seed_everything(seed: int) -> None:
 
 
 _METHOD_LABELS = {"inq": "INQ", "oneshot": "one-shot", "ste": "STE"}
+
+
+def _zero_fraction(sched: INQScheduler) -> float:
+    """Share of the quantized weights whose level is zero."""
+    zeros = sum(int((layer.codes == 0).sum()) for layer in sched.layers)
+    return zeros / max(1, sum(layer.count for layer in sched.layers))
 
 
 def _table(summary: dict[str, Any]) -> str:

@@ -27,11 +27,23 @@ class DataName(Enum):
     cifar100 = 3
     imagenet = 4
     synthetic = 5
+    fashion_mnist = 6
+    mnist = 7
 
 
 class Strategy(Enum):
     magnitude = 1
     random = 2
+
+
+class N1Rule(Enum):
+    max = 1  # the paper: floor(log2(4 max|W| / 3))
+    mse = 2  # least squared rounding error of the float weights (inq.levels)
+
+
+class Granularity(Enum):
+    layer = 1  # one level set per layer (the paper)
+    channel = 2  # one per output channel
 
 
 class Method(Enum):
@@ -49,7 +61,7 @@ class Schedule(Enum):
 @dataclass
 class DataConfig:
     name: DataName = DataName.digits
-    root: str | None = None  # local dataset directory (cifar*, imagenet)
+    root: str | None = None  # local dataset directory (cifar*, imagenet, *mnist)
     num_classes: int = 10
     in_channels: int = 1
     image_size: int = 8
@@ -65,7 +77,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "digits_cnn"  # digits_cnn, resnet20/32/56, or a torchvision model name
+    name: str = "digits_cnn"  # digits_cnn, mnist_cnn, resnet20/32/56, or a torchvision model
     num_classes: int = II("data.num_classes")
     in_channels: int = II("data.in_channels")
     width: int = 16
@@ -104,6 +116,8 @@ class INQConfig:
     bits: int = 5
     portions: list[float] = field(default_factory=lambda: [0.3, 0.6, 0.8, 1.0])
     strategy: Strategy = Strategy.magnitude
+    n1_rule: N1Rule = N1Rule.max
+    granularity: Granularity = Granularity.layer
     epochs: int = 6  # retraining epochs per stage
     lr: float | None = 0.01  # retraining lr; None = optim.lr
     include: list[str] | None = None  # module-name globs

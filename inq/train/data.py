@@ -1,6 +1,8 @@
 """Datasets and loaders from the resolved ``data`` config dict (usable without Hydra).
 
 Datasets: ``digits`` (scikit-learn's bundled 8x8 digits, a stratified held-out split),
+``fashion_mnist``/``mnist`` (the gzip idx files of the 60k/10k split under ``data.root``; Debian's
+``dataset-fashion-mnist`` package installs Fashion-MNIST's in :data:`FASHION_MNIST_ROOT`),
 ``cifar10``/``cifar100`` (torchvision's python version under ``data.root``), ``imagenet`` (an
 ImageFolder tree ``data.root/{train,val}/<class>/*``) and ``synthetic`` (Gaussian class templates
 plus noise). Nothing is downloaded.
@@ -13,6 +15,7 @@ run bit-identical to an uninterrupted one, with any ``num_workers``.
 
 from __future__ import annotations
 
+import gzip
 import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -25,6 +28,7 @@ from inq.train.errors import ConfigError
 
 __all__ = [
     "DATASETS",
+    "FASHION_MNIST_ROOT",
     "ResumableSampler",
     "SeededSamples",
     "batches_per_epoch",
@@ -32,9 +36,16 @@ __all__ = [
     "build_eval_loader",
     "build_train_loader",
     "input_shape",
+    "read_idx",
 ]
 
-DATASETS = ("digits", "cifar10", "cifar100", "imagenet", "synthetic")
+DATASETS = ("digits", "fashion_mnist", "mnist", "cifar10", "cifar100", "imagenet", "synthetic")
+FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"  # apt-get install dataset-fashion-mnist
+_IDX_FILES = {  # split: (images, labels), as distributed (gzip) or unpacked
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+_MNIST_MEAN_STD = {"fashion_mnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}
 _CIFAR_MEAN_STD = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
@@ -67,6 +78,8 @@ def build_datasets(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
     name = str(cfg["name"])
     builders = {
         "digits": _digits,
+        "fashion_mnist": _mnist,
+        "mnist": _mnist,
         "cifar10": _cifar,
         "cifar100": _cifar,
         "imagenet": _imagenet,
@@ -222,6 +235,68 @@ def _digits(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
         return TensorDataset(images, torch.as_tensor(y, dtype=torch.long))
 
     return tensors(x_tr, y_tr), tensors(x_va, y_va)
+
+
+def read_idx(path: str | Path) -> torch.Tensor:
+    """The ``uint8`` array of an idx file (the MNIST format), gzip-compressed or not.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> file = pathlib.Path(tempfile.mkdtemp()) / "labels-idx1-ubyte"
+        >>> _ = file.write_bytes(bytes([0, 0, 8, 1, 0, 0, 0, 3, 7, 2, 9]))
+        >>> read_idx(file)
+        tensor([7, 2, 9], dtype=torch.uint8)
+
+    Raises:
+        ValueError: if the file is not an unsigned-byte idx file or its size does not match its
+            header.
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[:3] != bytes([0, 0, 8]) or not 1 <= data[3] <= 4:
+        raise ValueError(f"{path}: not an unsigned-byte idx file (header {data[:4].hex()})")
+    dims = data[3]
+    header = 4 + 4 * dims
+    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(dims)]
+    if len(data) != header + math.prod(shape):
+        raise ValueError(
+            f"{path}: {len(data) - header} bytes of data, its header says {shape} (truncated?)"
+        )
+    return torch.frombuffer(bytearray(data[header:]), dtype=torch.uint8).reshape(shape)
+
+
+def _mnist(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
+    name = str(cfg["name"])
+    default = FASHION_MNIST_ROOT if name == "fashion_mnist" else None
+    hint = "the gzip idx files (train-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz, ...)" + (
+        f"; `apt-get install dataset-fashion-mnist` puts them in {default}" if default else ""
+    )
+    root = _root({"root": default, **{k: v for k, v in cfg.items() if v is not None}}, hint)
+    mean, std = _MNIST_MEAN_STD[name]
+    splits = []
+    for split, files in _IDX_FILES.items():
+        images, labels = (_idx_tensor(root, stem, hint) for stem in files)
+        if images.dim() != 3 or labels.dim() != 1 or len(images) != len(labels):
+            raise ConfigError(
+                "data.root",
+                f"{root}: {split} images {list(images.shape)} and labels {list(labels.shape)} "
+                "do not pair up",
+            )
+        x = (images.unsqueeze(1).to(torch.float32) / 255.0 - mean) / std
+        splits.append(TensorDataset(x, labels.to(torch.long)))
+    return splits[0], splits[1]
+
+
+def _idx_tensor(root: Path, stem: str, hint: str) -> torch.Tensor:
+    for path in (root / f"{stem}.gz", root / stem):
+        if path.is_file():
+            try:
+                return read_idx(path)
+            except (OSError, EOFError, ValueError) as err:  # gzip: BadGzipFile is an OSError
+                raise ConfigError("data.root", f"cannot read {path}: {err}") from err
+    raise ConfigError("data.root", f"{root} has no {stem}.gz (or {stem}): {hint}")
 
 
 def _synthetic(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:

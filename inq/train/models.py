@@ -1,4 +1,5 @@
-"""Models by name: a small CNN for 8x8 digits, CIFAR ResNet-20/32/56, any torchvision classifier.
+"""Models by name: small CNNs for 8x8 digits and 28x28 (Fashion-)MNIST, CIFAR ResNet-20/32/56,
+any torchvision classifier.
 
 :func:`build_model` takes the resolved ``model`` config group as a plain dict. That same dict
 (minus ``checkpoint``) is stored in the masked export's metadata, so ``build_model`` rebuilds the
@@ -16,7 +17,14 @@ from torch import nn
 
 from inq.train.errors import ConfigError
 
-__all__ = ["CIFAR_RESNET_DEPTHS", "DigitsCNN", "ResNetCIFAR", "build_model", "model_names"]
+__all__ = [
+    "CIFAR_RESNET_DEPTHS",
+    "DigitsCNN",
+    "MnistCNN",
+    "ResNetCIFAR",
+    "build_model",
+    "model_names",
+]
 
 CIFAR_RESNET_DEPTHS = {"resnet20": 20, "resnet32": 32, "resnet56": 56}
 
@@ -30,18 +38,42 @@ class DigitsCNN(nn.Sequential):
     """
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1, width: int = 16) -> None:
-        def block(cin: int, cout: int) -> list[nn.Module]:
-            return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
-
         super().__init__(
-            *block(in_channels, width),
-            *block(width, 2 * width),
+            *_conv_bn_relu(in_channels, width),
+            *_conv_bn_relu(width, 2 * width),
             nn.MaxPool2d(2),
-            *block(2 * width, 4 * width),
+            *_conv_bn_relu(2 * width, 4 * width),
             nn.AdaptiveAvgPool2d(1),
             nn.Flatten(),
             nn.Linear(4 * width, num_classes),
         )
+
+
+class MnistCNN(nn.Sequential):
+    """Four 3x3 conv layers with batch norm (two per resolution, 28 and 14 pixels), max-pooling to
+    7x7, and a linear classifier over the flattened features.
+
+    Example:
+        >>> MnistCNN(num_classes=10, in_channels=1)(torch.zeros(2, 1, 28, 28)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, width: int = 16) -> None:
+        super().__init__(
+            *_conv_bn_relu(in_channels, width),
+            *_conv_bn_relu(width, width),
+            nn.MaxPool2d(2),
+            *_conv_bn_relu(width, 2 * width),
+            *_conv_bn_relu(2 * width, 2 * width),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(2 * width * 7 * 7, num_classes),
+        )
+
+
+def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
+    """3x3 conv (no bias), batch norm, ReLU."""
+    return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
 
 
 class _BasicBlock(nn.Module):
@@ -108,13 +140,13 @@ def _torchvision_names() -> list[str]:
 
 def model_names() -> list[str]:
     """Names :func:`build_model` accepts: ours, then torchvision's classification models."""
-    return ["digits_cnn", *CIFAR_RESNET_DEPTHS, *_torchvision_names()]
+    return ["digits_cnn", "mnist_cnn", *CIFAR_RESNET_DEPTHS, *_torchvision_names()]
 
 
 def build_model(cfg: Mapping[str, Any]) -> nn.Module:
     """Build the float model described by a ``model`` config dict (no weights are loaded).
 
-    Keys: ``name`` (``digits_cnn``, ``resnet20``/``32``/``56``, or any torchvision
+    Keys: ``name`` (``digits_cnn``, ``mnist_cnn``, ``resnet20``/``32``/``56``, or any torchvision
     classification model such as ``resnet18``), ``num_classes``, ``in_channels`` and ``width``
     (base channel count of our models). Other keys (``checkpoint``) are ignored. Torchvision models
     are built with ``weights=None``; pretrained weights come from ``model.checkpoint`` only.
@@ -133,6 +165,7 @@ def build_model(cfg: Mapping[str, Any]) -> nn.Module:
     width = int(cfg.get("width", 16))
     ours: dict[str, Callable[[], nn.Module]] = {
         "digits_cnn": lambda: DigitsCNN(num_classes, in_channels, width),
+        "mnist_cnn": lambda: MnistCNN(num_classes, in_channels, width),
         **{
             key: (lambda d=depth: ResNetCIFAR(d, num_classes, in_channels, width))
             for key, depth in CIFAR_RESNET_DEPTHS.items()
@@ -143,7 +176,7 @@ def build_model(cfg: Mapping[str, Any]) -> nn.Module:
     if name not in _torchvision_names():
         raise ConfigError(
             "model.name",
-            f"unknown model {name!r}; use digits_cnn, resnet20, resnet32, resnet56 or a "
+            f"unknown model {name!r}; use digits_cnn, mnist_cnn, resnet20, resnet32, resnet56 or a "
             "torchvision classification model such as resnet18 (torchvision.models.list_models())",
         )
     if in_channels != 3:

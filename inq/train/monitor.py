@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from inq.pow2 import pow2_n1, pow2_quantize
+from inq.levels import select_n1
+from inq.pow2 import pow2_quantize
 from inq.scheduler import INQScheduler
 
 __all__ = ["Monitor"]
@@ -52,10 +53,12 @@ class Monitor:
                 f"inq/quantized_fraction/{layer.name}", fractions[layer.name], step
             )
             weight = layer.weight.detach()
-            free = weight[~layer.mask.to(weight.device)]
-            if free.numel():
-                n1 = pow2_n1(weight) if layer.n1 is None else layer.n1
-                error = (free - pow2_quantize(free, n1, scheduler.bits)).abs().mean()
+            free = ~layer.mask.to(weight.device)
+            if bool(free.any()):
+                n1 = layer.n1
+                if n1 is None:
+                    n1 = select_n1(weight, scheduler.bits, scheduler.n1_rule, scheduler.granularity)
+                error = (weight - pow2_quantize(weight, n1, scheduler.bits))[free].abs().mean()
                 self.writer.add_scalar(f"inq/quant_error/{layer.name}", error.item(), step)
             if histograms:
                 self.writer.add_histogram(f"weights/{layer.name}", weight.float().cpu(), step)
