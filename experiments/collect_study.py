@@ -1,20 +1,24 @@
 """Collect an accuracy study's ``summary.json`` files into ``RESULTS.md`` and a plot.
 
 Reads every ``summary.json`` under a sweep directory (written by ``inq-train``; the keys used are
-``method``, ``bits``, ``portions``, ``strategy``, ``seed``, ``float_acc`` and ``final_acc``),
-groups the runs by method, partition, bits and schedule, and writes
+``method``, ``bits``, ``portions``, ``strategy``, ``n1_rule``, ``granularity``, ``zero_fraction``,
+``seed``, ``float_acc`` and ``final_acc``), groups the runs by method, partition, level sets, bits
+and schedule, and writes
 
-- the table (mean and sample standard deviation over seeds, plus the per-seed paired difference
-  to the float model the run started from), the checks of the issue's expectations and the
-  paper's ImageNet numbers between ``<!-- study:start -->`` and ``<!-- study:end -->`` in the
-  results file (appended if the markers are missing; nothing else in the file changes);
+- the table (mean and sample standard deviation over seeds, the per-seed paired difference to the
+  float model the run started from, the share of zero weights), the checks of the issue's goals
+  and the paper's ImageNet numbers between the dataset's markers (``<!-- study:start -->`` for
+  digits, ``<!-- study:<dataset>:start -->`` otherwise) of a results file (appended if the
+  markers are missing; nothing else in the file changes);
 - a PNG: accuracy against bits, one line per method, error bars of one standard deviation.
+
+By default both go into the sweep directory (``RESULTS.md``, ``study_<dataset>.png``);
+``--update-results`` writes the tracked ``experiments/RESULTS.md`` section and plot instead.
 
 Usage::
 
     python experiments/collect_study.py multirun/study_digits/<stamp>
-    python experiments/collect_study.py DIR --results experiments/RESULTS.md \
-        --plot experiments/study_digits.png
+    python experiments/collect_study.py DIR --dataset fashion_mnist --update-results
 """
 
 from __future__ import annotations
@@ -49,6 +53,13 @@ PAPER_RESNET18 = {
 }
 PAPER_RANDOM_5BIT = (32.11, 11.73)
 METHOD_ORDER = ("INQ magnitude", "INQ random", "STE", "one-shot")
+PAPER_LEVELS = ("max", "layer")
+# What each dataset's goals are checked on: (bits, least accuracy vs float in points) for the
+# chosen INQ configuration, and the level sets of that configuration.
+GOALS = {
+    "digits": {2: -2.5},
+    "fashion_mnist": {5: -0.2, 4: -0.2, 3: -0.5, 2: -1.5},
+}
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,9 @@ class Run:
     float_acc: float
     final_acc: float
     path: Path
+    n1_rule: str = "max"
+    granularity: str = "layer"
+    zero_fraction: float | None = None
 
     @property
     def series(self) -> str:
@@ -73,14 +87,22 @@ class Run:
             >>> r.series
             'INQ magnitude, portions 0.3/0.6/0.8/1'
         """
+        levels = (
+            "" if self.levels == PAPER_LEVELS else f", {self.n1_rule} n1 per {self.granularity}"
+        )
         if self.method == "oneshot":
-            return "one-shot"
+            return "one-shot" + levels
         if self.method == "ste":
-            return "STE"
-        name = f"INQ {self.strategy}"
+            return "STE" + levels
+        name = f"INQ {self.strategy}" + levels
         if self.portions != PAPER_SCHEDULES.get(self.bits):
             name += f", portions {_portions(self.portions)}"
         return name
+
+    @property
+    def levels(self) -> tuple[str, str]:
+        """(n1_rule, granularity) of the run's level sets."""
+        return self.n1_rule, self.granularity
 
 
 @dataclass(frozen=True)
@@ -134,6 +156,9 @@ def load_runs(root: Path) -> list[Run]:
                 float_acc=float(s["float_acc"]),
                 final_acc=float(s["final_acc"]),
                 path=path,
+                n1_rule=s.get("n1_rule", "max"),  # summaries from before issue 11
+                granularity=s.get("granularity", "layer"),
+                zero_fraction=s.get("zero_fraction"),
             )
         except (KeyError, TypeError, ValueError) as err:  # JSONDecodeError is a ValueError
             raise ValueError(f"{path}: not a study summary ({err!r}); rerun inq-train") from None
@@ -178,17 +203,24 @@ def results_table(runs: Sequence[Run]) -> str:
     """Markdown table: one row per (series, bits) plus the float row."""
     floats = Stats.of(list(float_by_seed(runs).values()))
     lines = [
-        "| bits | method | portions | seeds | test acc. % (mean ± std) | vs float, points |",
-        "|---:|---|---|---:|---:|---:|",
-        f"| 32 | float | | {floats.n} | {floats} | |",
+        "| bits | method | level sets | portions | seeds | test acc. % (mean ± std) "
+        "| vs float, points | zero weights |",
+        "|---:|---|---|---|---:|---:|---:|---:|",
+        f"| 32 | float | | | {floats.n} | {floats} | | |",
     ]
     for (series, bits), members in group(runs).items():
         acc = Stats.of([r.final_acc for r in members])
         delta = Stats.of([r.final_acc - r.float_acc for r in members])
         portions = _portions(members[0].portions) if members[0].method == "inq" else ""
+        rule, granularity = members[0].levels
+        levels = (
+            "paper (max, layer)" if members[0].levels == PAPER_LEVELS else f"{rule}, {granularity}"
+        )
+        zeros = [r.zero_fraction for r in members if r.zero_fraction is not None]
+        zero_text = f"{100 * statistics.fmean(zeros):.0f} %" if zeros else "-"
         lines.append(
-            f"| {bits} | {series.split(',')[0]} | {portions} | {acc.n} | {acc} | "
-            f"{delta.mean:+.2f} ± {delta.std:.2f} |"
+            f"| {bits} | {series.split(',')[0]} | {levels} | {portions} | {acc.n} | {acc} | "
+            f"{delta.mean:+.2f} ± {delta.std:.2f} | {zero_text} |"
         )
     return "\n".join(lines)
 
@@ -205,23 +237,42 @@ def paired(runs: Sequence[Run], a: tuple[str, int], b: tuple[str, int] | None) -
     return Stats.of([mine[s].final_acc - theirs[s] for s in sorted(mine.keys() & theirs.keys())])
 
 
-def expectations(runs: Sequence[Run]) -> str:
-    """The issue's expectations against the paired per-seed differences, as a markdown table."""
-    inq = "INQ magnitude"
-    checks: list[tuple[str, Stats | None, float]] = [
-        ("5-bit INQ >= float", paired(runs, (inq, 5), None), 0.0),
-        ("4-bit INQ within 0.3 points of float", paired(runs, (inq, 4), None), -0.3),
-        ("3-bit INQ within 1 point of float", paired(runs, (inq, 3), None), -1.0),
-        ("ternary INQ within 2.5 points of float", paired(runs, (inq, 2), None), -2.5),
-    ]
-    for other, text, bit_widths in (
-        ("INQ random", "magnitude >= random", (5, 4, 3, 2)),
-        ("one-shot", "INQ > one-shot", (5, 4, 3, 2)),
-        ("STE", "INQ > STE", (3, 2)),
-    ):
-        for bits in bit_widths:
-            stats = paired(runs, (inq, bits), (other, bits))
-            checks.append((f"{bits}-bit {text}", stats, 0.0))
+def expectations(runs: Sequence[Run], dataset: str = "digits") -> str:
+    """The issues' expectations against the paired per-seed differences, as a markdown table.
+
+    For every level-set configuration of INQ that was run: its goals vs float (:data:`GOALS`), and
+    "within 0.3 points of STE on the same level sets, or better"; for digits also issue 6's
+    expectations of the paper's configuration.
+    """
+    checks: list[tuple[str, Stats | None, float]] = []
+    configs = sorted(
+        {r.levels for r in runs if r.method == "inq"}, key=lambda lv: lv != PAPER_LEVELS
+    )
+    for levels in configs:
+        suffix = "" if levels == PAPER_LEVELS else f", {levels[0]} n1 per {levels[1]}"
+        inq, ste = "INQ magnitude" + suffix, "STE" + suffix
+        label = "INQ" + (" (paper)" if levels == PAPER_LEVELS else suffix)
+        for bits, bound in GOALS.get(dataset, {}).items():
+            stats = paired(runs, (inq, bits), None)
+            checks.append((f"{bits}-bit {label} >= float {bound:+g}", stats, bound))
+        for bits in (5, 4, 3, 2):
+            stats = paired(runs, (inq, bits), (ste, bits))
+            if stats is not None:
+                checks.append((f"{bits}-bit {label} >= STE on its level sets -0.3", stats, -0.3))
+    if dataset == "digits":
+        inq = "INQ magnitude"
+        checks += [
+            ("5-bit INQ >= float", paired(runs, (inq, 5), None), 0.0),
+            ("4-bit INQ within 0.3 points of float", paired(runs, (inq, 4), None), -0.3),
+            ("3-bit INQ within 1 point of float", paired(runs, (inq, 3), None), -1.0),
+        ]
+        for other, text, bit_widths in (
+            ("INQ random", "magnitude >= random", (5, 4, 3, 2)),
+            ("one-shot", "INQ > one-shot", (5, 4, 3, 2)),
+        ):
+            for bits in bit_widths:
+                stats = paired(runs, (inq, bits), (other, bits))
+                checks.append((f"{bits}-bit {text}", stats, 0.0))
     lines = [
         "| expectation | measured difference, points (per seed: mean ± std) | verdict |",
         "|---|---:|---|",
@@ -306,19 +357,34 @@ def plot(runs: Sequence[Run], path: Path) -> None:
     plt.close(fig)
 
 
-def write_section(results: Path, body: str, title: str = "## Accuracy study") -> None:
-    """Replace the text between the study markers in ``results`` (or append a new section)."""
+def markers(dataset: str) -> tuple[str, str]:
+    """The start and end markers of a dataset's section (digits keeps issue 6's).
+
+    Example:
+        >>> markers("fashion_mnist")[0]
+        '<!-- study:fashion_mnist:start -->'
+    """
+    if dataset == "digits":
+        return START, END
+    return f"<!-- study:{dataset}:start -->", f"<!-- study:{dataset}:end -->"
+
+
+def write_section(
+    results: Path, body: str, title: str = "## Accuracy study", dataset: str = "digits"
+) -> None:
+    """Replace the text between the dataset's markers in ``results`` (or append a new section)."""
     text = results.read_text() if results.exists() else "# Results\n"
-    block = f"{START}\n{body.strip()}\n{END}"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
+    start, end = markers(dataset)
+    block = f"{start}\n{body.strip()}\n{end}"
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + f"\n\n{title}\n\n{block}\n"
     results.write_text(text)
 
 
-def render(runs: Sequence[Run], plot_path: Path, results: Path) -> str:
+def render(runs: Sequence[Run], plot_path: Path, results: Path, dataset: str = "digits") -> str:
     """The generated block: our table, the expectation checks, the plot link, the paper's table."""
     link = Path(_relative(plot_path, results.parent))
     seeds = sorted(float_by_seed(runs))
@@ -331,7 +397,7 @@ def render(runs: Sequence[Run], plot_path: Path, results: Path) -> str:
             results_table(runs),
             "Expectations of the issue, checked on the per-seed (paired) differences; *within "
             "noise* means the 95 % confidence interval of the mean difference contains the bound.",
-            expectations(runs),
+            expectations(runs, dataset),
             f"![accuracy vs bits]({link.as_posix()})",
             "The paper's numbers (Zhou et al. 2017, ImageNet, ResNet-18, one run each), to compare "
             "the shape of the curves, not the values:",
@@ -344,18 +410,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep", type=Path, help="directory holding the runs (any depth)")
-    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md")
-    parser.add_argument("--plot", type=Path, default=HERE / "study_digits.png")
+    parser.add_argument("--dataset", default="digits", help="digits (default), fashion_mnist")
+    parser.add_argument(
+        "--update-results",
+        action="store_true",
+        help="write the tracked experiments/RESULTS.md section and plot (default: into SWEEP)",
+    )
+    parser.add_argument("--results", type=Path, help="results file (overrides the default)")
+    parser.add_argument("--plot", type=Path, help="plot file (overrides the default)")
     args = parser.parse_args(argv)
+    folder = HERE if args.update_results else args.sweep
+    results = args.results or folder / "RESULTS.md"
+    plot_path = args.plot or folder / f"study_{args.dataset}.png"
     try:
         runs = load_runs(args.sweep)
-        body = render(runs, args.plot, args.results)
+        body = render(runs, plot_path, results, args.dataset)
     except (OSError, ValueError) as err:
         print(f"collect_study: error: {err}", file=sys.stderr)
         return 1
-    plot(runs, args.plot)
-    write_section(args.results, body)
-    print(f"{len(runs)} runs -> {args.results} (table), {args.plot} (plot)")
+    plot(runs, plot_path)
+    title = "## Accuracy study" + ("" if args.dataset == "digits" else f": {args.dataset}")
+    write_section(results, body, title, args.dataset)
+    print(f"{len(runs)} runs -> {results} (table), {plot_path} (plot)")
     return 0
 
 

@@ -73,9 +73,10 @@ def select_n1(weight: torch.Tensor, bits: int, rule: str = "max", granularity: s
     check_level_options(rule, granularity)
     if granularity == "layer" and rule == "max":
         return pow2_n1(weight)
+    if weight.numel() == 0 or weight.dim() == 0:
+        shape = list(weight.shape)
+        raise ValueError(f"select_n1 needs a non-empty tensor of rank >= 1, got shape {shape}")
     rows = weight.detach().reshape(1 if granularity == "layer" else weight.shape[0], -1)
-    if rows.numel() == 0:
-        raise ValueError("select_n1 needs a non-empty tensor")
     n1 = n1_rows_max(rows)
     if rule == "mse":
         n1 = _least_squares_n1(rows, n1, bits)

@@ -28,21 +28,24 @@ class MixedNet(nn.Module):
         return self.fc(x.mean(-1, keepdim=True).flatten(1))
 
 
-def quantize(model: nn.Module, bits: int, portions: tuple[float, ...] = (1.0,)) -> INQScheduler:
-    """Run every INQ stage of ``model`` (no training) and return the finished scheduler."""
-    sched = INQScheduler(model, bits=bits, portions=portions)
+def quantize(
+    model: nn.Module, bits: int, portions: tuple[float, ...] = (1.0,), **levels: str
+) -> INQScheduler:
+    """Run every INQ stage of ``model`` (no training) and return the finished scheduler;
+    ``levels`` are the scheduler's ``n1_rule``/``granularity``."""
+    sched = INQScheduler(model, bits=bits, portions=portions, **levels)
     while not sched.done:
         sched.step()
     return sched
 
 
 def masked_file(
-    folder: Path, bits: int = 5, seed: int = 0, model: nn.Module | None = None
+    folder: Path, bits: int = 5, seed: int = 0, model: nn.Module | None = None, **levels: str
 ) -> tuple[Path, nn.Module]:
     """A fully quantized model (``MixedNet`` by default) saved as a masked checkpoint."""
     torch.manual_seed(seed)
     model = MixedNet() if model is None else model
-    sched = quantize(model, bits)
+    sched = quantize(model, bits, **levels)
     path = folder / f"mixed{bits}.safetensors"
     save_masked(path, model, sched, {"name": "mixed"})
     return path, model

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import inq.kernels  # noqa: F401  (registers torch.ops.inq.*)
-from inq.packed import pack_codes
+from inq.packed import pack_codes, unpack_codes
 from inq.pow2 import pow2_decode
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16]
@@ -138,3 +138,32 @@ def test_ops_compile_without_graph_breaks() -> None:
     x = torch.randn(2, 2, 4, 4)
     expected = F.linear(torch.relu(F.conv2d(x, conv_w, padding=1)).flatten(1)[:, :12], lin_w)
     torch.testing.assert_close(compiled(x), expected, atol=0, rtol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    bits=st.integers(2, 8),
+    n1=st.integers(-3, 2),
+    rows=st.lists(st.integers(-4, 0), min_size=1, max_size=9),
+    in_features=st.integers(1, 20),
+    seed=st.integers(0, 2**16),
+)
+def test_n1_rows_give_each_output_row_its_own_level_set(bits, n1, rows, in_features, seed) -> None:
+    """Row r decodes with n1 + n1_rows[r]: the op equals F.linear / F.conv2d on that weight."""
+    n1_rows = torch.tensor(rows, dtype=torch.int32)
+    packed, _ = random_weight((len(rows), in_features), bits, 0, seed)
+    codes = unpack_codes(packed, bits, in_features)
+    weight = pow2_decode(codes, n1 + n1_rows, bits)
+    for r in range(len(rows)):  # the per-row decode is the per-layer decode of each row
+        assert torch.equal(weight[r], pow2_decode(codes[r], n1 + rows[r], bits))
+    x = torch.randn(3, in_features, generator=torch.Generator().manual_seed(seed))
+    out = torch.ops.inq.shift_linear(x, packed, bits, n1, in_features, None, n1_rows)
+    torch.testing.assert_close(out, F.linear(x, weight), atol=0, rtol=0)
+    image = x[:, None, None, :].expand(3, in_features, 2, in_features).contiguous()
+    shape = [len(rows), in_features, 1, 1]
+    conv_packed = pack_codes(codes.reshape(shape), bits)
+    out = torch.ops.inq.shift_conv2d(
+        image, conv_packed, bits, n1, shape, None, [1, 1], [0, 0], [1, 1], 1, n1_rows
+    )
+    expected = F.conv2d(image, weight.reshape(shape))
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)

@@ -10,12 +10,13 @@ from export_fixtures import DIGITS_DATA, MixedNet, digits_run, masked_file
 from torch import nn
 
 from inq.export import load_masked
+from inq.levels import describe_n1, select_n1
 from inq.nn import ShiftConv2d, ShiftLinear, convert_model, from_packed
 from inq.packed import export_packed, load_packed
 from inq.pow2 import pow2_quantize
 
 
-def snapped(module: nn.Module, n1: int, bits: int) -> nn.Module:
+def snapped(module: nn.Module, n1: int | torch.Tensor, bits: int) -> nn.Module:
     with torch.no_grad():
         module.weight.copy_(pow2_quantize(module.weight, n1, bits))
     return module
@@ -148,3 +149,32 @@ def test_digits_end_to_end(tmp_path: Path) -> None:
     torch.testing.assert_close(eager_compiled, masked_logits, atol=1e-5, rtol=1e-5)
     accuracy = (packed_logits.argmax(1) == y).float().mean().item()
     assert accuracy > 0.85, accuracy
+
+
+def test_per_channel_shift_modules_equal_their_float_layers() -> None:
+    torch.manual_seed(3)
+    conv = nn.Conv2d(3, 5, 3, padding=1)
+    fc = nn.Linear(11, 4)
+    for module in (conv, fc):
+        rows = select_n1(module.weight, 3, "mse", "channel")
+        snapped(module, rows, 3)
+        shift = (ShiftConv2d if module is conv else ShiftLinear).from_float(module, rows, 3)
+        x = torch.randn(2, 3, 6, 6) if module is conv else torch.randn(2, 11)
+        assert torch.equal(shift(x), module(x))
+        assert torch.equal(shift.dequantize(), module.weight)
+        assert shift.n1 == 0 and torch.equal(shift.n1_rows, rows)
+        assert set(shift.state_dict()) == {"packed", "bias", "n1_rows"}
+        assert f"n1={describe_n1(rows)}" in repr(shift)
+
+
+def test_per_channel_packed_model_equals_the_masked_one(tmp_path: Path) -> None:
+    path, model = masked_file(tmp_path, bits=3, n1_rule="mse", granularity="channel")
+    export_packed(path, tmp_path / "p.safetensors")
+    converted = convert_model(MixedNet().eval(), load_packed(tmp_path / "p.safetensors"))
+    assert converted.fc.n1_rows is not None and converted.conv.n1_rows is not None
+    x = torch.randn(5, 3, 7, 7)
+    with torch.no_grad():  # inference ops (no autograd formula yet)
+        assert torch.equal(converted(x), model.eval()(x))
+        features = torch.randn(4, 7)  # the op alone: the compiled graph calls the same kernel
+        compiled = torch.compile(converted.fc, fullgraph=True)
+        assert torch.equal(compiled(features), converted.fc(features))

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from inq.export import load_masked, save_masked
-from inq.io import DIGEST_KEY
+from inq.io import DIGEST_KEY, read_safetensors, write_safetensors
 from inq.packed import (
     CODES_SUFFIX,
     PACKED_FORMAT,
@@ -305,3 +305,55 @@ def test_export_refuses_an_unfinished_run(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"'conv.weight'.*mask not fully set.*flat index 1"):
         export_packed(tmp_path / "m.safetensors", tmp_path / "out.safetensors")
     assert not (tmp_path / "out.safetensors").exists()
+
+
+PER_CHANNEL = {"n1_rule": "mse", "granularity": "channel"}
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+def test_per_channel_round_trip_through_masked_and_packed(tmp_path: Path, bits: int) -> None:
+    path, model = masked_file(tmp_path, bits, **PER_CHANNEL)
+    export_packed(path, tmp_path / "m.inq.safetensors")
+    ckpt, packed = load_masked(path), load_packed(tmp_path / "m.inq.safetensors")
+    assert (ckpt.n1_rule, ckpt.granularity) == ("mse", "channel")
+    assert packed.metadata["granularity"] == "channel"
+    for key, layer in packed.layers.items():
+        n1 = ckpt.n1[key]
+        assert n1.dtype == torch.int32 and n1.shape == (layer.shape[0],)
+        assert torch.equal(layer.n1, n1)
+        assert torch.equal(layer.weight(), ckpt.state[key])  # bit for bit
+        assert torch.equal(ckpt.state[key], model.state_dict()[key])
+    assert len({int(v) for n1 in ckpt.n1.values() for v in n1}) > 1  # really per channel
+
+
+def test_per_channel_n1_of_the_wrong_length_is_one_clear_error(tmp_path: Path) -> None:
+    path, _ = masked_file(tmp_path, 4, **PER_CHANNEL)
+    packed = tmp_path / "m.inq.safetensors"
+    export_packed(path, packed)
+    bad = _rewrite(packed, tmp_path / "bad.safetensors", None, _edit_layer("n1", [-3, -4]))
+    with pytest.raises(ValueError, match="2 per-row n1 values for 3 rows"):
+        load_packed(bad, validate=True)
+
+
+@pytest.mark.parametrize("kind", ["masked", "packed"])
+def test_files_of_format_1_still_load(tmp_path: Path, kind: str) -> None:
+    """Files written before per-channel level sets (format /1: int n1, no level options)."""
+    path, _ = masked_file(tmp_path, 4)
+    if kind == "packed":
+        export_packed(path, tmp_path / "p.safetensors")
+        path = tmp_path / "p.safetensors"
+    tensors, metadata = read_safetensors(path)
+    metadata = {k: v for k, v in metadata.items() if k not in ("n1_rule", "granularity", "sha256")}
+    metadata["format"] = metadata["format"].replace("/2", "/1")
+    old = tmp_path / f"old_{kind}.safetensors"
+    write_safetensors(old, tensors, metadata)
+    if kind == "packed":
+        loaded = load_packed(old)
+        assert loaded.metadata["format"] == "inq-packed/1"
+        assert all(isinstance(layer.n1, int) for layer in loaded.layers.values())
+        assert load_packed(path).state_dict().keys() == loaded.state_dict().keys()
+    else:
+        ckpt = load_masked(old)
+        assert (ckpt.n1_rule, ckpt.granularity) == ("max", "layer")
+        assert ckpt.n1 == load_masked(path).n1
+        assert ckpt.digest_problem is None

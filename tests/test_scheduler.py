@@ -14,6 +14,7 @@ from torch import nn
 
 import inq
 from inq import INQScheduler, quantized_count
+from inq.levels import select_n1
 from inq.scheduler import FLOAT_CODE, QuantizedLayer, check_portions
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -657,10 +658,12 @@ def train_one_stage(
         optimizer.step()
 
 
-def make_run(seed: int, strategy: str) -> tuple[DigitsNet, torch.optim.Optimizer, INQScheduler]:
+def make_run(
+    seed: int, strategy: str, **levels: str
+) -> tuple[DigitsNet, torch.optim.Optimizer, INQScheduler]:
     model = digits_net(seed, dropout=0.25)  # dropout makes the result depend on the RNG
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05)
-    sched = INQScheduler(model, bits=5, strategy=strategy, seed=11)
+    sched = INQScheduler(model, bits=5, strategy=strategy, seed=11, **levels)
     sched.attach(optimizer)
     return model, optimizer, sched
 
@@ -672,9 +675,23 @@ def finish(model: nn.Module, optimizer: torch.optim.Optimizer, sched: INQSchedul
         train_one_stage(model, optimizer, batches[:3])
 
 
-@pytest.mark.parametrize("strategy", ["magnitude", "random"])
-def test_resume_from_state_dicts_is_bit_exact(strategy: str) -> None:
-    model, optimizer, sched = make_run(seed=0, strategy=strategy)
+def same_n1(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize(
+    ("strategy", "levels"),
+    [
+        ("magnitude", {}),
+        ("random", {}),
+        ("magnitude", {"n1_rule": "mse"}),
+        ("random", {"n1_rule": "mse", "granularity": "channel"}),
+    ],
+)
+def test_resume_from_state_dicts_is_bit_exact(strategy: str, levels: dict[str, str]) -> None:
+    model, optimizer, sched = make_run(seed=0, strategy=strategy, **levels)
     for _ in range(2):
         sched.step()
         train_one_stage(model, optimizer, digits_batches()[:3])
@@ -691,7 +708,7 @@ def test_resume_from_state_dicts_is_bit_exact(strategy: str) -> None:
     )
     finish(model, optimizer, sched)  # the original run goes on
 
-    restored_model, restored_optimizer, restored_sched = make_run(seed=99, strategy=strategy)
+    restored_model, restored_optimizer, restored_sched = make_run(99, strategy, **levels)
     buffer.seek(0)
     saved = torch.load(buffer, weights_only=True)
     restored_model.load_state_dict(saved["model"])
@@ -704,7 +721,7 @@ def test_resume_from_state_dicts_is_bit_exact(strategy: str) -> None:
     for key, value in model.state_dict().items():
         assert torch.equal(restored_model.state_dict()[key], value), f"{key} differs after resume"
     for original, restored in zip(sched.layers, restored_sched.layers, strict=True):
-        assert original.n1 == restored.n1
+        assert same_n1(original.n1, restored.n1)
         assert torch.equal(original.mask, restored.mask)
         assert torch.equal(original.codes, restored.codes)
 
@@ -745,6 +762,8 @@ def test_state_dict_before_first_step_round_trips() -> None:
         (lambda: INQScheduler(digits_net(0), portions=(0.5, 1.0)), "portions="),
         (lambda: INQScheduler(digits_net(0), strategy="random"), "strategy="),
         (lambda: INQScheduler(digits_net(0), seed=3), "seed="),
+        (lambda: INQScheduler(digits_net(0), n1_rule="mse"), "n1_rule='max' but"),
+        (lambda: INQScheduler(digits_net(0), granularity="channel"), "granularity='layer' but"),
         (lambda: INQScheduler(digits_net(0), exclude="fc"), "holds layers .* target layers"),
         (lambda: INQScheduler(nn.Sequential(nn.Linear(2, 2))), "holds layers"),
     ],
@@ -788,3 +807,70 @@ def test_load_state_dict_rejects_corrupt_codes() -> None:
         with pytest.raises(ValueError, match="'1' holds invalid codes"):
             target.load_state_dict(state)
         assert target.stage == 0 and [layer.count for layer in target.layers] == [0, 0]
+
+
+# ---------------------------------------------------------------- level-set options
+
+
+@pytest.mark.parametrize("bits", [2, 3, 5])
+@pytest.mark.parametrize("n1_rule", ["max", "mse"])
+def test_per_channel_level_sets_are_exact(bits: int, n1_rule: str) -> None:
+    """Every quantized weight lies in its own row's level set, chosen from the float weights."""
+    model = digits_net(0)
+    floats = {name: p.detach().clone() for name, p in model.named_parameters()}
+    sched = INQScheduler(model, bits=bits, n1_rule=n1_rule, granularity="channel")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    sched.attach(optimizer)
+    finish(model, optimizer, sched)
+    for layer in sched.layers:
+        weight = layer.weight.detach()
+        assert layer.n1.dtype == torch.int32 and layer.n1.shape == (weight.shape[0],)
+        assert torch.equal(
+            layer.n1, select_n1(floats[f"{layer.name}.weight"], bits, n1_rule, "channel")
+        )
+        for row, n1 in zip(weight, layer.n1.tolist(), strict=True):
+            assert torch.equal(inq.pow2_quantize(row, n1, bits), row)  # in the row's own set
+        assert torch.equal(inq.pow2_encode(weight, layer.n1, bits), layer.codes)
+
+
+def test_level_options_are_validated_and_shown() -> None:
+    with pytest.raises(ValueError, match="n1_rule must be one of"):
+        INQScheduler(nn.Linear(2, 2), n1_rule="min")
+    with pytest.raises(ValueError, match="granularity must be one of"):
+        INQScheduler(nn.Linear(2, 2), granularity="tensor")
+    sched = INQScheduler(nn.Linear(2, 2), n1_rule="mse", granularity="channel")
+    assert "n1_rule='mse', granularity='channel'" in repr(sched)
+
+
+def test_version_1_state_loads_as_the_paper_level_sets() -> None:
+    source = INQScheduler(digits_net(0))
+    source.step()
+    state = source.state_dict()
+    state = {k: v for k, v in state.items() if k not in ("n1_rule", "granularity")}
+    state["version"] = 1
+    target = INQScheduler(digits_net(1))
+    target.load_state_dict(state)
+    assert [layer.n1 for layer in target.layers] == [layer.n1 for layer in source.layers]
+    with pytest.raises(ValueError, match="n1_rule='max' but this scheduler has n1_rule='mse'"):
+        INQScheduler(digits_net(1), n1_rule="mse").load_state_dict(state)
+
+
+def test_load_state_dict_rejects_n1_of_the_wrong_granularity() -> None:
+    source = INQScheduler(digits_net(0), granularity="channel")
+    source.step()
+    state = source.state_dict()
+    state["layers"]["conv"]["n1"] = state["layers"]["conv"]["n1"][:-1]
+    with pytest.raises(ValueError, match=r"'conv' holds n1 .* not one per channel"):
+        INQScheduler(digits_net(0), granularity="channel").load_state_dict(state)
+
+
+def test_fix_level_sets_chooses_n1_once() -> None:
+    model = digits_net(0)
+    sched = INQScheduler(model, bits=3, n1_rule="mse")
+    sched.fix_level_sets()
+    chosen = [layer.n1 for layer in sched.layers]
+    with torch.no_grad():
+        for layer in sched.layers:
+            layer.weight.mul_(64)  # would give another n1 if chosen again
+    sched.step()
+    assert [layer.n1 for layer in sched.layers] == chosen

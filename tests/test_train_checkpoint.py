@@ -89,6 +89,29 @@ def test_killed_three_times_then_resumed_is_bit_identical(
     assert expected in proc.stderr
 
 
+LEVEL_OPTIONS = ("inq.bits=3", "inq.n1_rule=mse", "inq.granularity=channel")
+
+
+@pytest.mark.parametrize("method", ["inq", "ste"])
+def test_resume_is_bit_identical_with_per_channel_mse_level_sets(
+    tmp_path: Path, method: str
+) -> None:
+    settings = (*RESUMABLE, *LEVEL_OPTIONS, f"inq.method={method}")
+    inq_train(*settings, f"hydra.run.dir={tmp_path / 'reference'}")
+    run_dir = tmp_path / "run"
+    proc = inq_train(*settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:13"}, check=False)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    inq_train(*settings, f"trainer.resume={run_dir}", f"hydra.run.dir={tmp_path / 'resumed'}")
+    reference = load_file(tmp_path / "reference" / "model_masked.safetensors")
+    resumed = load_file(run_dir / "model_masked.safetensors")
+    assert resumed.keys() == reference.keys()
+    for key, tensor in reference.items():
+        assert torch.equal(resumed[key], tensor), key
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["n1_rule"], summary["granularity"]) == ("mse", "channel")
+    assert 0.0 < summary["zero_fraction"] < 1.0
+
+
 def test_checkpoint_loads_weights_only_and_names_bad_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^trainer\.resume: no checkpoint at"):
         resolve_resume(str(tmp_path))

@@ -13,7 +13,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from inq.train.config import register, to_dict, validate
-from inq.train.data import build_datasets
+from inq.train.data import FASHION_MNIST_ROOT, build_datasets
 from inq.train.errors import ConfigError
 from inq.train.loop import build_lr_schedule, build_optimizer, plan_phases
 from inq.train.models import build_model
@@ -26,7 +26,9 @@ OPTIONS = [
     if group.is_dir() and not group.name.startswith("_")
     for option in sorted(group.glob("*.yaml"))
 ]
-NEEDS_ROOT = {"cifar10", "cifar100", "imagenet"}
+NEEDS_ROOT = {"cifar10", "cifar100", "imagenet", "mnist"}
+if not Path(FASHION_MNIST_ROOT).is_dir():  # the Debian package is not installed here
+    NEEDS_ROOT.add("fashion_mnist")
 
 
 @pytest.fixture
@@ -63,7 +65,9 @@ def test_the_groups_are_all_there() -> None:
 @pytest.mark.parametrize(("group", "option"), OPTIONS)
 def test_every_option_composes_and_instantiates(conf, group: str, option: str) -> None:
     overrides = [f"{group}={option}"]
-    if group == "model" and option != "digits_cnn":  # RGB models on RGB data
+    if group == "model" and option == "mnist_cnn":  # 28x28 grayscale
+        overrides.append("data=mnist")
+    elif group == "model" and option != "digits_cnn":  # RGB models on RGB data
         overrides.append("data=synthetic")
     _instantiate(compose("config", overrides=overrides))
 
@@ -90,6 +94,10 @@ def test_a_value_of_the_wrong_type_is_refused(conf) -> None:
         compose("config", overrides=["inq.bits=five"])
     with pytest.raises(ConfigCompositionException, match="strategy"):
         compose("config", overrides=["inq.strategy=largest"])
+    with pytest.raises(ConfigCompositionException, match="n1_rule"):
+        compose("config", overrides=["inq.n1_rule=least"])
+    with pytest.raises(ConfigCompositionException, match="granularity"):
+        compose("config", overrides=["inq.granularity=row"])
 
 
 @pytest.mark.parametrize(

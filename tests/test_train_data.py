@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from collections import Counter
 from pathlib import Path
 
@@ -10,11 +11,13 @@ import torch
 from torch.utils.data import Dataset
 
 from inq.train.data import (
+    FASHION_MNIST_ROOT,
     ResumableSampler,
     batches_per_epoch,
     build_datasets,
     build_eval_loader,
     build_train_loader,
+    read_idx,
 )
 from inq.train.errors import ConfigError
 
@@ -114,5 +117,68 @@ def test_an_imagefolder_tree_without_images_names_data_root(tmp_path: Path) -> N
 
 
 def test_unknown_dataset_names_data_name() -> None:
-    with pytest.raises(ConfigError, match=r"^data\.name: unknown dataset 'mnist'"):
-        build_datasets({"name": "mnist"})
+    with pytest.raises(ConfigError, match=r"^data\.name: unknown dataset 'emnist'"):
+        build_datasets({"name": "emnist"})
+
+
+# ---------------------------------------------------------------- idx files ((Fashion-)MNIST
+
+
+def write_idx(path: Path, array: torch.Tensor, compress: bool = True) -> None:
+    """An unsigned-byte idx file, written independently of inq's reader."""
+    header = bytes([0, 0, 8, array.dim()]) + b"".join(n.to_bytes(4, "big") for n in array.shape)
+    data = header + array.to(torch.uint8).numpy().tobytes()
+    if compress:
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+
+
+def idx_folder(folder: Path, train: int = 12, test: int = 5, compress: bool = True) -> Path:
+    g = torch.Generator().manual_seed(0)
+    for prefix, n in (("train", train), ("t10k", test)):
+        images = torch.randint(0, 256, (n, 28, 28), generator=g)
+        write_idx(folder / f"{prefix}-images-idx3-ubyte", images, compress)
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte", torch.arange(n) % 10, compress)
+    return folder
+
+
+@pytest.mark.parametrize("compress", [True, False])
+@pytest.mark.parametrize("name", ["fashion_mnist", "mnist"])
+def test_idx_datasets_read_every_image_and_label(tmp_path: Path, name: str, compress: bool) -> None:
+    idx_folder(tmp_path, compress=compress)
+    train, val = build_datasets({"name": name, "root": str(tmp_path)})
+    assert (len(train), len(val)) == (12, 5)
+    image, label = train[3]
+    assert image.shape == (1, 28, 28) and image.dtype == torch.float32 and int(label) == 3
+    raw = read_idx(tmp_path / ("train-images-idx3-ubyte" + (".gz" if compress else "")))
+    mean, std = {"fashion_mnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}[name]
+    assert torch.equal(image[0], (raw[3].float() / 255 - mean) / std)
+
+
+def test_idx_files_that_are_absent_or_bad_give_one_clear_message(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^data\.root: .*mnist needs a local directory"):
+        build_datasets({"name": "mnist", "root": None})
+    with pytest.raises(ConfigError, match=r"has no train-images-idx3-ubyte\.gz"):
+        build_datasets({"name": "fashion_mnist", "root": str(tmp_path)})
+    with pytest.raises(ConfigError, match="apt-get install dataset-fashion-mnist"):
+        build_datasets({"name": "fashion_mnist", "root": str(tmp_path)})
+    idx_folder(tmp_path)
+    labels = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    labels.write_bytes(gzip.compress(gzip.decompress(labels.read_bytes())[:-2]))
+    with pytest.raises(ConfigError, match=r"t10k-labels.*3 bytes of data, its header says"):
+        build_datasets({"name": "mnist", "root": str(tmp_path)})
+    labels.write_bytes(b"not gzip")
+    with pytest.raises(ConfigError, match=r"cannot read .*t10k-labels-idx1-ubyte\.gz"):
+        build_datasets({"name": "mnist", "root": str(tmp_path)})
+
+
+def test_fashion_mnist_defaults_to_the_debian_package_folder() -> None:
+    assert FASHION_MNIST_ROOT == "/usr/share/datasets/fashion-mnist"
+    if not Path(FASHION_MNIST_ROOT, "t10k-labels-idx1-ubyte.gz").is_file():
+        with pytest.raises(ConfigError, match=FASHION_MNIST_ROOT):
+            build_datasets({"name": "fashion_mnist"})
+        return
+    _, val = build_datasets({"name": "fashion_mnist"})  # the real files, where installed
+    labels = torch.stack([val[i][1] for i in range(len(val))])
+    assert len(val) == 10000 and torch.bincount(labels).tolist() == [1000] * 10

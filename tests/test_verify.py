@@ -9,6 +9,7 @@ import torch
 from export_fixtures import masked_file
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from inq.export import MASK_SUFFIX
 from inq.packed import CODES_SUFFIX, PackedFile, PackedLayer, export_packed, pack_codes
@@ -101,3 +102,23 @@ def test_verify_file_rejects_other_formats(tmp_path: Path) -> None:
     save_file({"w": torch.zeros(1)}, tmp_path / "x.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match="not an INQ masked checkpoint or packed file"):
         verify_file(tmp_path / "x.safetensors")
+
+
+def test_verify_names_an_off_level_weight_of_a_per_channel_layer(tmp_path: Path) -> None:
+    conv = nn.Conv2d(3, 6, 3)
+    with torch.no_grad():
+        conv.weight.mul_(2.0 ** torch.arange(6).view(6, 1, 1, 1))  # rows of different scales
+    path, _ = masked_file(tmp_path, 3, model=conv, n1_rule="mse", granularity="channel")
+    clean = verify_file(path)
+    assert clean.ok
+    assert any(".." in line for line in clean.table().splitlines()[1:])  # n1 ranges shown
+
+    def plant(t) -> None:
+        row = t["weight"][4]
+        row.view(-1)[2] = row.abs().max() * 0.7  # between two levels of any level set
+
+    report = verify_file(_tamper(path, plant))
+    assert not report.ok and report.first_problem.key == "weight"
+    problem = report.first_problem.problem
+    assert "off the 3-bit level sets of its channels (first: channel 4, n1=" in problem
+    assert f"flat index {4 * 3 * 3 * 3 + 2}" in problem
