@@ -161,12 +161,13 @@ def _info(args: argparse.Namespace) -> int:
     )
     print(_sizes(stats))
     width = max([len("tensor"), *(len(k) for k in packed.layers)])
-    print(f"{'tensor':<{width}}  {'shape':<18}  bits    n1  width   bytes")
+    n1_width = max([4, *(len(describe_n1(layer.n1)) for layer in packed.layers.values())])
+    print(f"{'tensor':<{width}}  {'shape':<18}  bits  {'n1':>{n1_width}}  width   bytes")
     for key, layer in packed.layers.items():
         shape = "x".join(map(str, layer.shape))
         size = layer.shape[0] * row_bytes(layer.k, layer.bits)
         print(
-            f"{key:<{width}}  {shape:<18}  {layer.bits:>4}  {describe_n1(layer.n1):>4}  "
+            f"{key:<{width}}  {shape:<18}  {layer.bits:>4}  {describe_n1(layer.n1):>{n1_width}}  "
             f"{code_width(layer.bits):>5}  {size:>6}"
         )
     return 0

@@ -37,8 +37,8 @@ RUNS = {
 }
 
 
-def fake_sweep(root: Path) -> Path:
-    for n, ((method, bits, strategy, portions), deltas) in enumerate(RUNS.items()):
+def fake_sweep(root: Path, runs: dict = RUNS, **extra: object) -> Path:
+    for n, ((method, bits, strategy, portions), deltas) in enumerate(runs.items()):
         for seed, delta in enumerate(deltas):
             run = root / "group" / f"{n}_{seed}"
             run.mkdir(parents=True)
@@ -51,6 +51,7 @@ def fake_sweep(root: Path) -> Path:
                 "float_acc": FLOAT[seed],
                 "final_acc": FLOAT[seed] + delta,
                 "stages": {},
+                **extra,
             }
             (run / "summary.json").write_text(json.dumps(summary))
     return root
@@ -72,15 +73,18 @@ def test_collector_writes_the_table_checks_and_png(tmp_path: Path) -> None:
     text = results.read_text()
     assert text.startswith("# Results\n\n## Other section\n\nkept as it is\n")
     assert "(plots/study.png)" in text
-    assert table_row(text, "| 32 | float") == ["32", "float", "", "3", "92.00 ± 2.00", ""]
-    assert table_row(text, "| 5 | INQ magnitude | 0.5/") == [
-        "5", "INQ magnitude", "0.5/0.75/0.875/1", "3", "94.00 ± 3.00", "+2.00 ± 1.00"
+    assert table_row(text, "| 32 | float") == ["32", "float", "", "", "3", "92.00 ± 2.00", "", ""]
+    paper = "paper (max, layer)"
+    assert table_row(text, f"| 5 | INQ magnitude | {paper} | 0.5/") == [
+        "5", "INQ magnitude", paper, "0.5/0.75/0.875/1", "3", "94.00 ± 3.00", "+2.00 ± 1.00", "-"
     ]  # fmt: skip
-    assert table_row(text, "| 5 | INQ magnitude | 0.3/")[4:] == ["92.00 ± 2.00", "+0.00 ± 0.00"]
-    assert table_row(text, "| 2 | STE")[2:] == ["", "3", "82.00 ± 2.00", "-10.00 ± 0.00"]
-    assert table_row(text, "| 5 | one-shot")[2:] == ["", "3", "42.00 ± 0.00", "-50.00 ± 2.00"]
+    row = table_row(text, f"| 5 | INQ magnitude | {paper} | 0.3/")
+    assert row[5:] == ["92.00 ± 2.00", "+0.00 ± 0.00", "-"]
+    assert table_row(text, "| 2 | STE")[3:] == ["", "3", "82.00 ± 2.00", "-10.00 ± 0.00", "-"]
+    assert table_row(text, "| 5 | one-shot")[3:7] == ["", "3", "42.00 ± 0.00", "-50.00 ± 2.00"]
     # table order: float, then bits descending, INQ magnitude before random, STE, one-shot
     ours = [line for line in text.splitlines() if line[:4] in ("| 5 ", "| 2 ") and "±" in line]
+    ours = [line for line in ours if "paper (max" in line]
     order = [line.split("|")[1:3] for line in ours]
     assert [m.strip() for _, m in order] == [
         "INQ magnitude", "INQ magnitude", "INQ random", "one-shot",
@@ -88,8 +92,11 @@ def test_collector_writes_the_table_checks_and_png(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert table_row(text, "| 5-bit INQ >= float")[1:] == ["+2.00 ± 1.00", "holds (within noise)"]
     assert table_row(text, "| 5-bit magnitude >= random")[1:] == ["-1.00 ± 0.00", "fails"]
-    assert table_row(text, "| 2-bit INQ > STE")[1:] == ["+7.00 ± 1.00", "holds"]
-    assert table_row(text, "| ternary INQ within 2.5")[1:] == [
+    assert table_row(text, "| 2-bit INQ (paper) >= STE on its level sets -0.3")[1:] == [
+        "+7.00 ± 1.00",
+        "holds",
+    ]
+    assert table_row(text, "| 2-bit INQ (paper) >= float -2.5")[1:] == [
         "-3.00 ± 1.00",
         "fails (within noise)",
     ]
@@ -125,3 +132,31 @@ def test_bad_sweeps_end_in_one_message(tmp_path: Path, capsys: pytest.CaptureFix
     assert collect.main([str(sweep), "--results", str(results)]) == 1
     assert "not a study summary" in capsys.readouterr().err
     assert not results.exists()
+
+
+def test_fashion_mnist_section_with_level_set_options(tmp_path: Path) -> None:
+    """Runs with mse n1 per channel get their own rows, zero shares and goal checks; the
+    default output is the sweep folder, under the dataset's own markers."""
+    paper = fake_sweep(tmp_path / "sweep" / "paper", {k: v for k, v in RUNS.items() if k[1] == 2})
+    options = {"n1_rule": "mse", "granularity": "channel", "zero_fraction": 0.4}
+    mse = {
+        ("inq", 2, "magnitude", collect.PAPER_SCHEDULES[2]): (-0.01, -0.01, -0.01),
+        ("ste", 2, "magnitude", (1.0,)): (-0.005, -0.015, -0.01),
+    }
+    fake_sweep(tmp_path / "sweep" / "mse", mse, **options)
+    assert collect.main([str(paper.parent), "--dataset", "fashion_mnist"]) == 0
+    results = tmp_path / "sweep" / "RESULTS.md"
+    assert (tmp_path / "sweep" / "study_fashion_mnist.png").is_file()
+    text = results.read_text()
+    start, end = collect.markers("fashion_mnist")
+    assert start in text and end in text and collect.START not in text
+    row = table_row(text, "| 2 | INQ magnitude | mse, channel")
+    assert row[5:] == ["91.00 ± 2.00", "-1.00 ± 0.00", "40 %"]
+    assert table_row(text, "| 2-bit INQ, mse n1 per channel >= float -1.5")[2] == "holds"
+    check = table_row(text, "| 2-bit INQ, mse n1 per channel >= STE on its level sets -0.3")
+    assert check[1:] == ["+0.00 ± 0.50", "holds (within noise)"]
+    assert table_row(text, "| 2-bit INQ (paper) >= float -1.5")[1:] == [
+        "-3.00 ± 1.00",
+        "fails (within noise)",
+    ]
+    assert table_row(text, "| 5-bit INQ (paper) >= float -0.2")[1:] == ["not run", ""]
