@@ -82,43 +82,47 @@ def variants() -> list[Variant]:
     from inq.kernels.triton.linear import linear_config
 
     out: list[Variant] = []
-    for dtype in ("fp16", "bf16", "fp32"):
+    # per-row n1 (per-channel level sets) only loads one int32 per row tile more: checked on fp16
+    settings = [(d, b, False) for d in ("fp16", "bf16", "fp32") for b in (4, 8)]
+    settings += [("fp16", b, True) for b in (4, 8)]
+    for dtype, bits, per_row in settings:
         mma, ieee = dtype != "fp32", dtype == "fp32"
-        for bits in (4, 8):
-            width = 4 if bits <= 4 else 8
-            flags = {
-                "BITS": bits,
-                "WIDTH": width,
-                "MIN_EXP": _MIN_EXP[dtype],
-                "PER_ROW_N1": False,
-                "HAS_BIAS": True,
-            }
-            for rows in (1, 2, 4, 16, 32, 64, 256):
-                cfg = linear_config(rows, 4096, 4096, bits, sms=132, fp32=ieee)
-                tiles = {"BLOCK_M": cfg.block_m, "SPLIT_K": 2 if cfg.split_k > 1 else 1}
-                launch = (cfg.num_warps, cfg.num_stages)
-                name = f"linear {cfg.kernel} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
-                if cfg.kernel == "gemv":
-                    tiles |= {"BLOCK_O": cfg.block_n, "BLOCK_B": cfg.block_k * width // 8}
-                    cx = flags | tiles
-                    out.append(Variant(name, "linear", "_gemv_kernel", dtype, cx, *launch, True))
-                else:
-                    tiles |= {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": 8}
-                    cx = flags | tiles | {"UPCAST": False, "IEEE": ieee}
-                    kernel = "_gemm_kernel"
-                    out.append(Variant(name, "linear", kernel, dtype, cx, *launch, False, mma))
-            for pixels, og, cg in ((12544, 64, 64), (196, 512, 256), (12544, 1, 1)):
-                cfg = conv_config(pixels, og, cg, 9, fp32=ieee)  # ResNet-18 early, late; depthwise
-                cx = flags | {"KH": 3, "KW": 3, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}
-                launch = (cfg.num_warps, cfg.num_stages)
-                if cfg.kernel == "depthwise":
-                    name = f"conv depthwise {cfg.block_m}x{cfg.block_n}"
-                    out.append(Variant(name, "conv", "_depthwise_kernel", dtype, cx, *launch))
-                else:
-                    name = f"conv implicit gemm {cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
-                    cx |= {"UPCAST": False, "IEEE": ieee, "BLOCK_K": cfg.block_k}
-                    kernel = "_implicit_gemm_kernel"
-                    out.append(Variant(name, "conv", kernel, dtype, cx, *launch, False, mma))
+        width = 4 if bits <= 4 else 8
+        flags = {
+            "BITS": bits,
+            "WIDTH": width,
+            "MIN_EXP": _MIN_EXP[dtype],
+            "PER_ROW_N1": per_row,
+            "HAS_BIAS": True,
+        }
+        suffix = ", n1 per row" if per_row else ""
+        for rows in (1, 2, 4, 16, 32, 64, 256):
+            cfg = linear_config(rows, 4096, 4096, bits, sms=132, fp32=ieee)
+            tiles = {"BLOCK_M": cfg.block_m, "SPLIT_K": 2 if cfg.split_k > 1 else 1}
+            launch = (cfg.num_warps, cfg.num_stages)
+            name = f"linear {cfg.kernel} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{suffix}"
+            if cfg.kernel == "gemv":
+                tiles |= {"BLOCK_O": cfg.block_n, "BLOCK_B": cfg.block_k * width // 8}
+                cx = flags | tiles
+                out.append(Variant(name, "linear", "_gemv_kernel", dtype, cx, *launch, True))
+            else:
+                tiles |= {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": 8}
+                cx = flags | tiles | {"UPCAST": False, "IEEE": ieee}
+                kernel = "_gemm_kernel"
+                out.append(Variant(name, "linear", kernel, dtype, cx, *launch, False, mma))
+        for pixels, og, cg in ((12544, 64, 64), (196, 512, 256), (12544, 1, 1)):
+            cfg = conv_config(pixels, og, cg, 9, fp32=ieee)  # ResNet-18 early, late; depthwise
+            cx = flags | {"KH": 3, "KW": 3, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}
+            launch = (cfg.num_warps, cfg.num_stages)
+            if cfg.kernel == "depthwise":
+                name = f"conv depthwise {cfg.block_m}x{cfg.block_n}{suffix}"
+                out.append(Variant(name, "conv", "_depthwise_kernel", dtype, cx, *launch))
+            else:
+                name = f"conv implicit gemm {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{suffix}"
+                cx |= {"UPCAST": False, "IEEE": ieee, "BLOCK_K": cfg.block_k}
+                kernel = "_implicit_gemm_kernel"
+                out.append(Variant(name, "conv", kernel, dtype, cx, *launch, False, mma))
+    for dtype in ("fp16", "bf16", "fp32"):
         reduce = {"SPLIT_K": 4, "HAS_BIAS": True, "BLOCK": 1024}
         out.append(Variant("linear split-K reduce", "linear", "_reduce_kernel", dtype, reduce))
     tiles = {"BLOCK_M": int8.BLOCK_M, "BLOCK_O": int8.BLOCK_O, "BLOCK_K": int8.BLOCK_K}

@@ -200,7 +200,8 @@ def linear_config(
     """  # noqa: E501
     if rows <= GEMV_MAX_ROWS:
         block_m = triton.next_power_of_2(rows)
-        block_n, block_k, warps, stages, kernel = 16, 256 if bits <= 4 else 128, 4, 2, "gemv"
+        block_k = 256 if bits <= 4 else 128 if block_m < 4 else 64  # 4x128 bytes spill per row n1
+        block_n, warps, stages, kernel = 16, 4, 2, "gemv"
     elif rows <= SKINNY_MAX_ROWS:
         block_m = max(16, triton.next_power_of_2(rows))
         block_n, block_k, warps, stages, kernel = 64, 128, 8, 3, "gemm"
