@@ -52,7 +52,7 @@ PAPER_RESNET18 = {
     2: (33.98, 12.87),
 }
 PAPER_RANDOM_5BIT = (32.11, 11.73)
-METHOD_ORDER = ("INQ magnitude", "INQ random", "STE", "one-shot")
+METHOD_ORDER = ("INQ magnitude", "INQ error", "INQ random", "STE", "one-shot")
 PAPER_LEVELS = ("max", "layer")
 # What each dataset's goals are checked on: (bits, least accuracy vs float in points) for the
 # chosen INQ configuration, and the level sets of that configuration.

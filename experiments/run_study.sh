@@ -12,7 +12,8 @@
 # Per seed, one float model is pretrained once (the 5-bit one-shot job) and every other job starts
 # from its checkpoints/float.pt. Then, at 5, 4, 3 and 2 bits with the paper's schedule for each
 # bit-width: INQ with the paper's level sets (n1 = floor(log2(4 max|W|/3)) per layer), with
-# n1_rule=mse per layer and with n1_rule=mse per output channel; STE with the same epoch budget on
+# n1_rule=mse per layer and with n1_rule=mse per output channel (magnitude partition, and error
+# partition: smallest rounding error first); STE with the same epoch budget on
 # the paper's and on the mse-per-channel level sets (digits only: the paper's, the 0.3/0.6/0.8/1
 # schedule at 5 bits and random partition too); one-shot rounding on both kinds of level set.
 # Finally the runs' summary.json files are collected into OUT_DIR/RESULTS.md and a plot there.
@@ -55,6 +56,8 @@ one_seed() {  # every job of one seed, in order
     train "$seed" "inq$bits" "${common[@]}"
     train "$seed" "inq${bits}_mse" "${common[@]}" inq.n1_rule=mse
     train "$seed" "inq${bits}_mse_channel" "${common[@]}" "${mse_channel[@]}"
+    train "$seed" "inq${bits}_mse_channel_error" "${common[@]}" "${mse_channel[@]}" \
+      inq.strategy=error
     train "$seed" "ste${bits}_mse_channel" inq.method=ste "${common[@]}" "${mse_channel[@]}"
     if [[ $dataset == digits ]]; then
       train "$seed" "ste$bits" inq.method=ste "${common[@]}"

@@ -8,6 +8,9 @@ never returns to the float group.
   broken by the lower flat index, so the choice is deterministic.
 - ``random``: uniform over the still-float weights, from a CPU generator seeded by
   ``(seed, layer name, stage)``; every process of a distributed run draws the same set.
+- ``error`` (beyond the paper, which suggests it): smallest rounding error ``|w - Q(w)|`` to the
+  layer's level set first, ties to the lower flat index; the weights far from every level stay
+  float longest, so retraining can move them before they are snapped.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 
 __all__ = ["STRATEGIES", "grow_mask", "quantized_count"]
 
-STRATEGIES = ("magnitude", "random")
+STRATEGIES = ("magnitude", "random", "error")
 
 
 def quantized_count(portion: float, numel: int) -> int:
@@ -43,6 +46,7 @@ def grow_mask(
     strategy: str = "magnitude",
     seed: int = 0,
     key: str = "",
+    snapped: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A new mask with exactly ``count`` entries set: ``mask`` plus weights chosen by ``strategy``.
 
@@ -50,8 +54,9 @@ def grow_mask(
         weight: the layer's weights (any shape, any device).
         mask: bool tensor of the same shape, True where a weight is already quantized.
         count: how many weights must be quantized after this call (``>= mask.sum()``).
-        strategy: ``"magnitude"`` or ``"random"``.
+        strategy: ``"magnitude"``, ``"random"`` or ``"error"``.
         seed, key: seed the ``random`` draw (key names the layer and stage).
+        snapped: ``error`` only: the weights rounded to their level sets (same shape).
 
     Example:
         >>> w = torch.tensor([0.1, -0.5, 0.3, 0.5])
@@ -60,7 +65,8 @@ def grow_mask(
 
     Raises:
         ValueError: on an unknown strategy, mismatched shapes, a count outside
-            ``[mask.sum(), weight.numel()]``, or NaN/infinite weights (``magnitude``).
+            ``[mask.sum(), weight.numel()]``, NaN/infinite weights (``magnitude``, ``error``),
+            or ``error`` without ``snapped``.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown partition strategy {strategy!r}; choose one of {STRATEGIES}")
@@ -72,10 +78,15 @@ def grow_mask(
     need = count - have
     if need == 0:
         return mask.clone()
-    if strategy == "magnitude":
+    if strategy in ("magnitude", "error"):
         scores = weight.detach().abs().float()
         if not bool(torch.isfinite(scores).all()):
             raise ValueError("grow_mask: the weight holds NaN or infinity; cannot rank it")
+        if strategy == "error":
+            if snapped is None or snapped.shape != weight.shape:
+                raise ValueError("grow_mask: strategy 'error' needs the snapped weights")
+            error = (weight.detach().float() - snapped.float()).abs()
+            scores = error.max() - error  # >= 0; the smallest error scores highest
     else:  # uniform keys from a CPU generator: the same draw on every device and process
         generator = torch.Generator().manual_seed(_seed_for(seed, key))
         scores = torch.rand(weight.shape, generator=generator).to(weight.device)

@@ -30,6 +30,7 @@ from inq.pow2 import (
     check_bits,
     check_quantizable,
     decode_unchecked,
+    pow2_quantize,
     pow2_quantize_codes,
     rows_n1,
 )
@@ -108,7 +109,8 @@ class INQScheduler:
         model: the float model; its conv/linear weights are the targets (never biases or norms).
         bits: bit-width b in [2, 8]; 2**(b-2) magnitudes plus zero, signed.
         portions: accumulated quantized fractions, strictly increasing, ending at 1.0.
-        strategy: ``"magnitude"`` (largest weights first) or ``"random"``.
+        strategy: ``"magnitude"`` (largest weights first), ``"random"`` or ``"error"``
+            (smallest rounding error to the level set first; see :mod:`inq.partition`).
         seed: seeds the ``random`` partition (identical draw on every process).
         n1_rule: how each level set's n1 is chosen at the first :meth:`step`: ``"max"`` (the
             paper's ``floor(log2(4 max|W| / 3))``) or ``"mse"`` (least squared rounding error of
@@ -376,7 +378,8 @@ class INQScheduler:
         count = quantized_count(portion, weight.numel())
         key = f"{layer.name}/stage{self.stage + 1}"
         old = layer.mask
-        new = grow_mask(weight, old, count, self.strategy, self.seed, key)
+        snapped = pow2_quantize(weight, n1, self.bits) if self.strategy == "error" else None
+        new = grow_mask(weight, old, count, self.strategy, self.seed, key, snapped)
         new &= ~old
         codes = layer.codes.clone()  # a new tensor: state_dict() copies taken earlier keep theirs
         n1_new = n1 if isinstance(n1, int) else rows_n1(n1, weight).expand(weight.shape)[new]

@@ -263,3 +263,25 @@ def test_magnitude_rejects_non_finite_weights() -> None:
     weight = torch.tensor([0.5, float("nan"), 0.1, 0.2])
     with pytest.raises(ValueError, match="NaN"):
         grow_mask(weight, torch.zeros(4, dtype=torch.bool), 2)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 60), st.integers(0, 2**31), st.integers(2, 8))
+def test_error_strategy_takes_the_smallest_rounding_errors_first(numel, seed, bits) -> None:
+    weight = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+    snapped = inq.pow2_quantize(weight, inq.pow2_n1(weight), bits)
+    error = (weight - snapped).abs().tolist()
+    mask = empty_mask(weight)
+    for count in sorted({numel // 3, numel // 2, numel}):
+        new = grow_mask(weight, mask, count, "error", snapped=snapped)
+        free = [i for i in range(numel) if not mask[i]]
+        free.sort(key=lambda i: (error[i], i))  # reference: smallest error, then lower index
+        expected = mask.clone()
+        expected[free[: count - int(mask.sum())]] = True
+        assert torch.equal(new, expected)
+        mask = new
+
+
+def test_error_strategy_needs_the_snapped_weights() -> None:
+    with pytest.raises(ValueError, match="needs the snapped weights"):
+        grow_mask(torch.ones(3), torch.zeros(3, dtype=torch.bool), 1, "error")

@@ -314,7 +314,7 @@ def test_step_returns_portion_and_updates_fractions() -> None:
 @pytest.mark.parametrize(
     "portions", [(0.3, 0.6, 0.8, 1.0), (0.5, 0.75, 0.875, 1.0), (0.1, 0.5, 0.9, 1.0), (1.0,)]
 )
-@pytest.mark.parametrize("strategy", ["magnitude", "random"])
+@pytest.mark.parametrize("strategy", ["magnitude", "random", "error"])
 def test_counts_exact_for_odd_layer_sizes(portions: tuple[float, ...], strategy: str) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(*(nn.Linear(n, 1) for n in ODD_SIZES))
@@ -408,7 +408,7 @@ def test_step_is_atomic_when_a_layer_has_nan_at_the_first_stage() -> None:
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
-@pytest.mark.parametrize("strategy", ["magnitude", "random"])
+@pytest.mark.parametrize("strategy", ["magnitude", "random", "error"])
 def test_step_is_atomic_when_a_float_weight_turns_non_finite_later(
     bad: float, strategy: str
 ) -> None:
@@ -874,3 +874,12 @@ def test_fix_level_sets_chooses_n1_once() -> None:
             layer.weight.mul_(64)  # would give another n1 if chosen again
     sched.step()
     assert [layer.n1 for layer in sched.layers] == chosen
+
+
+def test_error_partition_snaps_the_weights_closest_to_their_levels_first() -> None:
+    model = nn.Linear(1, 6, bias=False)
+    with torch.no_grad():  # n1 = 0 at 3 bits: levels 0, 0.5, 1
+        model.weight.copy_(torch.tensor([[1.0], [0.74], [0.5], [0.3], [0.26], [0.9]]))
+    sched = INQScheduler(model, bits=3, portions=(0.5, 1.0), strategy="error")
+    sched.step()  # errors 0, 0.24, 0, 0.2, 0.24, 0.1: the three smallest
+    assert sched.layers[0].mask.flatten().tolist() == [True, False, True, False, False, True]

@@ -34,6 +34,7 @@ class DataName(Enum):
 class Strategy(Enum):
     magnitude = 1
     random = 2
+    error = 3  # smallest rounding error first (inq.partition)
 
 
 class N1Rule(Enum):
