@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import inq.kernels  # noqa: F401  (registers torch.ops.inq.*)
+import inq.kernels  # registers torch.ops.inq.* and their CUDA implementations
 from inq.kernels import ops
 from inq.kernels import triton as tk
 from inq.kernels.int8 import exact_frac_bits, max_frac_bits, shift_linear_int8_reference
@@ -467,3 +467,28 @@ def test_converted_digits_model_predicts_like_reference(tmp_path, dtype) -> None
     clear = (top2[:, 0] - top2[:, 1]) > 64 * _ROUNDING[dtype] * top2[:, 0].abs()
     assert clear.float().mean() > 0.9
     assert torch.equal(out.argmax(1)[clear], ref.argmax(1)[clear])
+
+
+@pytest.mark.parametrize("m", [1, 9])
+def test_cuda_registration_passes_n1_plus_n1_rows(m: int) -> None:
+    """The CUDA implementations of the ops turn (n1, n1_rows) into one exponent per row; with
+    small integer inputs every fp32 sum is exact, so they equal the reference bit for bit."""
+    o, k, bits, n1 = 5, 40, 4, 1
+    packed = pack_codes(random_codes(o, k, bits, seed=m), bits)
+    n1_rows = torch.tensor([0, -1, -4, -2, -3], dtype=torch.int32)
+    x = torch.randint(-3, 4, (m, k), generator=torch.Generator().manual_seed(m)).float()
+    bias = torch.arange(o, dtype=torch.float32)
+    expected = ops.shift_linear_reference(x, packed, bits, n1, k, bias, n1_rows)
+    got = inq.kernels._shift_linear_cuda(
+        x.to(DEVICE), packed.to(DEVICE), bits, n1, k, bias.to(DEVICE), n1_rows.to(DEVICE)
+    )
+    torch.testing.assert_close(got.cpu(), expected, atol=0, rtol=0)
+    image = x.reshape(m, 1, 5, 8)
+    shape = [o, 1, 5, 8]
+    conv_args = (bits, n1, shape, bias, [1, 1], [0, 0], [1, 1], 1)
+    expected = ops.shift_conv2d_reference(image, packed, *conv_args, n1_rows)
+    got = inq.kernels._shift_conv2d_cuda(
+        image.to(DEVICE), packed.to(DEVICE), *conv_args[:3], bias.to(DEVICE), *conv_args[4:],
+        n1_rows.to(DEVICE),
+    )  # fmt: skip
+    torch.testing.assert_close(got.cpu(), expected, atol=0, rtol=0)
