@@ -46,9 +46,11 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(name)
-    tmp.chmod(0o666 & ~_umask())  # mkstemp makes it 0600; give it the mode open() would
     try:
         yield tmp
+        # mkstemp makes the file 0600, and writers that recreate it (safetensors' save_file)
+        # do too: give it the mode open() would, after the writer is done
+        tmp.chmod(0o666 & ~_umask())
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, target)

@@ -6,8 +6,13 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
-from inq.io import atomic_path, metadata_int
+from inq.export import save_masked
+from inq.io import atomic_path, metadata_int, write_safetensors
+from inq.packed import export_packed
+from inq.scheduler import INQScheduler
 
 
 class BodyFailed(Exception):
@@ -66,6 +71,24 @@ def test_the_file_gets_the_mode_of_a_plain_open(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
+def test_safetensors_exports_get_the_umask_mode(tmp_path: Path, mask: int) -> None:
+    """safetensors' save_file recreates its file as 0600; the export must still get the mode a
+    plain open() gives (issue 12), checked on real masked and packed exports."""
+    net = nn.Sequential(nn.Linear(6, 4))
+    sched = INQScheduler(net, bits=4, portions=(1.0,))
+    sched.step()
+    old = os.umask(mask)
+    try:
+        save_masked(tmp_path / "m.safetensors", net, sched)
+        export_packed(tmp_path / "m.safetensors", tmp_path / "p.safetensors")
+        write_safetensors(tmp_path / "t.safetensors", {"w": torch.ones(2)}, {})
+    finally:
+        os.umask(old)
+    for name in ("m", "p", "t"):
+        assert (tmp_path / f"{name}.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask, name
 
 
 @pytest.mark.parametrize("value", [-2.0, True, "3", None])
