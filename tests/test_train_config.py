@@ -105,6 +105,10 @@ def test_a_value_of_the_wrong_type_is_refused(conf) -> None:
     [
         ("inq.bits=9", "inq.bits"),
         ("inq.bits=1", "inq.bits"),
+        ("inq.portions=[0,1]", "inq.portions"),  # issue 12: the key, not just "inq"
+        ("inq.portions=[0.5,0.4,1]", "inq.portions"),
+        ("trainer.seed=-1", "trainer.seed"),  # issue 12: a traceback from numpy before
+        ("trainer.seed=4294967296", "trainer.seed"),
         ("inq.epochs=-1", "inq.epochs"),
         ("data.batch_size=0", "data.batch_size"),
         ("optim.lr=0", "optim.lr"),

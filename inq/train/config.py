@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 
 from inq.pow2 import check_bits
+from inq.scheduler import check_portions
 from inq.train.errors import ConfigError
 
 __all__ = ["Config", "to_dict", "validate"]
@@ -190,11 +191,16 @@ def validate(cfg: DictConfig) -> None:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(missing[0], "must be set (it is ??? in the config)")
-    try:
-        check_bits(cfg.inq.bits)
-    except ValueError as err:
-        raise ConfigError("inq.bits", str(err)) from None
+    for key, check, value in (
+        ("inq.bits", check_bits, cfg.inq.bits),
+        ("inq.portions", check_portions, list(cfg.inq.portions)),
+    ):
+        try:
+            check(value)
+        except ValueError as err:
+            raise ConfigError(key, str(err)) from None
     counts = {
+        "trainer.seed": cfg.trainer.seed,
         "trainer.float_epochs": cfg.trainer.float_epochs,
         "inq.epochs": cfg.inq.epochs,
         "inq.final_epochs": cfg.inq.final_epochs,
@@ -206,6 +212,8 @@ def validate(cfg: DictConfig) -> None:
     for key, value in counts.items():
         if value < 0:
             raise ConfigError(key, f"must be >= 0, got {value}")
+    if cfg.trainer.seed >= 2**32:  # numpy's and torch's seeding limit
+        raise ConfigError("trainer.seed", f"must be < 2**32, got {cfg.trainer.seed}")
     positive = {
         "data.batch_size": cfg.data.batch_size,
         "data.eval_batch_size": cfg.data.eval_batch_size,
