@@ -1,4 +1,5 @@
-"""File I/O: atomic writes (a reader sees the old file or the whole new one) and safe reads."""
+"""File I/O: atomic writes (a reader sees the old file or the whole new one), safe reads, and
+byte-reproducible safetensors files."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 __all__ = [
     "DIGEST_KEY",
@@ -27,6 +28,18 @@ __all__ = [
 ]
 
 DIGEST_KEY = "sha256"  # metadata entry: digest of every tensor and the rest of the metadata
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 
 
 @contextlib.contextmanager
@@ -134,6 +147,9 @@ def write_safetensors(
 ) -> None:
     """Write tensors and metadata atomically, with a sha256 digest of both in the metadata.
 
+    The same tensors and metadata always give the same bytes (:func:`safetensors_bytes`), so an
+    export can be compared by its checksum; any safetensors reader loads the file.
+
     Example:
         >>> import tempfile, pathlib
         >>> file = pathlib.Path(tempfile.mkdtemp()) / "t.safetensors"
@@ -145,8 +161,42 @@ def write_safetensors(
         >>> digest_problem(tensors, metadata)  # doctest: +ELLIPSIS
         'the contents do not match their sha256 digest: the file was modified after it was written'
     """
+    full = {**metadata, DIGEST_KEY: _digest(tensors, metadata)}
     with atomic_path(path) as tmp:
-        save_file(tensors, tmp, metadata={**metadata, DIGEST_KEY: _digest(tensors, metadata)})
+        tmp.write_bytes(safetensors_bytes(tensors, full))
+
+
+def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """A safetensors file's bytes with a fixed layout: the header's keys sorted, the tensors by
+    element size (largest first, as safetensors aligns them) then name.
+
+    safetensors' own writer orders the metadata by a hash map whose order changes from process
+    to process, so the same export could get other bytes each time.
+
+    Example:
+        >>> a = safetensors_bytes({"w": torch.ones(2), "m": torch.ones(3, dtype=torch.bool)},
+        ...                       {"format": "demo", "bits": "4"})
+        >>> a == safetensors_bytes({"m": torch.ones(3, dtype=torch.bool), "w": torch.ones(2)},
+        ...                        {"bits": "4", "format": "demo"})
+        True
+    """
+    header: dict[str, object] = {"__metadata__": dict(sorted(metadata.items()))}
+    chunks, offset = [], 0
+    for name in sorted(tensors, key=lambda n: (-tensors[n].element_size(), n)):
+        t = tensors[name].detach().cpu().contiguous()
+        if t.dtype not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"{name!r}: cannot store {t.dtype} in a safetensors file")
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    return len(text).to_bytes(8, "little") + text + b"".join(chunks)
 
 
 def digest_problem(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str | None:

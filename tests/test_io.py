@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,13 @@ import torch
 from torch import nn
 
 from inq.export import save_masked
-from inq.io import atomic_path, metadata_int, write_safetensors
+from inq.io import (
+    atomic_path,
+    digest_problem,
+    metadata_int,
+    read_safetensors,
+    write_safetensors,
+)
 from inq.packed import export_packed
 from inq.scheduler import INQScheduler
 
@@ -96,3 +104,25 @@ def test_metadata_int_refuses_what_is_not_an_int(value) -> None:
     assert metadata_int(-2) == -2
     with pytest.raises(TypeError, match="expected an integer"):
         metadata_int(value)
+
+
+WRITE_IN_A_NEW_PROCESS = """
+import sys, torch
+from inq.io import write_safetensors
+tensors = {"w": torch.arange(6.0).reshape(2, 3), "codes": torch.arange(5, dtype=torch.uint8),
+           "mask": torch.ones(4, dtype=torch.bool), "steps": torch.tensor(7)}
+write_safetensors(sys.argv[1], tensors, {f"key{i}": str(i) for i in range(12)})
+"""
+
+
+def test_the_same_contents_give_the_same_bytes_in_every_process(tmp_path: Path) -> None:
+    """Byte-reproducible files (issue 12): safetensors' writer orders the metadata by a hash map
+    seeded per process, so before this every process wrote other bytes."""
+    files = [tmp_path / f"{i}.safetensors" for i in range(3)]
+    for file in files:
+        subprocess.run([sys.executable, "-c", WRITE_IN_A_NEW_PROCESS, str(file)], check=True)
+    assert len({file.read_bytes() for file in files}) == 1
+    tensors, metadata = read_safetensors(files[0])  # and any safetensors reader loads it
+    assert torch.equal(tensors["w"], torch.arange(6.0).reshape(2, 3))
+    assert tensors["mask"].dtype == torch.bool and int(tensors["steps"]) == 7
+    assert metadata["key11"] == "11" and digest_problem(tensors, metadata) is None
