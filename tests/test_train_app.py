@@ -61,6 +61,14 @@ def test_summary_checkpoints_and_table(run_dir: Path) -> None:
         assert f"\n{row} " in stdout
 
 
+def test_readme_names_every_file_of_a_run(run_dir: Path) -> None:
+    """Issue 12: model.inq.safetensors was missing from the README's list of a run's files."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    paragraph = readme.split("Each run directory", 1)[1].split("Resume is", 1)[0]
+    made = sorted(p.name for p in run_dir.iterdir() if p.name not in (".hydra", "stdout.txt"))
+    assert made and [name for name in made if f"`{name}" not in paragraph] == []
+
+
 def test_tensorboard_events_carry_the_tags(run_dir: Path) -> None:
     events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0, "histograms": 0})
     events.Reload()
