@@ -167,3 +167,25 @@ def test_n1_rows_give_each_output_row_its_own_level_set(bits, n1, rows, in_featu
     )
     expected = F.conv2d(image, weight.reshape(shape))
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+def test_backward_to_input_and_bias_is_gradcheck_exact() -> None:
+    """Issue 12: the ops had no autograd formula, so a packed model could not sit in a training
+    graph. float64 gradcheck of the input and bias gradients, per-row n1 included."""
+    g = torch.Generator().manual_seed(0)
+    packed, _ = random_weight((5, 7), 4, -1, seed=3)
+    x = torch.randn(2, 3, 7, dtype=torch.float64, generator=g, requires_grad=True)
+    bias = torch.randn(5, dtype=torch.float64, generator=g, requires_grad=True)
+    rows = torch.tensor([0, -1, -2, 0, -3], dtype=torch.int32)
+    assert torch.autograd.gradcheck(
+        lambda x, b: torch.ops.inq.shift_linear(x, packed, 4, -1, 7, b, rows), (x, bias)
+    )
+    conv_packed, _ = random_weight((4, 2, 3, 3), 5, 0, seed=4)
+    for image in (torch.randn(2, 4, 6, 5, dtype=torch.float64), torch.randn(4, 5, 5).double()):
+        image.requires_grad_(True)
+        assert torch.autograd.gradcheck(
+            lambda x, b: torch.ops.inq.shift_conv2d(
+                x, conv_packed, 5, 0, [4, 2, 3, 3], b[:4], [2, 1], [1, 0], [1, 2], 2
+            ),
+            (image, bias),
+        )

@@ -5,7 +5,9 @@ the codes to the input's dtype (exactly: every level is a power of two, built fr
 bits) and calls ``F.linear`` / ``F.conv2d``; it runs on any device and is what faster kernels
 are tested against. A device kernel overrides it with
 ``torch.library.register_kernel("inq::shift_linear", "cuda")``. Fake implementations make both
-ops traceable by ``torch.compile``. Inference only: the ops have no autograd formula.
+ops traceable by ``torch.compile``. Both have a backward with respect to the input and the
+bias (the weights are fixed codes), so a packed model can sit inside a training graph:
+distillation, activation quantization.
 
 ``n1`` is the layer's top exponent; with per-channel level sets, ``n1_rows`` (an integer tensor
 ``[O]``) adds one exponent per output row: row ``r`` decodes with ``n1 + n1_rows[r]``.
@@ -185,3 +187,69 @@ def _(
     )
     spatial = conv2d_output_size(x.shape[-2:], weight_shape, stride, padding, dilation)
     return x.new_empty((*x.shape[:-3], weight_shape[0], *spatial))
+
+
+# ---------------------------------------------------------------------------------- autograd
+
+
+@torch.library.custom_op("inq::decode_weight", mutates_args=())
+def _decode_op(
+    packed: Tensor,
+    bits: int,
+    n1: int,
+    shape: list[int],
+    dtype: torch.dtype,
+    n1_rows: Tensor | None = None,
+) -> Tensor:
+    """The decoded weight, as an op: opaque to ``torch.compile`` (the backward needs it)."""
+    return decode_weight(packed, bits, row_exponents(n1, n1_rows), tuple(shape), dtype)
+
+
+@_decode_op.register_fake
+def _(packed, bits, n1, shape, dtype, n1_rows=None):
+    return packed.new_empty(shape, dtype=dtype)
+
+
+def _linear_setup(ctx, inputs, output) -> None:
+    x, packed, bits, n1, in_features, bias, *rest = inputs
+    ctx.save_for_backward(packed, rest[0] if rest else None)
+    ctx.meta = (bits, n1, in_features, x.dtype, None if bias is None else bias.dtype)
+
+
+def _linear_backward(ctx, grad):
+    packed, n1_rows = ctx.saved_tensors
+    bits, n1, in_features, dtype, bias_dtype = ctx.meta
+    weight = _decode_op(packed, bits, n1, [packed.shape[0], in_features], dtype, n1_rows)
+    grad_x = grad.to(dtype) @ weight
+    grad_bias = None
+    if bias_dtype is not None and ctx.needs_input_grad[5]:
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0).to(bias_dtype)
+    return grad_x, None, None, None, None, grad_bias, None
+
+
+def _conv_setup(ctx, inputs, output) -> None:
+    x, packed, bits, n1, weight_shape, bias, stride, padding, dilation, groups, *rest = inputs
+    ctx.save_for_backward(packed, rest[0] if rest else None)
+    ctx.meta = (
+        bits, n1, tuple(weight_shape), tuple(x.shape), x.dtype,
+        None if bias is None else bias.dtype, stride, padding, dilation, groups,
+    )  # fmt: skip
+
+
+def _conv_backward(ctx, grad):
+    packed, n1_rows = ctx.saved_tensors
+    bits, n1, shape, x_shape, dtype, bias_dtype, stride, padding, dilation, groups = ctx.meta
+    weight = _decode_op(packed, bits, n1, list(shape), dtype, n1_rows)
+    batched = len(x_shape) == 4
+    g = (grad if batched else grad.unsqueeze(0)).to(dtype)
+    full = x_shape if batched else (1, *x_shape)
+    grad_x = torch.nn.grad.conv2d_input(full, weight, g, stride, padding, dilation, groups)
+    grad_bias = None
+    if bias_dtype is not None and ctx.needs_input_grad[5]:
+        grad_bias = g.sum((0, 2, 3)).to(bias_dtype)
+    grad_x = grad_x if batched else grad_x.squeeze(0)
+    return grad_x, None, None, None, None, grad_bias, None, None, None, None, None
+
+
+torch.library.register_autograd("inq::shift_linear", _linear_backward, setup_context=_linear_setup)
+torch.library.register_autograd("inq::shift_conv2d", _conv_backward, setup_context=_conv_setup)
