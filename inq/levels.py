@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from inq.pow2 import N1, check_bits, pow2_n1, pow2_quantize
+from inq.pow2 import N1, check_bits, max_rule_n1, pow2_n1, pow2_quantize
 
 __all__ = [
     "GRANULARITIES",
@@ -100,10 +100,7 @@ def describe_n1(n1: N1 | None) -> str:
 
 def n1_rows_max(rows: torch.Tensor) -> torch.Tensor:
     """The paper's n1 of every row of a 2-d tensor (int32 ``[R]``, on ``rows``' device); 0 for an
-    all-zero row.
-
-    Exact: with ``max|w| = m * 2**k``, ``m`` in [0.5, 1), ``2**n <= 4/3 * max|w|`` holds for
-    ``n = k`` exactly when ``m >= 0.75``, else for ``n = k - 1``.
+    all-zero row (:func:`inq.pow2.max_rule_n1` of the row maxima).
 
     Example:
         >>> n1_rows_max(torch.tensor([[0.1, -0.75], [0.74, 0.0], [0.0, 0.0]])).tolist()
@@ -115,9 +112,7 @@ def n1_rows_max(rows: torch.Tensor) -> torch.Tensor:
     peak = rows.abs().amax(dim=1).to(torch.float32)
     if not bool(torch.isfinite(peak).all()):
         raise ValueError("select_n1: the weight holds NaN or infinity; fix the model first")
-    mantissa, exponent = torch.frexp(peak)
-    n1 = exponent - 1 + (mantissa >= 0.75).to(exponent.dtype)
-    return n1.masked_fill_(peak == 0, 0).to(torch.int32)
+    return max_rule_n1(peak)
 
 
 def _least_squares_n1(rows: torch.Tensor, n1_max: torch.Tensor, bits: int) -> torch.Tensor:

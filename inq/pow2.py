@@ -41,6 +41,7 @@ __all__ = [
     "check_quantizable",
     "check_top_level",
     "exp2",
+    "max_rule_n1",
     "pow2_decode",
     "pow2_encode",
     "pow2_levels",
@@ -90,18 +91,25 @@ def pow2_n1(weight: torch.Tensor) -> int:
     _check_float(weight)
     if weight.numel() == 0:
         raise ValueError("pow2_n1 needs a non-empty tensor")
-    s = weight.detach().abs().max().item()
-    if not math.isfinite(s):
+    peak = weight.detach().abs().max().to(torch.float32)  # exact for every supported dtype
+    if not bool(torch.isfinite(peak)):
         raise ValueError("pow2_n1: the weight holds NaN or infinity; fix the model first")
-    if s == 0.0:
-        return 0
-    # 2**n <= 4s/3  <=>  3 * 2**(n-2) <= s; both sides are exact in float64 (s comes from <= fp32).
-    n = math.floor(math.log2(4.0 * s / 3.0))
-    while math.ldexp(3.0, n - 2) > s:
-        n -= 1
-    while math.ldexp(3.0, n - 1) <= s:
-        n += 1
-    return n
+    return int(max_rule_n1(peak))
+
+
+def max_rule_n1(peak: torch.Tensor) -> torch.Tensor:
+    """The paper's n1 of each ``max|w|`` in a float32 tensor (int32; 0 where the peak is 0).
+
+    Exact: with ``peak = m * 2**k``, ``m`` in [0.5, 1), ``2**n <= 4/3 * peak`` holds for
+    ``n = k`` exactly when ``m >= 0.75``, else for ``n = k - 1``.
+
+    Example:
+        >>> max_rule_n1(torch.tensor([0.75, 0.74, 0.0])).tolist()
+        [0, -1, 0]
+    """
+    mantissa, exponent = torch.frexp(peak)
+    n1 = exponent - 1 + (mantissa >= 0.75).to(exponent.dtype)
+    return n1.masked_fill_(peak == 0, 0).to(torch.int32)
 
 
 def pow2_n2(n1: N1, bits: int) -> N1:
