@@ -4,7 +4,7 @@
 
     inq export RUN_OR_CHECKPOINT -o model.inq.safetensors   # masked checkpoint -> packed codes
     inq verify FILE                                          # every weight in its level set?
-    inq eval model.inq.safetensors --data digits            # rebuild from codes, evaluate
+    inq eval model.inq.safetensors                          # rebuild, evaluate on its data
     inq info model.inq.safetensors                          # sizes, ratio, bits, layers
     inq bench kernel --json out.json                         # GPU kernels vs cuBLAS / cuDNN
     inq bench kernel --static                                # no GPU: sm_90 SASS check
@@ -22,7 +22,6 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -188,27 +187,41 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="a packed file (inq export)")
     p.add_argument(
         "--data",
-        nargs="+",
-        required=True,
+        nargs="*",
+        default=[],
         metavar="NAME|KEY=VALUE",
-        help="the data config: a dataset name (digits, cifar10, ...) and key=value settings, "
-        "e.g. --data cifar10 root=~/data/cifar10 eval_batch_size=512",
+        help="settings on top of the data config the file records (inq-train records it), "
+        "e.g. --data root=/data/cifar10 eval_batch_size=512; a file that records none needs "
+        "the dataset name: --data digits",
     )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _eval(args: argparse.Namespace) -> int:
     from inq.nn import from_packed
+    from inq.train.config import eval_data_config
     from inq.train.data import build_eval_loader
+    from inq.train.errors import ConfigError
 
-    model = from_packed(args.file).to(args.device)
-    cfg = data_config(args.data)
+    device = eval_device(args.device)
+    packed = load_packed(args.file)
+    try:
+        cfg = eval_data_config(packed.data, args.data)
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
+    for key in ("in_channels", "num_classes"):
+        if key in packed.model and packed.model[key] != cfg[key]:
+            raise ValueError(
+                f"the model has {key}={packed.model[key]}, the {cfg['name']} data "
+                f"{key}={cfg[key]}: evaluate it on the data it was trained on"
+            )
+    model = from_packed(packed).to(device)
     correct = total = 0
     loss = 0.0
     with torch.inference_mode():
         for x, y in build_eval_loader(cfg):
-            logits = model(x.to(args.device))
-            y = y.to(args.device)
+            logits = model(x.to(device))
+            y = y.to(device)
             loss += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(1) == y).sum())
             total += len(y)
@@ -221,28 +234,28 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def data_config(items: Sequence[str]) -> dict[str, Any]:
-    """A data config dict from ``NAME`` and ``KEY=VALUE`` words (values parsed as JSON if they can).
+def eval_device(name: str) -> torch.device:
+    """The device ``--device`` names, refused with one message if this machine lacks it.
 
     Example:
-        >>> data_config(["cifar10", "root=/data/c10", "val_size=500"])
-        {'name': 'cifar10', 'root': '/data/c10', 'val_size': 500}
-
-    Raises:
-        ValueError: if no dataset name is given.
+        >>> eval_device("cpu")
+        device(type='cpu')
+        >>> eval_device("tpu")
+        Traceback (most recent call last):
+        ...
+        ValueError: --device tpu: use cpu or cuda[:N]
     """
-    cfg: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            key, value = "name", item
-        try:
-            cfg[key] = json.loads(value)
-        except json.JSONDecodeError:
-            cfg[key] = value
-    if "name" not in cfg:
-        raise ValueError("--data needs a dataset name, e.g. --data digits")
-    return cfg
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name}: use cpu or cuda[:N]") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name}: use cpu or cuda[:N]")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ValueError(f"--device {name}: this machine has {count} CUDA GPU(s); use cpu")
+    return device
 
 
 # ---------------------------------------------------------------------------------- main

@@ -7,7 +7,8 @@ A ``.safetensors`` file anyone can read with the ``safetensors`` library:
 - string metadata: ``format`` (``"inq-masked/2"``), ``bits``, ``portions``, ``stage``,
   ``strategy``, ``n1_rule``, ``granularity``, ``layers`` (JSON ``{weight key: {"module": name,
   "n1": n1}}``, n1 an int, or a list with one int per output channel) and ``model`` (JSON the
-  caller passes to name the model, e.g. its config, so it can be rebuilt).
+  caller passes to name the model, e.g. its config, so it can be rebuilt) and ``data`` (JSON: the
+  data config the model was trained on, ``{}`` if not given; ``inq eval`` starts from it).
 
 Files of format ``"inq-masked/1"`` (one n1 per layer, no ``n1_rule``/``granularity``: the
 paper's "max" rule per layer) still load.
@@ -59,6 +60,7 @@ class MaskedCheckpoint:
     stage: int
     strategy: str
     model: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
     digest_problem: str | None = None
     n1_rule: str = "max"
     granularity: str = "layer"
@@ -69,8 +71,12 @@ def save_masked(
     model: nn.Module,
     scheduler: INQScheduler,
     model_info: dict[str, Any] | None = None,
+    data_info: dict[str, Any] | None = None,
 ) -> None:
     """Write ``model`` and ``scheduler``'s masks to ``path`` atomically.
+
+    ``model_info`` describes the model (so it can be rebuilt), ``data_info`` the data it was
+    trained on (so it is evaluated on the same): both are stored as JSON metadata.
 
     Example:
         >>> import tempfile, pathlib
@@ -110,6 +116,7 @@ def save_masked(
         "granularity": scheduler.granularity,
         "layers": json.dumps(layers),
         "model": json.dumps(model_info or {}),
+        "data": json.dumps(data_info or {}),
     }
     write_safetensors(path, tensors, metadata)
 
@@ -140,6 +147,7 @@ def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
             stage=int(metadata["stage"]),
             strategy=metadata["strategy"],
             model=json.loads(metadata["model"]),
+            data=json.loads(metadata.get("data", "{}")),
             digest_problem=digest_problem(tensors_read, metadata),
             n1_rule=metadata.get("n1_rule", "max"),
             granularity=metadata.get("granularity", "layer"),

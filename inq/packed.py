@@ -12,8 +12,9 @@ A packed file is a ``.safetensors`` file, readable with the ``safetensors`` libr
 - every other tensor of the model's state (biases, norm layers, buffers) as it is;
 - string metadata: ``format`` (``"inq-packed/2"``), ``bits``, ``portions``, ``strategy``,
   ``n1_rule``, ``granularity``, ``layers`` (JSON ``{weight key: {"module", "bits", "n1", "shape",
-  "width", "dtype"}}``, n1 an int or a list with one int per row) and ``model`` (the masked
-  checkpoint's model description, to rebuild the model).
+  "width", "dtype"}}``, n1 an int or a list with one int per row), ``model`` (the masked
+  checkpoint's model description, to rebuild the model) and ``data`` (the data config it was
+  trained on; absent in older files).
 
 Decoding reproduces the masked checkpoint's weights bit for bit. Files of format
 ``"inq-packed/1"`` (one n1 per layer) still load.
@@ -289,6 +290,11 @@ class PackedFile:
     metadata: dict[str, str]
     digest_problem: str | None = None
 
+    @property
+    def data(self) -> dict[str, Any]:
+        """The data config the model was trained on (``{}`` if the file records none)."""
+        return json.loads(self.metadata.get("data", "{}"))
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full state dict with every quantized weight decoded."""
         return {**self.tensors, **{key: layer.weight() for key, layer in self.layers.items()}}
@@ -388,6 +394,7 @@ def export_packed(
         "granularity": ckpt.granularity,
         "layers": json.dumps(layers),
         "model": json.dumps(ckpt.model),
+        "data": json.dumps(ckpt.data),
     }
     if ckpt.digest_problem:
         raise ValueError(f"cannot pack: {ckpt.digest_problem}")

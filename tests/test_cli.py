@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from export_fixtures import DIGITS_DATA, digits_run, masked_file
+from train_helpers import TINY, inq_train
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -196,7 +197,40 @@ def test_eval_matches_the_masked_checkpoint_on_digits(capsys, tmp_path: Path) ->
     code, _, err = run(capsys, "eval", tmp_path / "d.safetensors", "--data", "emnist")
     assert code == 1 and "unknown dataset 'emnist'" in err
     code, _, err = run(capsys, "eval", tmp_path / "d.safetensors", "--data", "split_seed=1")
-    assert code == 1 and "--data needs a dataset name" in err
+    assert code == 1 and "records no data config; name one" in err
+    code, _, err = run(capsys, "eval", tmp_path / "d.safetensors", "--data", "synthetic")
+    assert code == 1 and "the model has in_channels=1, the synthetic data in_channels=3" in err
+
+
+def test_eval_uses_the_data_the_run_recorded(capsys, tmp_path: Path) -> None:
+    # synthetic data at 16 pixels: eval used to build 32-pixel images and report chance accuracy
+    out = tmp_path / "run"
+    inq_train(*TINY, "data=synthetic", "data.image_size=16", f"hydra.run.dir={out}")
+    packed = out / "model.inq.safetensors"
+    assert load_packed(packed).data["image_size"] == 16
+    final = json.loads((out / "summary.json").read_text())["final_acc"]
+    code, stdout, err = run(capsys, "eval", packed)
+    assert code == 0, err
+    assert f"on synthetic (256 samples): accuracy {100 * final:.2f}%" in stdout
+    code, stdout, _ = run(capsys, "eval", packed, "--data", "synthetic", "eval_batch_size=7")
+    assert code == 0 and f"accuracy {100 * final:.2f}%" in stdout
+
+    for words, message in (
+        (["bogus=1"], "--data bogus: unknown key; data has ["),
+        (["digits"], "the model was trained on synthetic, not digits"),
+        (["digits", "synthetic"], "one dataset name, got ['digits', 'synthetic']"),
+        (["image_size=big"], "--data: Value 'big' of type 'str' could not be converted"),
+    ):
+        code, _, err = run(capsys, "eval", packed, "--data", *words)
+        assert code == 1 and message in err, (words, err)
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_eval_refuses_a_device_this_machine_lacks(capsys, masked: Path, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device, message in (("cuda", "has 0 CUDA GPU(s); use cpu"), ("npu", "use cpu or cuda")):
+        code, _, err = run(capsys, "eval", masked, "--data", "digits", "--device", device)
+        assert code == 1 and f"--device {device}: " in err and message in err, err
 
 
 def test_module_entry_point(masked: Path) -> None:

@@ -138,6 +138,7 @@ class Trainer:
         data = to_dict(cfg.data)
         train_set, val_set = build_datasets(data)
         self.model_info = {k: v for k, v in to_dict(cfg.model).items() if k != "checkpoint"}
+        self.data_info = data
         self.model = build_model(self.model_info).to(env.device)
         if cfg.model.checkpoint and saved is None:
             ckpt.load_float_weights(self.model, cfg.model.checkpoint)
@@ -314,7 +315,7 @@ class Trainer:
         }
         if self.env.main:
             summary["files"], summary["packed"] = export_artifacts(
-                self.out, self.model, self.sched, self.model_info
+                self.out, self.model, self.sched, self.model_info, self.data_info
             )
             with atomic_path(self.out / "summary.json") as tmp:
                 tmp.write_text(json.dumps(summary, indent=2) + "\n")
@@ -352,15 +353,22 @@ class Trainer:
 
 
 def export_artifacts(
-    out_dir: Path, model: nn.Module, sched: INQScheduler, model_info: dict[str, Any]
+    out_dir: Path,
+    model: nn.Module,
+    sched: INQScheduler,
+    model_info: dict[str, Any],
+    data_info: dict[str, Any],
 ) -> tuple[dict[str, str], dict[str, float]]:
     """Write the masked checkpoint and the packed codes of a finished run into ``out_dir``.
+
+    Both record ``model_info`` (to rebuild the model) and ``data_info`` (what ``inq eval``
+    evaluates it on).
 
     Returns ``{kind: path}`` and the packed file's sizes (``ratio``: packed / fp32 bytes of the
     quantized tensors), which ``summary.json`` records under ``packed``.
     """
     masked = out_dir / "model_masked.safetensors"
-    save_masked(masked, model, sched, model_info=model_info)
+    save_masked(masked, model, sched, model_info=model_info, data_info=data_info)
     packed = out_dir / "model.inq.safetensors"
     stats = export_packed(masked, packed)
     return {"masked": str(masked), "packed": str(packed)}, stats.as_dict()

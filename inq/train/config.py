@@ -7,19 +7,22 @@ OmegaConf cannot express.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
+from importlib import resources
 from typing import Any
 
 import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from inq.pow2 import check_bits
 from inq.scheduler import check_portions
 from inq.train.errors import ConfigError
 
-__all__ = ["Config", "to_dict", "validate"]
+__all__ = ["Config", "eval_data_config", "to_dict", "validate"]
 
 
 class DataName(Enum):
@@ -282,3 +285,62 @@ def _check_known_keys(cfg: DictConfig) -> None:
                 walk(node[key], child_type, f"{prefix}{key}.")
 
     walk(cfg, Config, "")
+
+
+def eval_data_config(recorded: Mapping[str, Any], words: Sequence[str]) -> dict[str, Any]:
+    """The data config to evaluate a model on: what its run recorded, with ``words`` on top.
+
+    ``words`` are an optional dataset ``NAME`` and ``KEY=VALUE`` settings of ``data``. A model
+    whose file records its data is evaluated on that dataset only (same image size, channels and
+    classes); ``NAME`` then just confirms it. Without a record, ``NAME`` picks ``conf/data``'s
+    defaults.
+
+    Example:
+        >>> eval_data_config({}, ["digits", "eval_batch_size=100"])["eval_batch_size"]
+        100
+        >>> eval_data_config({"name": "synthetic", "image_size": 16}, [])["image_size"]
+        16
+        >>> eval_data_config({}, ["digits", "bogus=1"])  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        inq.train.errors.ConfigError: --data bogus: unknown key; data has [...]
+
+    Raises:
+        ConfigError: no dataset, a dataset other than the recorded one, an unknown key or a bad
+            value.
+    """
+    names = [w for w in words if "=" not in w]
+    settings = [w for w in words if "=" in w]
+    if len(names) > 1:
+        raise ConfigError("--data", f"one dataset name, got {names}")
+    name = names[0] if names else recorded.get("name")
+    if name is None:
+        raise ConfigError("--data", "the file records no data config; name one, e.g. --data digits")
+    if recorded and name != recorded.get("name"):
+        raise ConfigError(
+            "--data",
+            f"the model was trained on {recorded.get('name')}, not {name}; its accuracy on "
+            f"{name} would mean nothing (leave the name out to use {recorded.get('name')})",
+        )
+    known = [f.name for f in fields(DataConfig)]
+    for word in settings:
+        key = word.partition("=")[0]
+        if key not in known:
+            raise ConfigError(f"--data {key}", f"unknown key; data has {sorted(known)}")
+    try:
+        cfg = OmegaConf.structured(DataConfig)
+        base = recorded or _packaged_data_config(str(name))
+        cfg = OmegaConf.merge(cfg, {k: v for k, v in base.items() if k in known})
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(settings))
+    except OmegaConfBaseException as err:
+        raise ConfigError("--data", str(err).splitlines()[0]) from None
+    return to_dict(cfg)
+
+
+def _packaged_data_config(name: str) -> dict[str, Any]:
+    path = resources.files("inq.conf") / "data" / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(
+            "--data", f"unknown dataset {name!r}; use one of {[d.name for d in DataName]}"
+        )
+    return to_dict(OmegaConf.create(path.read_text()))
