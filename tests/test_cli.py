@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from export_fixtures import DIGITS_DATA, digits_run, masked_file
-from train_helpers import TINY, inq_train
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from train_helpers import TINY, inq_train
 
 from inq.cli import COMMANDS, main
 from inq.export import MASK_SUFFIX
