@@ -52,8 +52,12 @@ def test_summary_checkpoints_and_table(run_dir: Path) -> None:
     assert summary["final_acc"] == summary["stages"]["stage4"]["acc"]
     assert 0.0 <= summary["float_acc"] <= 1.0
     assert set(summary["timings_s"]) == {"float", "stage1", "stage2", "stage3", "stage4"}
-    for name in ("latest", "float", "stage1", "stage2", "stage3", "stage4"):
-        state = torch.load(run_dir / "checkpoints" / f"{name}.pt", weights_only=True)
+    folder = run_dir / "checkpoints"
+    # trainer.keep_checkpoints=1: the newest stage checkpoint only, a second name of latest.pt
+    assert sorted(p.name for p in folder.iterdir()) == ["float.pt", "latest.pt", "stage4.pt"]
+    assert (folder / "stage4.pt").samefile(folder / "latest.pt")
+    for name in ("latest", "float", "stage4"):
+        state = torch.load(folder / f"{name}.pt", weights_only=True)
         assert state["format"] == "inq-train/1"
     stdout = (run_dir / "stdout.txt").read_text()
     assert "-> 5-bit INQ" in stdout
@@ -87,7 +91,11 @@ def test_tensorboard_events_carry_the_tags(run_dir: Path) -> None:
 
 
 def test_final_bias_norm_epochs_leave_the_quantized_weights_alone(tmp_path: Path) -> None:
-    inq_train(*TINY, "inq.final_epochs=1", f"hydra.run.dir={tmp_path}")
+    inq_train(
+        *TINY, "inq.final_epochs=1", "trainer.keep_checkpoints=2", f"hydra.run.dir={tmp_path}"
+    )
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["bias_norm.pt", "float.pt", "latest.pt", "stage4.pt"]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert list(summary["stages"])[-1] == "bias_norm"
     assert summary["final_acc"] == summary["stages"]["bias_norm"]["acc"]

@@ -72,10 +72,8 @@ def test_ste_killed_mid_training_and_in_the_final_eval_resumes_bit_identically(
     # checkpoint at 18 (shadows under parametrized keys); eval:1 is the first evaluation of the
     # resumed process, after finalize, so the next resume finalizes again from latest.pt.
     for attempt, kill_at in enumerate(("step:20", "eval:1", None)):
-        overrides = [*STE, "inq.final_epochs=1", f"hydra.run.dir={tmp_path / str(attempt)}"]
-        if attempt == 0:
-            overrides[-1] = f"hydra.run.dir={run_dir}"
-        else:
+        overrides = [*STE, "inq.final_epochs=1", f"hydra.run.dir={run_dir}"]
+        if attempt:
             overrides.append(f"trainer.resume={run_dir}")
         proc = inq_train(*overrides, env={KILL_ENV: kill_at or ""}, check=kill_at is None)
         if kill_at:

@@ -34,14 +34,16 @@ def reference_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def scalar_steps(run_dir: Path) -> dict[str, list[int]]:
-    """Every scalar tag of a run's TensorBoard events with its distinct steps."""
+def scalar_points(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag of a run's TensorBoard events with its (step, value) points, in order."""
     events = EventAccumulator(str(run_dir / "tb"))
     events.Reload()
-    return {tag: sorted({e.step for e in events.Scalars(tag)}) for tag in events.Tags()["scalars"]}
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
 
 
-def test_killed_three_times_then_resumed_is_bit_identical(
+def test_killed_four_times_then_resumed_is_bit_identical(
     tmp_path: Path, reference_dir: Path
 ) -> None:
     reference = load_file(reference_dir / "model_masked.safetensors")
@@ -50,15 +52,14 @@ def test_killed_three_times_then_resumed_is_bit_identical(
     for attempt, kill_at in enumerate(
         (
             "step:13",  # mid-epoch in stage 1, one step after a checkpoint: a step is replayed
+            "step:17",  # first step of stage 2: the stage-1 evaluation and the stage-2
+            # partition logged at step 16 after the checkpoint of step 16 are logged again
             "stage:3",  # right after the stage-3 partition, before any retraining
             "eval:2",  # during the final evaluation (the 1st eval of this process ends stage 3)
             None,
         )
     ):
-        overrides = [
-            *RESUMABLE,
-            f"hydra.run.dir={run_dir if attempt == 0 else tmp_path / str(attempt)}",
-        ]
+        overrides = [*RESUMABLE, f"hydra.run.dir={run_dir}"]
         if attempt:
             overrides.append(f"trainer.resume={run_dir}")
         proc = inq_train(*overrides, env={KILL_ENV: kill_at or ""}, check=kill_at is None)
@@ -71,16 +72,25 @@ def test_killed_three_times_then_resumed_is_bit_identical(
         assert torch.equal(resumed[key], tensor), key
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(summary["stages"]) == {"stage1", "stage2", "stage3", "stage4"}
-    # TensorBoard: no point lost to the kills (resume purges only what comes after the
-    # checkpoint's step)
-    assert scalar_steps(run_dir) == scalar_steps(reference_dir)
+    # TensorBoard: every point of the uninterrupted run, once, with the same value, wherever
+    # the kills fell
+    assert scalar_points(run_dir) == scalar_points(reference_dir)
+    # one run directory with one log that all four processes appended to
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert (run_dir / "app.log").read_text().count("resuming ") == 4
+    # stage checkpoints: the newest only (trainer.keep_checkpoints=1), beside latest and float
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "float.pt",
+        "latest.pt",
+        "stage4.pt",
+    ]
 
     # the finished run cannot be continued with other settings, and the message says why
     proc = inq_train(
         *RESUMABLE,
         "inq.bits=4",
         f"trainer.resume={run_dir}",
-        f"hydra.run.dir={tmp_path / 'x'}",
+        f"hydra.run.dir={run_dir}",
         check=False,
     )
     assert proc.returncode != 0
@@ -101,7 +111,7 @@ def test_resume_is_bit_identical_with_per_channel_mse_level_sets(
     run_dir = tmp_path / "run"
     proc = inq_train(*settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:13"}, check=False)
     assert proc.returncode == -9, proc.stderr[-2000:]
-    inq_train(*settings, f"trainer.resume={run_dir}", f"hydra.run.dir={tmp_path / 'resumed'}")
+    inq_train(*settings, f"trainer.resume={run_dir}", f"hydra.run.dir={run_dir}")
     reference = load_file(tmp_path / "reference" / "model_masked.safetensors")
     resumed = load_file(run_dir / "model_masked.safetensors")
     assert resumed.keys() == reference.keys()

@@ -19,7 +19,10 @@ TINY = (
 
 
 def inq_train(
-    *overrides: str, env: dict[str, str] | None = None, check: bool = True
+    *overrides: str,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``inq-train`` with Hydra overrides; assert success unless ``check`` is False."""
     proc = subprocess.run(
@@ -28,6 +31,7 @@ def inq_train(
         text=True,
         env={**os.environ, **(env or {})},
         timeout=600,
+        cwd=cwd,
     )
     if check:
         assert proc.returncode == 0, (

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import sys
 import time
@@ -33,7 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -46,7 +48,14 @@ from inq.scheduler import INQScheduler, check_portions
 from inq.train import checkpoint as ckpt
 from inq.train.config import register, to_dict, validate
 from inq.train.data import batches_per_epoch, build_datasets, build_eval_loader, build_train_loader
-from inq.train.distributed import Dist, broadcast_buffers, check_identical, setup, teardown
+from inq.train.distributed import (
+    Dist,
+    broadcast_buffers,
+    check_identical,
+    setup,
+    share,
+    teardown,
+)
 from inq.train.errors import ConfigError
 from inq.train.loop import (
     Phase,
@@ -58,6 +67,7 @@ from inq.train.loop import (
 )
 from inq.train.models import build_model
 from inq.train.monitor import Monitor
+from inq.train.rundir import RunDir, RunStopped, holds_run, remove_if_empty, stop_signals
 
 __all__ = ["export_artifacts", "main", "run"]
 
@@ -75,30 +85,113 @@ class Progress:
     seconds: float = 0.0  # spent in this phase by earlier (killed) processes
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def run(
+    cfg: DictConfig,
+    out_dir: Path,
+    dir_chosen: bool = True,
+    hydra_files: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run (or resume) a whole INQ training described by ``cfg``; returns the summary.
+
+    ``out_dir`` is the run directory (Hydra's); ``dir_chosen`` says the user picked it (False for
+    Hydra's timestamped default, which a resumed run discards for the killed run's directory).
+    ``hydra_files`` (``{relative path: text}``) are written into a new run's directory once it
+    is known to hold no other run.
 
     Raises:
         ConfigError: on any bad input, naming the config key to fix.
+        RunStopped: on Ctrl-C or SIGTERM, and on a failed write (disk full, read-only), saying
+            how to resume.
     """
-    validate(cfg)
+    try:
+        validate(cfg)
+    except ConfigError:
+        _remove_unused(out_dir, dir_chosen)  # Hydra made it before inq-train could refuse it
+        raise
     env = setup(cfg.trainer.device)
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     if not env.main:
         log.setLevel(logging.WARNING)
+    owner, resume_path, problem = None, None, None
+    if env.main:
+        try:
+            owner, resume_path = _claim(cfg, out_dir, dir_chosen)
+        except ConfigError as err:
+            problem = err
+    problem, home, resume_path = share((problem, owner.path if owner else out_dir, resume_path))
+    if problem is not None or home != out_dir:
+        _remove_unused(out_dir, dir_chosen)
+    if problem is not None:
+        raise problem
+    fresh = home == out_dir and not (resume_path and resume_path.parent.name == "checkpoints")
+    out_dir = home
+    try:
+        with stop_signals():
+            if owner is not None:
+                owner.remove_temporaries()
+                if fresh:
+                    for name, text in (hydra_files or {}).items():
+                        with atomic_path(out_dir / name) as tmp:
+                            tmp.write_text(text)
+                owner.start_log()
+            summary = _train(cfg, out_dir, env, resume_path)
+    except ConfigError:
+        if owner is not None:
+            owner.release(discard=fresh)
+            _remove_unused(out_dir, dir_chosen)
+        raise
+    except (KeyboardInterrupt, OSError, RunStopped) as err:
+        if owner is not None:
+            owner.release()
+        raise err if isinstance(err, RunStopped) else RunStopped.after(err, out_dir) from None
+    if owner is not None:
+        owner.release()
+    teardown()
+    return summary
+
+
+def _remove_unused(out_dir: Path, dir_chosen: bool) -> None:
+    remove_if_empty(out_dir)
+    if not dir_chosen:  # Hydra's default outputs/<date>/<time>: <date> and outputs, if empty now
+        remove_if_empty(out_dir.parent)
+        remove_if_empty(out_dir.parent.parent)
+
+
+def _claim(cfg: DictConfig, hydra_dir: Path, dir_chosen: bool) -> tuple[RunDir, Path | None]:
+    """Own the directory the run writes to: a resumed run's own, else ``hydra_dir``, which must
+    hold no run; returns the owner and the checkpoint to resume from."""
+    resume_path = ckpt.resolve_resume(cfg.trainer.resume) if cfg.trainer.resume else None
+    if resume_path is not None and resume_path.parent.name == "checkpoints":
+        home = resume_path.parent.parent
+        if home.resolve() != hydra_dir.resolve() and dir_chosen:
+            raise ConfigError(
+                "hydra.run.dir",
+                f"trainer.resume continues the run in {home}, not in {hydra_dir}: leave "
+                f"hydra.run.dir out or set it to {home}",
+            )
+        return RunDir(home, "trainer.resume"), resume_path
+    owner = RunDir(hydra_dir, "hydra.run.dir")  # a new run (perhaps from a loose checkpoint)
+    if holds_run(hydra_dir):
+        owner.release()
+        raise ConfigError(
+            "hydra.run.dir",
+            f"{hydra_dir} already holds a run: continue it with trainer.resume={hydra_dir}, or "
+            "choose another directory",
+        )
+    return owner, resume_path
+
+
+def _train(cfg: DictConfig, out_dir: Path, env: Dist, resume_path: Path | None) -> dict[str, Any]:
     saved = None
-    if cfg.trainer.resume:
-        path = ckpt.resolve_resume(cfg.trainer.resume)
-        saved = ckpt.load_checkpoint(path)
+    if resume_path is not None:
+        saved = ckpt.load_checkpoint(resume_path)
         ckpt.check_compatible(json.loads(saved["config"]), to_dict(cfg))
         if saved["world_size"] != env.world_size:
             raise ConfigError(
                 "trainer.resume", f"saved by {saved['world_size']} processes, not {env.world_size}"
             )
-        if path.parent.name == "checkpoints":  # continue in the killed run's directory
-            out_dir = path.parent.parent
-        log.info("resuming %s at step %d; writing to %s", path, saved["progress"]["step"], out_dir)
+        log.info("resuming %s at step %d", resume_path, saved["progress"]["step"])
     r = Trainer(cfg, out_dir, env, saved)
     for p in range(r.progress.phase, len(r.phases)):
         phase = r.phases[p]
@@ -120,9 +213,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         r.clock = time.perf_counter()
         check_identical(r.model, r.sched)
         r.save(phase.name)
-    summary = r.finish()
-    teardown()
-    return summary
+    return r.finish()
 
 
 class Trainer:
@@ -166,9 +257,12 @@ class Trainer:
         self.quiet = not (env.main and cfg.trainer.progress and sys.stderr.isatty())
         if saved is not None:
             self._restore(saved)
-        # events up to the checkpoint's step were written before it was saved: keep them
-        purge = self.progress.step + 1 if saved is not None else None
-        self.tb = Monitor(out_dir / "tb", env.main, purge_step=purge)
+        self.tb = Monitor(
+            out_dir / "tb",
+            env.main,
+            resume_step=self.progress.step if saved is not None else None,
+            pending=saved.get("tb_pending") if saved is not None else None,
+        )
 
     def start_phase(self, phase: Phase) -> None:
         """Partition + snap for a new stage (or start STE); fresh LR schedule (and optimizer)."""
@@ -232,6 +326,12 @@ class Trainer:
             due = bool(t.checkpoint_every) and step % t.checkpoint_every == 0
             if due or step % t.log_every == 0 or self.progress.batch == self.steps_per_epoch:
                 loss_sum, correct, count = window.tolist()
+                if not math.isfinite(loss_sum):  # before any save: no checkpoint holds NaN
+                    raise RunStopped(
+                        f"training diverged: the loss is {loss_sum / count} at step {step} "
+                        f"({phase.name}, epoch {epoch + 1}); lower optim.lr or inq.lr, or set "
+                        "trainer.grad_clip, and start again"
+                    )
                 self.tb.scalars(
                     step,
                     {"train/loss": loss_sum / count, "train/acc": correct / count, "train/lr": lr},
@@ -267,10 +367,16 @@ class Trainer:
         return metrics
 
     def save(self, *names: str) -> None:
-        """Write ``checkpoints/latest.pt`` (and ``<name>.pt`` for each name); rank 0 only."""
+        """Write ``checkpoints/latest.pt`` (and ``<name>.pt`` for each name); rank 0 only.
+
+        The TensorBoard events before this step are written first; the checkpoint carries the
+        ones of this step (see :mod:`inq.train.monitor`). Only the newest
+        ``trainer.keep_checkpoints`` stage checkpoints stay.
+        """
         if not self.env.main:
             return
         state = {
+            "tb_pending": self.tb.commit(self.progress.step),
             "format": ckpt.FORMAT,
             "model": self.model.state_dict(),
             "inq": self.sched.state_dict(),
@@ -285,8 +391,15 @@ class Trainer:
             "world_size": self.env.world_size,
             "config": json.dumps(to_dict(self.cfg)),
         }
-        for name in ("latest", *names):
-            ckpt.save_checkpoint(self.out / "checkpoints" / f"{name}.pt", state)
+        folder = self.out / "checkpoints"
+        ckpt.save_checkpoint(folder / "latest.pt", state)
+        for name in names:
+            ckpt.link_checkpoint(folder / "latest.pt", folder / f"{name}.pt")
+        keep = self.cfg.trainer.keep_checkpoints
+        if names and keep is not None:
+            done = [p.name for p in self.phases[: self.progress.phase] if p.name != "float"]
+            for name in done[: max(0, len(done) - keep)]:
+                (folder / f"{name}.pt").unlink(missing_ok=True)
 
     def phase_seconds(self) -> float:
         """Wall-clock seconds spent in the current phase, by this process and killed ones."""
@@ -422,12 +535,29 @@ def _table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+HYDRA_DEFAULT_RUN_DIR = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
+
+
 @hydra.main(version_base="1.3", config_path="pkg://inq.conf", config_name="config")
 def _hydra_app(cfg: DictConfig) -> float:
+    hydra_cfg = HydraConfig.get()
+    chosen = (
+        hydra_cfg.mode == RunMode.MULTIRUN
+        or OmegaConf.to_container(hydra_cfg.run, resolve=False)["dir"] != HYDRA_DEFAULT_RUN_DIR
+    )
+    # what Hydra writes itself when output_subdir is set (conf/config.yaml turns that off)
+    files = {
+        ".hydra/config.yaml": OmegaConf.to_yaml(cfg),
+        ".hydra/hydra.yaml": OmegaConf.to_yaml({"hydra": hydra_cfg}),
+        ".hydra/overrides.yaml": OmegaConf.to_yaml(hydra_cfg.overrides.task),
+    }
     try:
-        return run(cfg, Path(HydraConfig.get().runtime.output_dir))["final_acc"]
+        return run(cfg, Path(hydra_cfg.runtime.output_dir), chosen, files)["final_acc"]
     except ConfigError as err:
         sys.exit(f"inq-train: error: {err}")
+    except RunStopped as stop:
+        print(f"inq-train: {stop}", file=sys.stderr)
+        sys.exit(stop.exit_code)
 
 
 def main() -> None:

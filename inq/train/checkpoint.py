@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import shutil
 import signal
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,8 +27,10 @@ __all__ = [
     "FORMAT",
     "KILL_ENV",
     "check_compatible",
+    "check_finite",
     "get_rng_state",
     "kill_point",
+    "link_checkpoint",
     "load_checkpoint",
     "load_float_weights",
     "resolve_resume",
@@ -45,6 +48,7 @@ RESUMABLE_CHANGES = frozenset(
         "trainer.device",
         "trainer.eval_every",
         "trainer.checkpoint_every",
+        "trainer.keep_checkpoints",
         "trainer.log_every",
         "data.root",
         "data.num_workers",
@@ -67,6 +71,18 @@ def save_checkpoint(path: Path, state: Mapping[str, Any]) -> None:
         torch.save(dict(state), tmp)
 
 
+def link_checkpoint(source: Path, path: Path) -> None:
+    """Make ``path`` a second name of the checkpoint file ``source`` (a hard link, replaced
+    atomically; a copy where the file system has no hard links). Saving ``source`` again later
+    replaces its name with a new file, so ``path`` keeps this content."""
+    with atomic_path(path) as tmp:
+        tmp.unlink()
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+
+
 def load_checkpoint(path: Path, key: str = "trainer.resume") -> dict[str, Any]:
     """Load a file written by :func:`save_checkpoint` with ``weights_only=True`` on the CPU.
 
@@ -79,7 +95,23 @@ def load_checkpoint(path: Path, key: str = "trainer.resume") -> dict[str, Any]:
         raise ConfigError(key, f"cannot read checkpoint {path} ({err})") from err
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ConfigError(key, f"{path} is not an inq-train checkpoint")
+    check_finite(state.get("model", {}), key, path)
     return state
+
+
+def check_finite(state: Mapping[str, Any], key: str, path: Path) -> None:
+    """Refuse a state dict holding NaN or infinite values, naming the first such tensor.
+
+    Example:
+        >>> check_finite({"w": torch.tensor([1.0, float("nan")])}, "model.checkpoint", Path("x"))
+        Traceback (most recent call last):
+        ...
+        inq.train.errors.ConfigError: model.checkpoint: x holds NaN or infinite values in 'w'
+    """
+    for name, value in state.items():
+        finite = not isinstance(value, torch.Tensor) or bool(torch.isfinite(value).all())
+        if not finite:
+            raise ConfigError(key, f"{path} holds NaN or infinite values in {name!r}")
 
 
 def resolve_resume(resume: str) -> Path:
@@ -171,6 +203,7 @@ def load_float_weights(model: nn.Module, path: str) -> None:
         state = state["model"]
     if not isinstance(state, dict):
         raise ConfigError("model.checkpoint", f"{file} holds no state_dict")
+    check_finite(state, "model.checkpoint", file)
     try:
         model.load_state_dict(state)
     except RuntimeError as err:

@@ -141,6 +141,7 @@ class TrainerConfig:
     float_epochs: int = 20  # pretraining when model.checkpoint is None
     eval_every: int = 0  # epochs; 0 = at the end of each stage only
     checkpoint_every: int = 0  # optimizer steps; 0 = at epoch ends only
+    keep_checkpoints: int | None = 1  # newest stage ones kept beside latest and float; null: all
     log_every: int = 10  # optimizer steps between train/* scalars
     resume: str | None = None  # run dir or checkpoint file of a killed run
     progress: bool = True  # tqdm bars (only when stderr is a terminal)
@@ -209,6 +210,7 @@ def validate(cfg: DictConfig) -> None:
         "inq.final_epochs": cfg.inq.final_epochs,
         "trainer.eval_every": cfg.trainer.eval_every,
         "trainer.checkpoint_every": cfg.trainer.checkpoint_every,
+        "trainer.keep_checkpoints": cfg.trainer.keep_checkpoints or 0,
         "data.num_workers": cfg.data.num_workers,
         "trainer.num_threads": cfg.trainer.num_threads,
     }

@@ -88,7 +88,27 @@ def build_datasets(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
     if name not in builders:
         raise ConfigError("data.name", f"unknown dataset {name!r}; choose one of {DATASETS}")
     train, val = builders[name](cfg)
+    _check_fits(cfg, val)
     return _cap(train, cfg.get("train_size")), _cap(val, cfg.get("val_size"))
+
+
+_CLASSES = {"digits": 10, "fashion_mnist": 10, "mnist": 10, "cifar10": 10, "cifar100": 100}
+
+
+def _check_fits(cfg: Mapping[str, Any], dataset: Dataset) -> None:
+    """Refuse ``data.num_classes``/``data.in_channels`` that the images or labels contradict
+    (they size the model, which would fail deep inside its first step)."""
+    name = str(cfg["name"])
+    classes = len(dataset.classes) if name == "imagenet" else _CLASSES.get(name)  # type: ignore[attr-defined]
+    wanted = cfg.get("num_classes")
+    if classes is not None and wanted is not None and int(wanted) != classes:
+        raise ConfigError("data.num_classes", f"{name} has {classes} classes, not {wanted}")
+    channels = int(dataset[0][0].shape[0])
+    wanted = cfg.get("in_channels")
+    if wanted is not None and int(wanted) != channels:
+        raise ConfigError(
+            "data.in_channels", f"{name} images have {channels} channel(s), not {wanted}"
+        )
 
 
 def build_eval_loader(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -16,7 +17,17 @@ from torch import nn
 
 from inq.scheduler import INQScheduler
 
-__all__ = ["Dist", "all_sum", "broadcast_buffers", "check_identical", "setup", "teardown"]
+T = TypeVar("T")
+
+__all__ = [
+    "Dist",
+    "all_sum",
+    "broadcast_buffers",
+    "check_identical",
+    "setup",
+    "share",
+    "teardown",
+]
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,20 @@ def all_sum(values: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized():
         dist.all_reduce(values)
     return values
+
+
+def share(value: T) -> T:
+    """Rank 0's ``value`` on every rank (a picklable object; identity in a single process).
+
+    Example:
+        >>> share({"dir": "outputs/run"})
+        {'dir': 'outputs/run'}
+    """
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 @torch.no_grad()

@@ -15,4 +15,7 @@ class ConfigError(ValueError):
 
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"{key}: {message}")
-        self.key = key
+        self.key, self.message = key, message
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickled between DDP ranks
+        return ConfigError, (self.key, self.message)

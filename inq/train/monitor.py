@@ -4,11 +4,17 @@ Tags: ``train/{loss,acc,lr}``, ``val/{loss,acc,acc_top5}``, ``inq/stage``,
 ``inq/quantized_fraction`` (total) and ``inq/quantized_fraction/<layer>``,
 ``inq/quant_error/<layer>`` (mean |w - Q(w)| over the layer's still-float weights) and
 ``weights/<layer>`` histograms at stage boundaries.
+
+Events reach the event file only when a checkpoint is saved (:meth:`Monitor.commit`), so the file
+is a function of the checkpoints: a resumed run purges whatever a killed process wrote at or
+after its checkpoint's step and replays the events of that step the checkpoint carries
+(:meth:`Monitor.pending`). Nothing is lost and no point appears twice, wherever the kill fell.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.tensorboard import SummaryWriter
@@ -20,25 +26,55 @@ from inq.scheduler import INQScheduler
 __all__ = ["Monitor"]
 
 
+Event = tuple[str, str, Any, int]  # (kind: "scalar" | "histogram", tag, value, step)
+
+
 class Monitor:
-    """A SummaryWriter that does nothing on ranks other than 0.
+    """A SummaryWriter that does nothing on ranks other than 0 and writes at checkpoints.
+
+    ``resume_step`` and ``pending`` come from the checkpoint a run resumes from.
 
     Example:
         >>> import tempfile
         >>> tb = Monitor(Path(tempfile.mkdtemp()), enabled=True)
         >>> tb.scalars(0, {"train/loss": 2.3})
+        >>> tb.scalars(1, {"train/loss": 2.1})
+        >>> tb.commit(step=1)  # writes the step-0 point; the step-1 one goes in the checkpoint
+        [('scalar', 'train/loss', 2.1, 1)]
         >>> tb.close()
     """
 
-    def __init__(self, log_dir: Path, enabled: bool, purge_step: int | None = None) -> None:
-        # purge_step drops events a killed run wrote after its last checkpoint
-        self.writer = SummaryWriter(str(log_dir), purge_step=purge_step) if enabled else None
+    def __init__(
+        self,
+        log_dir: Path,
+        enabled: bool,
+        resume_step: int | None = None,
+        pending: list[Event] | None = None,
+    ) -> None:
+        self.writer = SummaryWriter(str(log_dir), purge_step=resume_step) if enabled else None
+        self.buffer: list[Event] = list(pending or []) if enabled else []
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """Log each ``tag: value`` at ``step``."""
         if self.writer:
-            for tag, value in values.items():
+            self.buffer += [("scalar", tag, float(value), step) for tag, value in values.items()]
+
+    def commit(self, step: int) -> list[Event]:
+        """Write every event before ``step`` (call before saving the checkpoint of ``step``);
+        returns the events at ``step``, which that checkpoint must carry."""
+        self._write([e for e in self.buffer if e[3] < step])
+        self.buffer = [e for e in self.buffer if e[3] >= step]
+        return list(self.buffer)
+
+    def _write(self, events: list[Event]) -> None:
+        if not (self.writer and events):
+            return
+        for kind, tag, value, step in events:
+            if kind == "scalar":
                 self.writer.add_scalar(tag, value, step)
+            else:
+                self.writer.add_histogram(tag, value, step)
+        self.writer.flush()
 
     @torch.no_grad()
     def inq_state(self, step: int, scheduler: INQScheduler, histograms: bool) -> None:
@@ -46,12 +82,12 @@ class Monitor:
         if not self.writer:
             return
         fractions = scheduler.quantized_fraction(per_layer=True)
-        self.writer.add_scalar("inq/stage", scheduler.stage, step)
-        self.writer.add_scalar("inq/quantized_fraction", scheduler.quantized_fraction(), step)
+        values = {
+            "inq/stage": scheduler.stage,
+            "inq/quantized_fraction": scheduler.quantized_fraction(),
+        }
+        values.update({f"inq/quantized_fraction/{k}": v for k, v in fractions.items()})
         for layer in scheduler.layers:
-            self.writer.add_scalar(
-                f"inq/quantized_fraction/{layer.name}", fractions[layer.name], step
-            )
             weight = layer.weight.detach()
             free = ~layer.mask.to(weight.device)
             if bool(free.any()):
@@ -59,11 +95,16 @@ class Monitor:
                 if n1 is None:
                     n1 = select_n1(weight, scheduler.bits, scheduler.n1_rule, scheduler.granularity)
                 error = (weight - pow2_quantize(weight, n1, scheduler.bits))[free].abs().mean()
-                self.writer.add_scalar(f"inq/quant_error/{layer.name}", error.item(), step)
+                values[f"inq/quant_error/{layer.name}"] = error.item()
             if histograms:
-                self.writer.add_histogram(f"weights/{layer.name}", weight.float().cpu(), step)
+                self.buffer.append(
+                    ("histogram", f"weights/{layer.name}", weight.float().cpu(), step)
+                )
+        self.scalars(step, values)
 
     def close(self) -> None:
-        """Flush and close the event file."""
+        """Write every event and close the event file."""
         if self.writer:
+            self._write(self.buffer)
+            self.buffer = []
             self.writer.close()

@@ -1,0 +1,177 @@
+"""The run directory: one process at a time, no run over another, clean failed starts and stops."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from train_helpers import INQ_TRAIN, TINY, inq_train
+
+from inq.train.app import run
+from inq.train.config import register
+from inq.train.rundir import LOCK_NAME, RunDir, RunStopped, describe_os_error, holds_run
+
+pytestmark = pytest.mark.slow
+
+
+def start(*overrides: str) -> subprocess.Popen[str]:
+    """``inq-train`` in the background, for longer than any test waits (stop it)."""
+    return subprocess.Popen(
+        [str(INQ_TRAIN), *TINY, "trainer.float_epochs=10000", *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_a_second_process_is_refused_and_a_run_is_never_overwritten(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    first = start(f"hydra.run.dir={run_dir}")
+    wait_for(run_dir / "checkpoints" / "latest.pt", first)
+    second = inq_train(*TINY, f"hydra.run.dir={run_dir}", check=False)
+    assert second.returncode == 1
+    assert f"inq-train: error: hydra.run.dir: another inq-train process (pid {first.pid})" in (
+        second.stderr
+    )
+    first.terminate()
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 143, err
+
+    def files() -> dict[Path, bytes]:  # the run's files (the lock holds the last owner's pid)
+        return {
+            p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != LOCK_NAME
+        }
+
+    before = files()
+
+    again = inq_train(*TINY, f"hydra.run.dir={run_dir}", check=False)
+    assert again.returncode == 1 and "Traceback" not in again.stderr
+    assert f"hydra.run.dir: {run_dir} already holds a run: continue it with trainer.resume=" in (
+        again.stderr
+    )
+    assert files() == before
+
+
+def test_a_killed_process_leaves_no_stuck_lock(tmp_path: Path) -> None:
+    hold = "from pathlib import Path; import os, signal; from inq.train.rundir import RunDir; "
+    hold += f"RunDir(Path({str(tmp_path)!r}), 'x'); os.kill(os.getpid(), signal.SIGKILL)"
+    proc = subprocess.run([sys.executable, "-c", hold], check=False)
+    assert proc.returncode == -signal.SIGKILL
+    assert (tmp_path / LOCK_NAME).exists()
+    RunDir(tmp_path, "x").release()  # taken at once
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["inq.bits=9"],  # refused before the directory is claimed
+        ["data=mnist", "data.root=/no/such/dir"],  # refused after: while building the data
+        ["data.num_classes=5"],  # digits has 10 classes
+    ],
+)
+def test_a_failed_start_leaves_no_directory(tmp_path: Path, overrides: list[str]) -> None:
+    proc = inq_train(*TINY, *overrides, f"hydra.run.dir={tmp_path / 'run'}", check=False)
+    assert proc.returncode == 1 and "inq-train: error: " in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+    # Hydra's default directory (outputs/<date>/<time>) goes too
+    proc = inq_train(*TINY, *overrides, check=False, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_resume_continues_in_the_run_directory_only(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    killed = inq_train(
+        *TINY, f"hydra.run.dir={run_dir}", env={"INQ_TRAIN_KILL_AT": "step:11"}, check=False
+    )
+    assert killed.returncode == -signal.SIGKILL
+    stale = run_dir / "checkpoints" / ".latest.pt.abc123.tmp"  # a save the kill cut short
+    stale.write_bytes(b"partial")
+
+    other = tmp_path / "elsewhere"
+    proc = inq_train(*TINY, f"trainer.resume={run_dir}", f"hydra.run.dir={other}", check=False)
+    assert proc.returncode == 1
+    assert f"hydra.run.dir: trainer.resume continues the run in {run_dir}, not in {other}" in (
+        proc.stderr
+    )
+    assert not other.exists()
+
+    # without hydra.run.dir: Hydra's timestamped directory is dropped, the run goes on in its own
+    inq_train(*TINY, f"trainer.resume={run_dir}", cwd=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert not stale.exists()
+    log = (run_dir / "app.log").read_text()
+    assert log.count("resuming ") == 1 and "results in" in log
+    assert json.loads((run_dir / "summary.json").read_text())["bits"] == 5
+    assert (run_dir / ".hydra" / "overrides.yaml").read_text().count("trainer.resume") == 0
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "says"),
+    [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted (Ctrl-C)")],
+)
+def test_a_signal_stops_the_run_with_how_to_resume(
+    tmp_path: Path, sig: signal.Signals, code: int, says: str
+) -> None:
+    run_dir = tmp_path / "run"
+    proc = start(f"hydra.run.dir={run_dir}")
+    wait_for(run_dir / "checkpoints" / "latest.pt", proc)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
+    assert f"inq-train: {says}; continue from the last checkpoint with: inq-train " in err
+    assert f"trainer.resume={run_dir}" in err
+    assert not list(run_dir.rglob("*.tmp"))
+    RunDir(run_dir, "x").release()  # unlocked
+
+
+def test_a_full_disk_stops_the_run_with_one_message(tmp_path: Path, monkeypatch) -> None:
+    register()
+    with initialize_config_module("inq.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[*TINY])
+    real_save = torch.save
+    saves = []
+
+    def save(obj, f, *args, **kwargs):
+        saves.append(f)
+        if len(saves) == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(RunStopped) as stop:
+        run(cfg, tmp_path)
+    assert str(stop.value).startswith(f"cannot write {saves[2]}: disk full (No space left")
+    assert f"continue from the last checkpoint with: inq-train trainer.resume={tmp_path}" in str(
+        stop.value
+    )
+    assert not list(tmp_path.rglob("*.tmp"))  # the cut save left no temporary file
+    assert holds_run(tmp_path)
+    RunDir(tmp_path, "x").release()  # unlocked
+
+
+def test_os_errors_are_named() -> None:
+    assert describe_os_error(OSError(errno.EROFS, "Read-only file system")) == (
+        "read-only file system (Read-only file system)"
+    )
