@@ -136,3 +136,33 @@ def test_bad_input_ends_in_one_message_naming_the_key(
     assert proc.returncode != 0
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_checkpoint_holding_nan_is_refused(tmp_path: Path) -> None:
+    model = build_model({"name": "digits_cnn", "num_classes": 10, "in_channels": 1, "width": 16})
+    state = model.state_dict()
+    state["1.bias"][0] = float("nan")
+    torch.save(state, tmp_path / "float.pt")
+    proc = inq_train(
+        f"model.checkpoint={tmp_path / 'float.pt'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        check=False,
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "model.checkpoint: " in proc.stderr
+    assert "holds NaN or infinite values in '1.bias'" in proc.stderr
+
+
+def test_diverging_training_stops_with_one_message(tmp_path: Path) -> None:
+    proc = inq_train(*TINY, "optim.lr=1e30", f"hydra.run.dir={tmp_path}", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "inq-train: training diverged: the loss is nan at step 2 (float, epoch 1)" in proc.stderr
+    assert "lower optim.lr or inq.lr, or set trainer.grad_clip" in proc.stderr
+    assert not (tmp_path / "checkpoints").exists()  # no checkpoint holds the NaN weights
+
+
+def test_help_describes_inq() -> None:
+    proc = inq_train("--help")
+    assert proc.stdout.startswith("inq-train: Incremental Network Quantization")
+    for text in ("inq-train trainer.resume=DIR", "data: cifar10, cifar100, digits", "bits: 5"):
+        assert text in proc.stdout
