@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
+import re
+import struct
+import subprocess
+import termios
 from pathlib import Path
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from train_helpers import TINY, inq_train
+from train_helpers import INQ_TRAIN, TINY, inq_train
 
 from inq import INQScheduler, pow2_levels
 from inq.export import load_masked
@@ -166,3 +173,40 @@ def test_help_describes_inq() -> None:
     assert proc.stdout.startswith("inq-train: Incremental Network Quantization")
     for text in ("inq-train trainer.resume=DIR", "data: cifar10, cifar100, digits", "bits: 5"):
         assert text in proc.stdout
+
+
+def test_progress_is_one_line_per_epoch_without_a_terminal(run_dir: Path) -> None:
+    lines = [
+        line for line in (run_dir / "stdout.txt").read_text().splitlines() if " epoch " in line
+    ]
+    pattern = (
+        r"- (float|stage[1-4]) epoch 1/1: loss \d+\.\d{4}, acc \d+\.\d\d %, lr \S+, "
+        r"elapsed \d+:\d\d, ETA \d+:\d\d$"
+    )
+    assert len(lines) == 5 and all(re.search(pattern, line) for line in lines), lines
+    assert lines[-1].endswith("ETA 0:00")
+
+
+def test_progress_bars_in_a_terminal(tmp_path: Path) -> None:
+    reader, writer = pty.openpty()  # stderr is a terminal: tqdm draws its bars there
+    fcntl.ioctl(writer, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 120 columns
+    proc = subprocess.Popen(
+        [str(INQ_TRAIN), *TINY, f"hydra.run.dir={tmp_path}"],
+        stdout=subprocess.DEVNULL,
+        stderr=writer,
+    )
+    os.close(writer)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(reader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(reader)
+    assert proc.wait(timeout=300) == 0
+    shown = b"".join(chunks).decode(errors="replace")
+    assert "run: 100%" in shown and "40/40" in shown  # the whole run: 5 epochs of 8 steps
+    assert "stage4 epoch 1/1" in shown

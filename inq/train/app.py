@@ -25,6 +25,7 @@ import math
 import random
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from inq.baselines import STEQuantizer
 from inq.export import save_masked
@@ -193,6 +195,12 @@ def _train(cfg: DictConfig, out_dir: Path, env: Dist, resume_path: Path | None) 
             )
         log.info("resuming %s at step %d", resume_path, saved["progress"]["step"])
     r = Trainer(cfg, out_dir, env, saved)
+    with logging_redirect_tqdm() if not r.quiet else nullcontext():  # log lines between bars
+        _train_phases(cfg, r)
+    return r.finish()
+
+
+def _train_phases(cfg: DictConfig, r: Trainer) -> None:
     for p in range(r.progress.phase, len(r.phases)):
         phase = r.phases[p]
         if r.progress.epoch == r.progress.batch == 0:
@@ -213,7 +221,6 @@ def _train(cfg: DictConfig, out_dir: Path, env: Dist, resume_path: Path | None) 
         r.clock = time.perf_counter()
         check_identical(r.model, r.sched)
         r.save(phase.name)
-    return r.finish()
 
 
 class Trainer:
@@ -257,6 +264,11 @@ class Trainer:
         self.quiet = not (env.main and cfg.trainer.progress and sys.stderr.isatty())
         if saved is not None:
             self._restore(saved)
+        total = sum(p.epochs for p in self.phases) * self.steps_per_epoch
+        self.run_bar = tqdm(
+            total=total, initial=self.progress.step, desc="run", unit="step", disable=self.quiet
+        )
+        self.started = (time.perf_counter(), self.progress.step)  # for this process's ETA
         self.tb = Monitor(
             out_dir / "tb",
             env.main,
@@ -288,6 +300,7 @@ class Trainer:
         bs = self.train_loader.batch_size
         self.train_loader.sampler.set_epoch(p * 100_000 + epoch, start=self.progress.batch * bs)
         window = torch.zeros(3, dtype=torch.float64, device=self.env.device)
+        totals = torch.zeros_like(window)  # the epoch's (this process's part of it)
         bar = tqdm(
             self.train_loader,
             desc=f"{phase.name} epoch {epoch + 1}/{phase.epochs}",
@@ -295,6 +308,7 @@ class Trainer:
             initial=self.progress.batch,
             disable=self.quiet,
             leave=False,
+            position=1,
         )
         for x, y in bar:
             x, y = (
@@ -336,12 +350,29 @@ class Trainer:
                     step,
                     {"train/loss": loss_sum / count, "train/acc": correct / count, "train/lr": lr},
                 )
+                totals += window
                 window.zero_()
+            self.run_bar.update()
             if due:
                 self.save()
             ckpt.kill_point("step", step)
         bar.close()
         broadcast_buffers(self.model)
+        loss_sum, correct, count = totals.tolist()
+        seconds = time.perf_counter() - self.started[0]
+        done = self.progress.step - self.started[1]
+        left = self.run_bar.total - self.progress.step
+        log.info(
+            "%s epoch %d/%d: loss %.4f, acc %.2f %%, lr %.3g, elapsed %s, ETA %s",
+            phase.name,
+            epoch + 1,
+            phase.epochs,
+            loss_sum / max(count, 1),
+            100 * correct / max(count, 1),
+            lr,
+            _clock(seconds),
+            _clock(seconds / max(done, 1) * left),
+        )
 
     def evaluate(self) -> dict[str, float]:
         """Validation metrics, logged as ``val/*`` with the INQ state at the current step."""
@@ -407,6 +438,7 @@ class Trainer:
 
     def finish(self) -> dict[str, Any]:
         """Export, write ``summary.json`` and print the float-vs-INQ table (rank 0)."""
+        self.run_bar.close()
         self.tb.close()
         stages = [p.name for p in self.phases if p.name != "float"]
         summary = {
@@ -505,6 +537,13 @@ def _build_scheduler(model: nn.Module, cfg: DictConfig) -> INQScheduler:
         keys = ("portions", "include", "exclude", "strategy")
         key = next((f"inq.{k}" for k in keys if k in str(err)), "inq")
         raise ConfigError(key, str(err)) from None
+
+
+def _clock(seconds: float) -> str:
+    """``m:ss``, or ``h:mm:ss`` from an hour on."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def _seed_everything(seed: int) -> None:
