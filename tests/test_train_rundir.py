@@ -86,6 +86,7 @@ def test_a_killed_process_leaves_no_stuck_lock(tmp_path: Path) -> None:
         ["inq.bits=9"],  # refused before the directory is claimed
         ["data=mnist", "data.root=/no/such/dir"],  # refused after: while building the data
         ["data.num_classes=5"],  # digits has 10 classes
+        ["data.in_channels=3"],  # and one channel
     ],
 )
 def test_a_failed_start_leaves_no_directory(tmp_path: Path, overrides: list[str]) -> None:

@@ -5,9 +5,10 @@ partition + snap, restart the LR schedule (and the optimizer if ``inq.reset_opti
 and evaluate; optionally train only biases/norms at the end. ``inq.method`` selects a baseline on
 the same level sets instead: ``oneshot`` snaps every weight at once without retraining, ``ste``
 fine-tunes all weights with a straight-through estimator for INQ's epoch budget
-(:mod:`inq.baselines`). Everything lands in the Hydra run dir:
-``tb/`` (TensorBoard), ``checkpoints/{latest,float,stageK}.pt``, ``model_masked.safetensors``
-and ``summary.json``.
+(:mod:`inq.baselines`). Everything lands in the Hydra run dir, which one process owns at a time
+and only ``trainer.resume`` continues (:mod:`inq.train.rundir`): ``tb/`` (TensorBoard),
+``checkpoints/{latest,float,stageK}.pt``, ``model_masked.safetensors``,
+``model.inq.safetensors``, ``app.log`` and ``summary.json``.
 
 Example (shell)::
 
