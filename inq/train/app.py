@@ -53,6 +53,7 @@ from inq.train.config import register, to_dict, validate
 from inq.train.data import batches_per_epoch, build_datasets, build_eval_loader, build_train_loader
 from inq.train.distributed import (
     Dist,
+    all_sum,
     broadcast_buffers,
     check_identical,
     setup,
@@ -116,38 +117,39 @@ def run(
         torch.set_num_threads(cfg.trainer.num_threads)
     if not env.main:
         log.setLevel(logging.WARNING)
-    owner, resume_path, problem = None, None, None
+    owner, resume_path, continues, problem = None, None, False, None
     if env.main:
         try:
-            owner, resume_path = _claim(cfg, out_dir, dir_chosen)
+            owner, resume_path, continues = _claim(cfg, out_dir, dir_chosen)
         except ConfigError as err:
             problem = err
-    problem, home, resume_path = share((problem, owner.path if owner else out_dir, resume_path))
+    home = owner.path if owner else out_dir
+    problem, home, resume_path, continues = share((problem, home, resume_path, continues))
     if problem is not None or home != out_dir:
         _remove_unused(out_dir, dir_chosen)
     if problem is not None:
+        teardown()
         raise problem
-    fresh = home == out_dir and not (resume_path and resume_path.parent.name == "checkpoints")
-    out_dir = home
+    out_dir, fresh = home, not continues
     try:
         with stop_signals():
             if owner is not None:
-                owner.remove_temporaries()
-                if fresh:
+                if continues:
+                    owner.remove_temporaries()
+                else:
                     for name, text in (hydra_files or {}).items():
                         with atomic_path(out_dir / name) as tmp:
                             tmp.write_text(text)
                 owner.start_log()
             summary = _train(cfg, out_dir, env, resume_path)
-    except ConfigError:
-        if owner is not None:
+    except BaseException as err:
+        if owner is not None:  # a new run that stopped before its first checkpoint leaves nothing
             owner.release(discard=fresh)
             _remove_unused(out_dir, dir_chosen)
+        teardown()
+        if isinstance(err, (KeyboardInterrupt, OSError)):
+            raise RunStopped.after(err, out_dir) from None
         raise
-    except (KeyboardInterrupt, OSError, RunStopped) as err:
-        if owner is not None:
-            owner.release()
-        raise err if isinstance(err, RunStopped) else RunStopped.after(err, out_dir) from None
     if owner is not None:
         owner.release()
     teardown()
@@ -161,19 +163,20 @@ def _remove_unused(out_dir: Path, dir_chosen: bool) -> None:
         remove_if_empty(out_dir.parent.parent)
 
 
-def _claim(cfg: DictConfig, hydra_dir: Path, dir_chosen: bool) -> tuple[RunDir, Path | None]:
+def _claim(cfg: DictConfig, hydra_dir: Path, dir_chosen: bool) -> tuple[RunDir, Path | None, bool]:
     """Own the directory the run writes to: a resumed run's own, else ``hydra_dir``, which must
-    hold no run; returns the owner and the checkpoint to resume from."""
+    hold no run; returns the owner, the checkpoint to resume from and whether the run goes on
+    in the directory it was saved in."""
     resume_path = ckpt.resolve_resume(cfg.trainer.resume) if cfg.trainer.resume else None
-    if resume_path is not None and resume_path.parent.name == "checkpoints":
-        home = resume_path.parent.parent
+    home = resume_path.parent.parent if resume_path is not None else hydra_dir
+    if resume_path is not None and resume_path.parent.name == "checkpoints" and holds_run(home):
         if home.resolve() != hydra_dir.resolve() and dir_chosen:
             raise ConfigError(
                 "hydra.run.dir",
                 f"trainer.resume continues the run in {home}, not in {hydra_dir}: leave "
                 f"hydra.run.dir out or set it to {home}",
             )
-        return RunDir(home, "trainer.resume"), resume_path
+        return RunDir(home, "trainer.resume"), resume_path, True
     owner = RunDir(hydra_dir, "hydra.run.dir")  # a new run (perhaps from a loose checkpoint)
     if holds_run(hydra_dir):
         owner.release()
@@ -182,7 +185,7 @@ def _claim(cfg: DictConfig, hydra_dir: Path, dir_chosen: bool) -> tuple[RunDir, 
             f"{hydra_dir} already holds a run: continue it with trainer.resume={hydra_dir}, or "
             "choose another directory",
         )
-    return owner, resume_path
+    return owner, resume_path, False
 
 
 def _train(cfg: DictConfig, out_dir: Path, env: Dist, resume_path: Path | None) -> dict[str, Any]:
@@ -302,6 +305,7 @@ class Trainer:
         self.train_loader.sampler.set_epoch(p * 100_000 + epoch, start=self.progress.batch * bs)
         window = torch.zeros(3, dtype=torch.float64, device=self.env.device)
         totals = torch.zeros_like(window)  # the epoch's (this process's part of it)
+        lr = self.lr_sched.get_last_lr()[0]
         bar = tqdm(
             self.train_loader,
             desc=f"{phase.name} epoch {epoch + 1}/{phase.epochs}",
@@ -341,7 +345,8 @@ class Trainer:
             due = bool(t.checkpoint_every) and step % t.checkpoint_every == 0
             if due or step % t.log_every == 0 or self.progress.batch == self.steps_per_epoch:
                 loss_sum, correct, count = window.tolist()
-                if not math.isfinite(loss_sum):  # before any save: no checkpoint holds NaN
+                diverged = all_sum(window.new_tensor(0.0 if math.isfinite(loss_sum) else 1.0))
+                if bool(diverged):  # on every rank, before any save: no checkpoint holds NaN
                     raise RunStopped(
                         f"training diverged: the loss is {loss_sum / count} at step {step} "
                         f"({phase.name}, epoch {epoch + 1}); lower optim.lr or inq.lr, or set "
@@ -360,6 +365,8 @@ class Trainer:
         bar.close()
         broadcast_buffers(self.model)
         loss_sum, correct, count = totals.tolist()
+        if not count:  # resumed after the epoch's last batch: nothing trained here
+            return
         seconds = time.perf_counter() - self.started[0]
         done = self.progress.step - self.started[1]
         left = self.run_bar.total - self.progress.step

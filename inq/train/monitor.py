@@ -98,7 +98,7 @@ class Monitor:
                 values[f"inq/quant_error/{layer.name}"] = error.item()
             if histograms:
                 self.buffer.append(
-                    ("histogram", f"weights/{layer.name}", weight.float().cpu(), step)
+                    ("histogram", f"weights/{layer.name}", weight.float().cpu().clone(), step)
                 )
         self.scalars(step, values)
 

@@ -77,7 +77,10 @@ class RunDir:
             raise ConfigError(key, f"cannot write to {path}: {describe_os_error(err)}") from None
         try:
             fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError as err:
+            if not isinstance(err, BlockingIOError):
+                self.lock.close()
+                raise ConfigError(key, f"cannot lock {path}: {describe_os_error(err)}") from None
             self.lock.seek(0)
             pid = self.lock.read().strip() or "?"
             self.lock.close()
@@ -90,9 +93,10 @@ class RunDir:
         self.lock.flush()
 
     def remove_temporaries(self) -> list[Path]:
-        """Delete the ``.*.tmp`` files of saves a kill cut short (safe: this process owns the
-        directory, so no save is in flight); returns them."""
-        found = [p for p in self.path.rglob(".*.tmp") if p.is_file()]
+        """Delete the ``.<name>.*.tmp`` files of saves a kill cut short, in the run directory
+        and its ``checkpoints/`` (safe: this process owns them, so no save is in flight)."""
+        folders = (self.path, self.path / "checkpoints")
+        found = [p for folder in folders for p in folder.glob(".*.*.tmp") if p.is_file()]
         for p in found:
             p.unlink()
         return found
@@ -124,6 +128,9 @@ def remove_if_empty(path: Path) -> None:
     """Delete the directory ``path`` if it exists and is empty."""
     with suppress(OSError):  # not empty, or already gone
         path.rmdir()
+
+
+_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def describe_os_error(err: OSError) -> str:
@@ -185,8 +192,12 @@ class RunStopped(Exception):
         elif isinstance(cause, KeyboardInterrupt):
             what, code = "interrupted (Ctrl-C)", 130
         elif isinstance(cause, OSError):
-            where = f" {cause.filename}" if cause.filename else ""
-            what, code = f"cannot write{where}: {describe_os_error(cause)}", 1
+            detail = describe_os_error(cause).splitlines()[0]
+            if cause.errno in _WRITE_ERRORS:
+                what = f"cannot write {cause.filename or 'to the run directory'}: {detail}"
+            else:
+                what = f"I/O error{f' in {cause.filename}' if cause.filename else ''}: {detail}"
+            code = 1
         else:
             what, code = str(cause), 1
         return cls(f"{what}; {resume_hint(run_dir)}", code)
