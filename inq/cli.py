@@ -201,14 +201,10 @@ def _eval(args: argparse.Namespace) -> int:
     from inq.nn import from_packed
     from inq.train.config import eval_data_config
     from inq.train.data import build_eval_loader
-    from inq.train.errors import ConfigError
 
     device = eval_device(args.device)
     packed = load_packed(args.file)
-    try:
-        cfg = eval_data_config(packed.data, args.data)
-    except ConfigError as err:
-        raise ValueError(str(err)) from None
+    cfg = eval_data_config(packed.data, args.data)  # a ConfigError is a ValueError: one line
     for key in ("in_channels", "num_classes"):
         if key in packed.model and packed.model[key] != cfg[key]:
             raise ValueError(

@@ -130,7 +130,7 @@ def run(
     if problem is not None:
         teardown()
         raise problem
-    out_dir, fresh = home, not continues
+    out_dir = home
     try:
         with stop_signals():
             if owner is not None:
@@ -141,19 +141,18 @@ def run(
                         with atomic_path(out_dir / name) as tmp:
                             tmp.write_text(text)
                 owner.start_log()
-            summary = _train(cfg, out_dir, env, resume_path)
+            return _train(cfg, out_dir, env, resume_path)
     except BaseException as err:
         if owner is not None:  # a new run that stopped before its first checkpoint leaves nothing
-            owner.release(discard=fresh)
+            owner.release(discard=not continues)
             _remove_unused(out_dir, dir_chosen)
-        teardown()
         if isinstance(err, (KeyboardInterrupt, OSError)):
             raise RunStopped.after(err, out_dir) from None
         raise
-    if owner is not None:
-        owner.release()
-    teardown()
-    return summary
+    finally:
+        if owner is not None:
+            owner.release()
+        teardown()
 
 
 def _remove_unused(out_dir: Path, dir_chosen: bool) -> None:

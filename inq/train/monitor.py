@@ -7,8 +7,9 @@ Tags: ``train/{loss,acc,lr}``, ``val/{loss,acc,acc_top5}``, ``inq/stage``,
 
 Events reach the event file only when a checkpoint is saved (:meth:`Monitor.commit`), so the file
 is a function of the checkpoints: a resumed run purges whatever a killed process wrote at or
-after its checkpoint's step and replays the events of that step the checkpoint carries
-(:meth:`Monitor.pending`). Nothing is lost and no point appears twice, wherever the kill fell.
+after its checkpoint's step and replays the events of that step, which the checkpoint carries
+(what :meth:`Monitor.commit` returned, given back as ``pending``). Nothing is lost and no point
+appears twice, wherever the kill fell.
 """
 
 from __future__ import annotations
@@ -97,9 +98,8 @@ class Monitor:
                 error = (weight - pow2_quantize(weight, n1, scheduler.bits))[free].abs().mean()
                 values[f"inq/quant_error/{layer.name}"] = error.item()
             if histograms:
-                self.buffer.append(
-                    ("histogram", f"weights/{layer.name}", weight.float().cpu().clone(), step)
-                )
+                copy = weight.to("cpu", torch.float32, copy=True)  # the weights train on
+                self.buffer.append(("histogram", f"weights/{layer.name}", copy, step))
         self.scalars(step, values)
 
     def close(self) -> None:

@@ -108,9 +108,11 @@ class RunDir:
         logging.getLogger().addHandler(self.log_handler)
 
     def release(self, discard: bool = False) -> None:
-        """Stop logging and unlock. With ``discard`` (a new run that failed to start), delete
-        what it wrote, and the directory if that leaves it empty; a run that saved a checkpoint
-        is never discarded."""
+        """Stop logging and unlock (again: nothing). With ``discard`` (a new run that failed to
+        start), delete what it wrote, and the directory if that leaves it empty; a run that
+        saved a checkpoint is never discarded."""
+        if self.lock.closed:
+            return
         if self.log_handler is not None:
             logging.getLogger().removeHandler(self.log_handler)
             self.log_handler.close()
@@ -130,7 +132,13 @@ def remove_if_empty(path: Path) -> None:
         path.rmdir()
 
 
-_WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+_WRITE_FAILURES = {  # errno: what a user calls it
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+}
 
 
 def describe_os_error(err: OSError) -> str:
@@ -140,14 +148,7 @@ def describe_os_error(err: OSError) -> str:
         >>> describe_os_error(OSError(errno.ENOSPC, "No space left on device"))
         'disk full (No space left on device)'
     """
-    causes = {
-        errno.ENOSPC: "disk full",
-        errno.EDQUOT: "disk quota exceeded",
-        errno.EROFS: "read-only file system",
-        errno.EACCES: "permission denied",
-        errno.EPERM: "permission denied",
-    }
-    cause = causes.get(err.errno or 0)
+    cause = _WRITE_FAILURES.get(err.errno or 0)
     detail = err.strerror or str(err)
     return f"{cause} ({detail})" if cause else detail
 
@@ -193,7 +194,7 @@ class RunStopped(Exception):
             what, code = "interrupted (Ctrl-C)", 130
         elif isinstance(cause, OSError):
             detail = describe_os_error(cause).splitlines()[0]
-            if cause.errno in _WRITE_ERRORS:
+            if cause.errno in _WRITE_FAILURES:
                 what = f"cannot write {cause.filename or 'to the run directory'}: {detail}"
             else:
                 what = f"I/O error{f' in {cause.filename}' if cause.filename else ''}: {detail}"
