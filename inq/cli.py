@@ -6,6 +6,8 @@
     inq verify FILE                                          # every weight in its level set?
     inq eval model.inq.safetensors                          # rebuild, evaluate on its data
     inq info model.inq.safetensors                          # sizes, ratio, bits, layers
+    inq calibrate RUN --calibration mse -o m.int.safetensors # integer model (int8 activations)
+    inq eval m.int.safetensors                               # ... evaluated in integer arithmetic
     inq bench kernel --json out.json                         # GPU kernels vs cuBLAS / cuDNN
     inq bench kernel --static                                # no GPU: sm_90 SASS check
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -37,11 +40,13 @@ from inq.packed import (
     read_format,
     row_bytes,
 )
+from inq.quant.integer import INT_FORMAT, IntegerModel, IntOp, load_integer, program_problems
 from inq.verify import verify_file
 
 __all__ = ["COMMANDS", "Command", "main"]
 
 PACKED_SUFFIX = ".inq.safetensors"
+INT_SUFFIX, INT_NAME = ".int.safetensors", "model.int.safetensors"
 RUN_MASKED_NAME = "model_masked.safetensors"  # the masked checkpoint in an inq-train run dir
 
 
@@ -125,6 +130,8 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    if read_format(args.file) == INT_FORMAT:
+        return _verify_integer(args.file)
     report = verify_file(args.file)
     print(f"{args.file} ({report.kind})")
     print(report.table())
@@ -143,14 +150,39 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify_integer(path: str) -> int:
+    model = load_integer(path, validate=False)
+    problems = dict(program_problems(model))
+    print(f"{path} (integer model)")
+    width = max(len("op"), *(len(op.name) for op in model.ops))
+    for op in model.ops:
+        status = f"FAIL: {problems[op.name]}" if op.name in problems else "ok"
+        print(f"{op.name:<{width}}  {op.op:<8}  {status}")
+    problem = next(iter(problems.items()), None)
+    if problem is not None:
+        print(f"inq verify: {path}: op {problem[0]!r}: {problem[1]}", file=sys.stderr)
+        return 1
+    if model.digest_problem:
+        print(f"inq verify: {path}: {model.digest_problem}", file=sys.stderr)
+        return 1
+    print(
+        f"OK: {len(model.ops)} ops; every code is valid, every tensor an integer, no int32 "
+        "accumulator or int64 product can overflow; the contents match their sha256 digest"
+    )
+    return 0
+
+
 # ---------------------------------------------------------------------------------- info
 
 
 def _info_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a packed file (inq export)")
+    p.add_argument("file", help="a packed file (inq export) or an integer model (inq calibrate)")
 
 
 def _info(args: argparse.Namespace) -> int:
+    if read_format(args.file) == INT_FORMAT:
+        print(integer_table(load_integer(args.file), args.file))
+        return 0
     packed = load_packed(args.file)
     stats = pack_stats(packed, os.path.getsize(args.file))
     print(f"{args.file}: {packed.metadata['format']}, model {json.dumps(packed.model)}")
@@ -184,7 +216,11 @@ def _sizes(stats: PackStats) -> str:
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a packed file (inq export)")
+    p.add_argument("file", help="a packed file (inq export) or an integer model (inq calibrate)")
+    _data_args(p)
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data",
         nargs="*",
@@ -203,20 +239,31 @@ def _eval(args: argparse.Namespace) -> int:
     from inq.train.data import build_eval_loader
 
     device = eval_device(args.device)
-    packed = load_packed(args.file)
-    cfg = eval_data_config(packed.data, args.data)  # a ConfigError is a ValueError: one line
+    if read_format(args.file) == INT_FORMAT:
+        from inq.train.quantize import RealOutput
+
+        int_model = load_integer(args.file)
+        description, recorded = int_model.info.get("model", {}), int_model.info.get("data", {})
+        model: torch.nn.Module = RealOutput(int_model)
+        what = f"integer arithmetic, {int_model.info.get('act_bits')}-bit activations"
+    else:
+        packed = load_packed(args.file)
+        description, recorded = packed.model, packed.data
+        model = from_packed(packed)
+        what = "float activations"
+    cfg = eval_data_config(recorded, args.data)  # a ConfigError is a ValueError: one line
     for key in ("in_channels", "num_classes"):
-        if key in packed.model and packed.model[key] != cfg[key]:
+        if key in description and description[key] != cfg[key]:
             raise ValueError(
-                f"the model has {key}={packed.model[key]}, the {cfg['name']} data "
+                f"the model has {key}={description[key]}, the {cfg['name']} data "
                 f"{key}={cfg[key]}: evaluate it on the data it was trained on"
             )
-    model = from_packed(packed).to(device)
+    model = model.to(device)
     correct = total = 0
     loss = 0.0
     with torch.inference_mode():
         for x, y in build_eval_loader(cfg):
-            logits = model(x.to(device))
+            logits = model(x.to(device)).float()
             y = y.to(device)
             loss += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(1) == y).sum())
@@ -224,8 +271,8 @@ def _eval(args: argparse.Namespace) -> int:
     if not total:
         raise ValueError(f"the {cfg['name']} validation set is empty")
     print(
-        f"{args.file} on {cfg['name']} ({total} samples): accuracy {100 * correct / total:.2f}% "
-        f"({correct}/{total}), loss {loss / total:.4f}"
+        f"{args.file} ({what}) on {cfg['name']} ({total} samples): accuracy "
+        f"{100 * correct / total:.2f}% ({correct}/{total}), loss {loss / total:.4f}"
     )
     return 0
 
@@ -254,6 +301,112 @@ def eval_device(name: str) -> torch.device:
     return device
 
 
+# ---------------------------------------------------------------------------------- calibrate
+
+
+def _calibrate_args(p: argparse.ArgumentParser) -> None:
+    from inq.quant.observers import CALIBRATIONS
+
+    p.add_argument("source", help="a run directory, packed file or masked checkpoint")
+    _data_args(p)
+    p.add_argument("--calibration", choices=CALIBRATIONS, default="max",
+                   help="how each activation's range is chosen (default: max)")  # fmt: skip
+    p.add_argument("--act-bits", type=int, default=8, help="activation bits, 2-8 (default: 8)")
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=8,
+        help="calibration batches of eval_batch_size training images (default: 8)",
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=0,
+        help="fine-tuning epochs with fake-quantized activations (default: 0)",
+    )
+    p.add_argument("--float-scales", action="store_true",
+                   help="any activation scale, not only powers of two (requantizations then "
+                   "need multipliers)")  # fmt: skip
+    p.add_argument("-o", "--output", help=f"integer model (default: <source stem>{INT_SUFFIX})")
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from inq.quant.integer import save_integer
+    from inq.train.config import eval_data_config
+    from inq.train.quantize import QuantSettings, load_source, quantize
+
+    if args.batches < 1 or args.epochs < 0:
+        raise ValueError("--batches must be >= 1 and --epochs >= 0")
+    device = eval_device(args.device)
+    packed = load_source(args.source)
+    source = Path(args.source)
+    default = (
+        source / INT_NAME
+        if source.is_dir()
+        else source.with_name(
+            source.name.removesuffix(".safetensors").removesuffix(".inq") + INT_SUFFIX
+        )
+    )
+    output = Path(args.output or default)
+    if output.exists() and output.resolve() == source.resolve():
+        raise ValueError(f"{output}: the output would replace the source; choose -o")
+    data = eval_data_config(packed.data, args.data)
+    settings = QuantSettings(
+        args.act_bits, args.calibration, not args.float_scales, args.batches, args.epochs
+    )
+    int_model, report = quantize(packed, data, settings, device)
+    save_integer(output, int_model)
+    tuned = (
+        f", fine-tuned {args.epochs} epochs in {report['finetune_s']:.1f} s" if args.epochs else ""
+    )
+    print(
+        f"{args.source} -> {output}: {args.act_bits}-bit activations, {args.calibration} "
+        f"calibration on {data['name']} in {report['calibration_s']:.1f} s{tuned}"
+    )
+    print(integer_table(int_model, str(output)))
+    return 0
+
+
+def integer_table(model: IntegerModel, path: str) -> str:
+    """What ``inq info`` shows of an integer model: its settings, then one line per op with
+    bits, accumulator fraction bits, output scale (as log2), range and requantization."""
+    info = model.info
+    lines = [
+        f"{path}: {INT_FORMAT}, model {json.dumps(info.get('model', {}))}",
+        f"activations {info.get('act_bits')}-bit ({info.get('calibration')} calibration, "
+        f"{'power-of-two' if info.get('pow2_scales', True) else 'float'} scales), weights "
+        f"{info.get('weight_bits')}-bit; output scale {model.output_scale()!r}",
+    ]
+    width = max(len("op"), *(len(op.name) for op in model.ops))
+    lines.append(f"{'op':<{width}}  {'kind':<8} {'bits':>4} {'frac':>4} {'log2 scale':>10}  "
+                 f"{'range':<24} requantization")  # fmt: skip
+    tensors = model.tensors()
+    for op in model.ops:
+        a = op.attrs
+        requant = _requant_kind(op, tensors)
+        log2, value_range = math.log2(a["scale"]), f"{a['lo']}..{a['hi']}"
+        lines.append(
+            f"{op.name:<{width}}  {op.op:<8} {a.get('bits', '-'):>4} {a.get('frac', '-'):>4} "
+            f"{log2:>10.4g}  {value_range:<24} {requant}"
+        )
+    return "\n".join(lines)
+
+
+def _requant_kind(op: IntOp, tensors: dict[str, torch.Tensor]) -> str:
+    """``shift`` / ``multiplier`` counts of an op's requantizations (``-`` for none)."""
+    if op.op in ("conv", "linear"):
+        m = tensors[f"{op.name}.multiplier"].to(torch.int64).abs()
+        shifts = int(((m & (m - 1)) == 0).sum())  # 0, 1 or a power of two
+        return f"{shifts} shift, {m.numel() - shifts} multiplier (of {m.numel()} channels)"
+    multipliers = op.attrs.get(
+        "multipliers", [op.attrs["multiplier"]] if "multiplier" in op.attrs else None
+    )
+    if multipliers is None:
+        return "-"
+    pure = all(abs(m) & (abs(m) - 1) == 0 for m in multipliers)
+    return f"{'shift' if pure else 'multiplier'} {multipliers} >> {op.attrs['shift']}"
+
+
 # ---------------------------------------------------------------------------------- main
 
 COMMANDS: dict[str, Command] = {
@@ -261,6 +414,9 @@ COMMANDS: dict[str, Command] = {
     "verify": Command("prove every quantized weight lies in its level set", _verify_args, _verify),
     "eval": Command("rebuild the model from a packed file and evaluate it", _eval_args, _eval),
     "info": Command("sizes (fp32 vs packed), bits and layers of a packed file", _info_args, _info),
+    "calibrate": Command(
+        "integer model: calibrate int8 activations, fold BatchNorm", _calibrate_args, _calibrate
+    ),
     "bench": Command(BENCH_HELP, add_bench_arguments, run_bench),
 }
 

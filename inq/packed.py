@@ -56,6 +56,7 @@ __all__ = [
     "masked_layer_problem",
     "pack_codes",
     "pack_stats",
+    "packed_from_masked",
     "read_format",
     "row_bytes",
     "unpack_codes",
@@ -368,6 +369,23 @@ def export_packed(
             weight is off its level set (the message names the first such tensor).
     """
     ckpt = masked if isinstance(masked, MaskedCheckpoint) else load_masked(masked)
+    tensors, metadata = _pack(ckpt)
+    write_safetensors(out_path, tensors, metadata)
+    return pack_stats(_parse(tensors, metadata, out_path), os.path.getsize(out_path))
+
+
+def packed_from_masked(ckpt: MaskedCheckpoint) -> PackedFile:
+    """The packed file of a fully quantized masked checkpoint, in memory (what
+    :func:`export_packed` would write).
+
+    Raises:
+        ValueError: as :func:`export_packed`.
+    """
+    tensors, metadata = _pack(ckpt)
+    return _parse(tensors, metadata, "<memory>")
+
+
+def _pack(ckpt: MaskedCheckpoint) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     tensors = {k: v.contiguous() for k, v in ckpt.state.items() if k not in ckpt.masks}
     layers = {}
     for key in ckpt.masks:
@@ -398,8 +416,7 @@ def export_packed(
     }
     if ckpt.digest_problem:
         raise ValueError(f"cannot pack: {ckpt.digest_problem}")
-    write_safetensors(out_path, tensors, metadata)
-    return pack_stats(_parse(tensors, metadata, out_path), os.path.getsize(out_path))
+    return tensors, metadata
 
 
 def read_format(path: str | os.PathLike[str]) -> str | None:

@@ -8,7 +8,8 @@ fine-tunes all weights with a straight-through estimator for INQ's epoch budget
 (:mod:`inq.baselines`). Everything lands in the Hydra run dir, which one process owns at a time
 and only ``trainer.resume`` continues (:mod:`inq.train.rundir`): ``tb/`` (TensorBoard),
 ``checkpoints/{latest,float,stageK}.pt``, ``model_masked.safetensors``,
-``model.inq.safetensors``, ``app.log`` and ``summary.json``.
+``model.inq.safetensors``, ``app.log`` and ``summary.json``; with ``quant.act_bits``, the integer
+model ``model.int.safetensors`` (:mod:`inq.train.quantize`).
 
 Example (shell)::
 
@@ -46,7 +47,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from inq.baselines import STEQuantizer
 from inq.export import save_masked
 from inq.io import atomic_path
-from inq.packed import export_packed
+from inq.packed import export_packed, load_packed
+from inq.quant.integer import save_integer
 from inq.scheduler import INQScheduler, check_portions
 from inq.train import checkpoint as ckpt
 from inq.train.config import register, to_dict, validate
@@ -71,6 +73,7 @@ from inq.train.loop import (
 )
 from inq.train.models import build_model
 from inq.train.monitor import Monitor
+from inq.train.quantize import IntegerModelError, QuantSettings, RealOutput, quantize
 from inq.train.rundir import RunDir, RunStopped, holds_run, remove_if_empty, stop_signals
 
 __all__ = ["export_artifacts", "main", "run"]
@@ -469,10 +472,43 @@ class Trainer:
             summary["files"], summary["packed"] = export_artifacts(
                 self.out, self.model, self.sched, self.model_info, self.data_info
             )
+            if self.cfg.quant.act_bits is not None:
+                summary["integer"] = self.integer_phase(Path(summary["files"]["packed"]))
+                summary["files"]["integer"] = str(self.out / INTEGER_NAME)
             with atomic_path(self.out / "summary.json") as tmp:
                 tmp.write_text(json.dumps(summary, indent=2) + "\n")
             log.info("results in %s\n%s", self.out, _table(summary))
         return summary
+
+    def integer_phase(self, packed_path: Path) -> dict[str, Any]:
+        """Calibrate (and fine-tune) the activations, write ``model.int.safetensors`` and
+        evaluate it. Deterministic, so a run killed here redoes it to the same file."""
+        q = self.cfg.quant
+        settings = QuantSettings(q.act_bits, q.calibration.name, q.pow2_scales, q.batches,
+                                 q.epochs, q.lr, self.cfg.trainer.seed)  # fmt: skip
+        step = self.progress.step
+        try:
+            int_model, report = quantize(
+                load_packed(packed_path), self.data_info, settings, self.env.device,
+                on_epoch=lambda epoch, values: self.tb.scalars(step + epoch, values),
+            )  # fmt: skip
+        except IntegerModelError as err:
+            raise ConfigError("quant.act_bits", f"no integer model: {err}") from None
+        save_integer(self.out / INTEGER_NAME, int_model)
+        metrics = evaluate(RealOutput(int_model), self.val_loader, self.env.device, top5=False)
+        last = step + q.epochs
+        self.tb.scalars(last, {"val/int_acc": metrics["acc"], "val/int_loss": metrics["loss"]})
+        log.info(
+            "integer model (%d-bit activations, %s calibration%s): val acc %.2f %%, in %s",
+            q.act_bits, q.calibration.name,
+            f", {q.epochs} fine-tuning epochs" if q.epochs else "",
+            100 * metrics["acc"], self.out / INTEGER_NAME,
+        )  # fmt: skip
+        return {
+            **metrics,
+            "act_bits": q.act_bits,
+            **{k: v for k, v in report.items() if k != "scales"},
+        }
 
     def _new_optimizer(self, params: str, lr: float) -> None:
         if self.optimizer is not None:
@@ -573,6 +609,9 @@ def _table(summary: dict[str, Any]) -> str:
     lines = [f"{'phase':<10} {'quantized':>9} {'val acc':>8}"]
     lines += [f"{n:<10} {100 * m['portion']:>8.1f}% {100 * m['acc']:>7.2f}%" for n, m in rows]
     delta = 100 * (summary["final_acc"] - summary["float_acc"])
+    if "integer" in summary:
+        act, acc = f"{summary['integer']['act_bits']}-bit act", summary["integer"]["acc"]
+        lines.append(f"{'integer':<10} {act:>9} {100 * acc:>7.2f}%")
     lines.append(
         f"float {100 * summary['float_acc']:.2f}% -> {summary['bits']}-bit "
         f"{_METHOD_LABELS[summary['method']]} "
@@ -581,6 +620,7 @@ def _table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+INTEGER_NAME = "model.int.safetensors"
 HYDRA_DEFAULT_RUN_DIR = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
 
 

@@ -57,6 +57,12 @@ class Method(Enum):
     ste = 3  # baseline: straight-through fine-tuning of all weights, INQ's epoch budget
 
 
+class Calibration(Enum):
+    max = 1  # the largest value seen is representable
+    percentile = 2  # the 99.99th percentile of |x|
+    mse = 3  # least squared quantization error
+
+
 class Schedule(Enum):
     constant = 1
     cosine = 2
@@ -132,6 +138,16 @@ class INQConfig:
 
 
 @dataclass
+class QuantConfig:
+    act_bits: int | None = None  # integer model with these activation bits (2-8); null: none
+    calibration: Calibration = Calibration.max
+    pow2_scales: bool = True  # power-of-two activation scales: requantizations are shifts
+    batches: int = 8  # calibration batches (data.eval_batch_size training images each)
+    epochs: int = 0  # fine-tuning with fake-quantized activations (BatchNorm and scales)
+    lr: float = 1e-3  # Adam, for that fine-tuning
+
+
+@dataclass
 class TrainerConfig:
     device: str = "auto"  # auto = cuda if available, else cpu
     amp: bool = False  # float16 autocast + grad scaling (CUDA only)
@@ -154,6 +170,7 @@ class Config:
     optim: Any = MISSING
     lr: LRConfig = field(default_factory=LRConfig)
     inq: INQConfig = field(default_factory=INQConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
@@ -212,6 +229,7 @@ def validate(cfg: DictConfig) -> None:
         "trainer.checkpoint_every": cfg.trainer.checkpoint_every,
         "trainer.keep_checkpoints": cfg.trainer.keep_checkpoints or 0,
         "data.num_workers": cfg.data.num_workers,
+        "quant.epochs": cfg.quant.epochs,
         "trainer.num_threads": cfg.trainer.num_threads,
     }
     for key, value in counts.items():
@@ -225,6 +243,8 @@ def validate(cfg: DictConfig) -> None:
         "data.num_classes": cfg.data.num_classes,
         "trainer.log_every": cfg.trainer.log_every,
         "optim.lr": cfg.optim.lr,
+        "quant.batches": cfg.quant.batches,
+        "quant.lr": cfg.quant.lr,
     }
     sizes = {
         "data.train_size": cfg.data.train_size,
@@ -238,6 +258,8 @@ def validate(cfg: DictConfig) -> None:
         if value <= 0:
             raise ConfigError(key, f"must be > 0, got {value}")
     _check_optimizer(cfg.optim)
+    if cfg.quant.act_bits is not None and not 2 <= cfg.quant.act_bits <= 8:
+        raise ConfigError("quant.act_bits", f"must be 2..8 or null, got {cfg.quant.act_bits}")
     if cfg.trainer.float_epochs == 0 and not cfg.model.checkpoint:
         raise ConfigError(
             "model.checkpoint",

@@ -1,0 +1,12 @@
+"""Integer-only deployment of a finished INQ model: int8 activations, BatchNorm folded into
+per-channel requantization, an integer model bit-exact with its reference.
+
+- :mod:`inq.quant.observers`: activation ranges and power-of-two scales (max, percentile, mse);
+- :mod:`inq.quant.fakequant`: straight-through fake quantization with a learnable log2 scale;
+- :mod:`inq.quant.lower`: trace a packed model, calibrate it, fine-tune it, lower it to integers;
+- :mod:`inq.quant.integer`: the integer model, its reference arithmetic and its file.
+
+Example:
+    >>> from inq.quant import calibrate_model   # doctest: +SKIP
+    >>> int_model = calibrate_model(packed_model, batches, act_bits=8)   # doctest: +SKIP
+"""

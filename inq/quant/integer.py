@@ -1,0 +1,414 @@
+"""The integer model: a program of integer ops, its reference arithmetic, and its file.
+
+Every activation is an integer tensor ``q`` standing for ``q * scale`` (int8, or uint8 where
+it cannot be negative); the scale of each value is fixed at calibration and, by default, a power
+of two. Ops (``IntOp.op``):
+
+- ``input``: ``q = clamp(floor(x / scale + 1/2), lo, hi)`` — the only float arithmetic;
+- ``conv`` / ``linear``: ``acc = inq::shift_conv2d_int8 / shift_linear_int8(q, codes, frac)``
+  (int32 shifts and adds), then :func:`requantize` ``(acc + bias) * multiplier >> shift``
+  per output channel, clamped to ``[lo, hi]`` (a folded ReLU sets ``lo = 0``). BatchNorm's scale
+  lives in the multipliers, its shift in the int32 bias. The model's last op keeps int32;
+- ``add``: ``(a * m_a + b * m_b) >> shift``, clamped (residual connections, ReLU folded);
+- ``avgpool``: the window sum, ``* multiplier >> shift`` (the 1/count is in the multiplier);
+- ``maxpool``, ``relu``, ``flatten``, ``slice``, ``pad``: exact on the integers, same scale.
+
+``x >> s`` rounds half up: ``(v + 2**(s-1)) >> s`` with an arithmetic shift. Overflow cannot
+happen: :func:`program_problems` checks, from the codes and the value ranges, that every int32
+accumulator (bias included) stays below ``2**31`` and that the int64 products do too; the file
+is refused otherwise. Multipliers are stored normalised (odd, or 1), so a requantization whose
+multiplier is a power of two is a pure shift.
+
+The file (``inq calibrate``) is safetensors with integer tensors only: per op ``<op>.codes``
+(packed, :mod:`inq.packed`), ``<op>.bias``, ``<op>.multiplier``, ``<op>.shift`` (int32); the
+program, the scales (floats, one per value) and the model/data descriptions are JSON metadata.
+
+Example:
+    >>> ops = [IntOp("x", "input", [], {"scale": 0.5, "lo": -128, "hi": 127}),
+    ...        IntOp("r", "relu", ["x"], {})]
+    >>> model = IntegerModel(ops, {})
+    >>> model(torch.tensor([[-1.0, 0.7, 100.0]]))
+    tensor([[  0,   1, 127]], dtype=torch.int8)
+    >>> model.output_scale()
+    0.5
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import inq.kernels  # noqa: F401  (registers torch.ops.inq.*)
+from inq.io import DIGEST_KEY, digest_problem, read_safetensors, write_safetensors
+from inq.kernels.int8 import max_frac_bits
+from inq.packed import codes_problem, read_format, row_bytes, unpack_codes
+from inq.pow2 import check_bits
+
+__all__ = [
+    "INT_FORMAT",
+    "IntOp",
+    "IntegerModel",
+    "accumulator_bound",
+    "load_integer",
+    "program_problems",
+    "requantize",
+    "save_integer",
+    "value_dtype",
+]
+
+INT_FORMAT = "inq-int/1"
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+MAX_SHIFT = 62  # (acc + bias) * multiplier < 2**62, plus the rounding half: below 2**63
+_WEIGHT_OPS = ("conv", "linear")
+_TENSOR_FIELDS = ("codes", "bias", "multiplier", "shift")
+
+
+@dataclass
+class IntOp:
+    """One op of the program: a unique ``name`` (its output value), ``op`` kind, ``inputs``
+    (names of earlier ops) and JSON-able ``attrs`` (geometry, ``scale``/``lo``/``hi`` of its
+    output, ...). Its tensors live in the model under ``"<name>.<field>"``."""
+
+    name: str
+    op: str
+    inputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "op": self.op, "inputs": self.inputs, "attrs": self.attrs}
+
+
+def value_dtype(lo: int, hi: int) -> torch.dtype:
+    """The narrowest integer dtype of ``[lo, hi]``: uint8, int8 or int32.
+
+    Example:
+        >>> value_dtype(0, 255), value_dtype(-8, 7), value_dtype(-2**31, 2**31 - 1)
+        (torch.uint8, torch.int8, torch.int32)
+    """
+    if lo >= 0 and hi <= 255:
+        return torch.uint8
+    if lo >= -128 and hi <= 127:
+        return torch.int8
+    return torch.int32
+
+
+def requantize(
+    v: Tensor, multiplier: Tensor | int, shift: Tensor | int, lo: int, hi: int
+) -> Tensor:
+    """``clamp((v * multiplier + 2**(shift-1)) >> shift, lo, hi)`` in int64 (round half up).
+
+    Example:
+        >>> requantize(torch.tensor([5, 6, -6, 1000]), 3, 2, -128, 127)  # 15/4, 18/4, -18/4
+        tensor([  4,   5,  -4, 127])
+    """
+    shift = torch.as_tensor(shift, dtype=torch.int64, device=v.device)
+    half = torch.bitwise_left_shift(torch.ones_like(shift), shift) >> 1
+    v = v.to(torch.int64) * torch.as_tensor(multiplier, dtype=torch.int64, device=v.device)
+    return torch.bitwise_right_shift(v + half, shift).clamp_(lo, hi)
+
+
+def accumulator_bound(codes: Tensor, bits: int, frac: int, x_max: int) -> Tensor:
+    """Per output row, a bound on ``|acc|`` of the shift-add op for inputs ``|x| <= x_max``.
+
+    A term ``(x << frac) >> offset`` has magnitude at most ``(x_max << frac) >> offset``, plus 1
+    where the shift drops bits (``offset > frac``: floor of a negative value).
+
+    Example:
+        >>> codes = torch.tensor([[8, 13, 0]], dtype=torch.uint8)  # 4 bits: offsets 0 and 1
+        >>> accumulator_bound(codes, bits=4, frac=3, x_max=128)  # 128 * 8 + 128 * 4
+        tensor([1536])
+    """
+    c = codes.reshape(codes.shape[0], -1).to(torch.int64)
+    offset = c & ((1 << (bits - 2)) - 1)
+    terms = torch.bitwise_right_shift(torch.full_like(offset, x_max << frac), offset)
+    terms += (offset > frac).to(torch.int64)
+    return torch.where(c != 0, terms, 0).sum(dim=1)
+
+
+class _Tensors(nn.Module):
+    """The integer tensors of one op, as buffers (so ``.to(device)`` moves them)."""
+
+    def __init__(self, tensors: dict[str, Tensor]) -> None:
+        super().__init__()
+        for key, value in tensors.items():
+            self.register_buffer(key, value)
+
+
+class IntegerModel(nn.Module):
+    """Runs a program of :class:`IntOp` in integer arithmetic (the reference; the conv/linear
+    ops dispatch to the Triton kernels on CUDA, which match it bit for bit).
+
+    ``forward`` takes the float input and returns the last op's integers; multiply by
+    :meth:`output_scale` for real values (logits). ``info`` holds the file's descriptions
+    (``model``, ``data``, ``act_bits``, ``calibration``, ...).
+    """
+
+    def __init__(
+        self, ops: list[IntOp], tensors: dict[str, Tensor], info: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__()
+        self.ops, self.info = list(ops), dict(info or {})
+        self.digest_problem: str | None = None  # set by load_integer
+        grouped: dict[str, dict[str, Tensor]] = {op.name: {} for op in ops}
+        for key, value in tensors.items():
+            name, _, part = key.rpartition(".")
+            grouped[name][part] = value
+        self.params: dict[str, _Tensors] = {}
+        for i, (name, group) in enumerate(grouped.items()):
+            if group:  # registered by position: op names may hold dots
+                self.params[name] = _Tensors(group)
+                self.add_module(f"op{i}", self.params[name])
+
+    def tensors(self) -> dict[str, Tensor]:
+        """Every tensor, keyed ``"<op>.<field>"`` as in the file."""
+        return {
+            f"{name}.{k}": v for name, m in self.params.items() for k, v in m.state_dict().items()
+        }
+
+    def output_scale(self) -> float:
+        """The real value of one unit of the output."""
+        return float(self.ops[-1].attrs["scale"])
+
+    def forward(self, x: Tensor) -> Tensor:
+        values: dict[str, Tensor] = {}
+        for op in self.ops:
+            args = [values[i] for i in op.inputs] if op.inputs else [x]
+            values[op.name] = _RUN[op.op](op, self._get(op.name), *args)
+        return values[self.ops[-1].name]
+
+    def _get(self, name: str) -> dict[str, Tensor]:
+        return dict(self.params[name].state_dict()) if name in self.params else {}
+
+
+def _clamped(op: IntOp, v: Tensor) -> Tensor:
+    return v.to(value_dtype(op.attrs["lo"], op.attrs["hi"]))
+
+
+def _input(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
+    a = op.attrs
+    return _clamped(op, torch.floor(x.double() / a["scale"] + 0.5).clamp_(a["lo"], a["hi"]))
+
+
+def _conv(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
+    a = op.attrs
+    acc = torch.ops.inq.shift_conv2d_int8(
+        x, t["codes"], a["bits"], a["weight_shape"], a["stride"], a["padding"], a["dilation"],
+        a["groups"], a["frac"],
+    )  # fmt: skip
+    channel = (-1, 1, 1)
+    v = acc.to(torch.int64) + t["bias"].reshape(channel)
+    q = requantize(
+        v, t["multiplier"].reshape(channel), t["shift"].reshape(channel), a["lo"], a["hi"]
+    )
+    return _clamped(op, q)
+
+
+def _linear(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
+    a = op.attrs
+    acc = torch.ops.inq.shift_linear_int8(x, t["codes"], a["bits"], a["in_features"], a["frac"])
+    v = acc.to(torch.int64) + t["bias"]
+    return _clamped(op, requantize(v, t["multiplier"], t["shift"], a["lo"], a["hi"]))
+
+
+def _add(op: IntOp, t: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+    a = op.attrs
+    m_x, m_y = a["multipliers"]
+    v = x.to(torch.int64) * m_x + y.to(torch.int64) * m_y
+    return _clamped(op, requantize(v, 1, a["shift"], a["lo"], a["hi"]))
+
+
+def _avgpool(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
+    a = op.attrs
+    if a["kernel"] is None:  # global: the calibrated input size only (count is in the multiplier)
+        if list(x.shape[2:]) != a["input_size"]:
+            raise ValueError(
+                f"{op.name}: global average pooling was calibrated on {a['input_size']} maps, "
+                f"got {list(x.shape[2:])}"
+            )
+        total = x.to(torch.int64).sum(dim=(2, 3), keepdim=True)
+    else:  # window sums of small integers are exact in float64
+        total = F.avg_pool2d(x.double(), a["kernel"], a["stride"], divisor_override=1)
+        total = total.to(torch.int64)
+    return _clamped(op, requantize(total, a["multiplier"], a["shift"], a["lo"], a["hi"]))
+
+
+def _maxpool(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
+    a = op.attrs  # integers below 2**24 are exact in float32, and max picks one of them
+    y = F.max_pool2d(
+        x.float(), a["kernel"], a["stride"], a["padding"], a["dilation"], a["ceil_mode"]
+    )
+    return y.to(x.dtype)
+
+
+def _slice(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
+    index = tuple(Ellipsis if s is None else slice(*s) for s in op.attrs["index"])
+    return x[index]
+
+
+_RUN = {
+    "input": _input,
+    "conv": _conv,
+    "linear": _linear,
+    "add": _add,
+    "avgpool": _avgpool,
+    "maxpool": _maxpool,
+    "relu": lambda op, t, x: x.clamp(min=0),
+    "flatten": lambda op, t, x: torch.flatten(x, op.attrs["start_dim"], op.attrs["end_dim"]),
+    "slice": _slice,
+    "pad": lambda op, t, x: F.pad(x, op.attrs["pad"]),
+}
+
+
+# ---------------------------------------------------------------------------------- checks
+
+
+def program_problems(model: IntegerModel) -> list[tuple[str, str]]:
+    """``(op name, problem)`` for everything wrong with a model: unknown ops or inputs, non-integer
+    or misshapen tensors, invalid codes, and any possible int32/int64 overflow. Empty if sound.
+    """
+    problems: list[tuple[str, str]] = []
+    seen: dict[str, IntOp] = {}
+    for op in model.ops:
+        try:
+            problem = _op_problem(op, model._get(op.name), seen)
+        except (KeyError, TypeError, ValueError) as err:
+            problem = f"malformed op ({err!r})"
+        if problem:
+            problems.append((op.name, problem))
+        seen[op.name] = op
+    if model.ops and model.ops[0].op != "input":
+        problems.append((model.ops[0].name, "the program must start with its input op"))
+    return problems
+
+
+def _op_problem(op: IntOp, t: dict[str, Tensor], seen: dict[str, IntOp]) -> str | None:
+    if op.op not in _RUN:
+        return f"unknown op {op.op!r}"
+    if op.name in seen:
+        return "the name is used twice"
+    missing = [i for i in op.inputs if i not in seen]
+    if missing:
+        return f"inputs {missing} are not earlier ops"
+    floats = [k for k, v in t.items() if v.is_floating_point()]
+    if floats:
+        return f"tensors {floats} are not integer"
+    a = op.attrs
+    if not a["scale"] > 0 or not INT32_MIN <= a["lo"] <= a["hi"] <= INT32_MAX:
+        return f"scale {a['scale']} or range {a['lo']}..{a['hi']} is invalid"
+    if op.op in _WEIGHT_OPS:
+        return _weight_op_problem(op, t, seen[op.inputs[0]])
+    if op.op in ("add", "avgpool"):
+        multipliers = a["multipliers"] if op.op == "add" else [a["multiplier"]]
+        if not 0 <= a["shift"] <= MAX_SHIFT or any(abs(m) >= 1 << 31 for m in multipliers):
+            return f"shift {a['shift']} or multipliers {multipliers} out of range"
+    return None
+
+
+def _weight_op_problem(op: IntOp, t: dict[str, Tensor], source: IntOp) -> str | None:
+    a = op.attrs
+    bits = check_bits(a["bits"])
+    out_channels = a["weight_shape"][0] if op.op == "conv" else a["out_features"]
+    k = math.prod(a["weight_shape"][1:]) if op.op == "conv" else a["in_features"]
+    expected = {
+        "codes": (torch.uint8, [out_channels, row_bytes(k, bits)]),
+        "bias": (torch.int32, [out_channels]),
+        "multiplier": (torch.int32, [out_channels]),
+        "shift": (torch.int32, [out_channels]),
+    }
+    for key, (dtype, shape) in expected.items():
+        if key not in t or t[key].dtype != dtype or list(t[key].shape) != shape:
+            found = "missing" if key not in t else f"{t[key].dtype} {list(t[key].shape)}"
+            return f"{key} must be {dtype} {shape}, found {found}"
+    codes = unpack_codes(t["codes"], bits, k)
+    bad = codes_problem(codes, bits)
+    if bad:
+        return bad
+    lo, hi = _value_range(source)
+    if lo < -128 or hi > 255:
+        return f"its input is not 8-bit (range {lo}..{hi})"
+    unsigned = lo >= 0
+    if not 0 <= a["frac"] <= max_frac_bits(k, unsigned=unsigned):
+        return f"frac={a['frac']} can overflow the int32 accumulator over {k} terms"
+    bound = accumulator_bound(codes, bits, a["frac"], max(-lo, hi)) + t["bias"].abs()
+    if not bound.numel():
+        return None
+    if int(bound.max()) > INT32_MAX:
+        row = int(bound.argmax())
+        return f"channel {row}: accumulator + bias can reach {int(bound[row])} > 2**31 - 1"
+    shift, multiplier = t["shift"].to(torch.int64), t["multiplier"].to(torch.int64)
+    if bool(((shift < 0) | (shift > MAX_SHIFT)).any()):
+        return f"shifts must lie in 0..{MAX_SHIFT}"
+    if int((bound * multiplier.abs()).max()) >= 1 << MAX_SHIFT:
+        return "(accumulator + bias) * multiplier can overflow int64"
+    return None
+
+
+def _value_range(op: IntOp) -> tuple[int, int]:
+    return int(op.attrs["lo"]), int(op.attrs["hi"])
+
+
+# ---------------------------------------------------------------------------------- file
+
+
+def save_integer(path: str | os.PathLike[str], model: IntegerModel) -> None:
+    """Write an integer model atomically as safetensors with a sha256 digest.
+
+    Raises:
+        ValueError: if the model fails :func:`program_problems` (nothing is written).
+    """
+    problems = program_problems(model)
+    if problems:
+        name, problem = problems[0]
+        raise ValueError(f"the integer model is unsound at op {name!r}: {problem}")
+    metadata = {
+        "format": INT_FORMAT,
+        "program": json.dumps([op.as_json() for op in model.ops]),
+        **{k: json.dumps(v) for k, v in model.info.items()},
+    }
+    write_safetensors(path, {k: v.cpu() for k, v in model.tensors().items()}, metadata)
+
+
+def load_integer(path: str | os.PathLike[str], validate: bool = True) -> IntegerModel:
+    """Read a file written by :func:`save_integer` (nothing is unpickled).
+
+    With ``validate`` (the default) the digest and :func:`program_problems` are checked; without
+    it, ``model.digest_problem`` says whether the contents match their digest (for ``inq
+    verify``, which reports every problem).
+
+    Raises:
+        ValueError: if the file is missing, not an integer model or malformed; with
+            ``validate``, also if it was modified after it was written or is unsound.
+    """
+    fmt = read_format(path)
+    if fmt != INT_FORMAT:
+        raise ValueError(f"{path}: not an INQ integer model (format {fmt!r}); see inq calibrate")
+    tensors, metadata = read_safetensors(path)
+    try:
+        ops = [IntOp(d["name"], d["op"], list(d["inputs"]), dict(d["attrs"]))
+               for d in json.loads(metadata["program"])]  # fmt: skip
+        skip = ("format", "program", DIGEST_KEY)
+        info = {k: json.loads(v) for k, v in metadata.items() if k not in skip}
+        names = {op.name for op in ops}
+        stray = [k for k in tensors if k.rpartition(".")[0] not in names
+                 or k.rpartition(".")[2] not in _TENSOR_FIELDS]  # fmt: skip
+        if stray or not ops:
+            raise ValueError(f"tensors {stray} belong to no op" if stray else "an empty program")
+        model = IntegerModel(ops, tensors, info)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError(f"{path}: corrupt integer model ({err})") from err
+    model.digest_problem = digest_problem(tensors, metadata)
+    if validate:
+        if model.digest_problem:
+            raise ValueError(f"{path}: {model.digest_problem}")
+        problems = program_problems(model)
+        if problems:
+            name, problem = problems[0]
+            raise ValueError(f"{path}: op {name!r}: {problem}")
+    return model

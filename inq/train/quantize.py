@@ -1,0 +1,189 @@
+"""Integer deployment of a finished model: calibrate its activations on training data, optionally
+fine-tune them with fake quantization, lower it to an integer model and evaluate that.
+
+Used by ``inq calibrate`` and by ``inq-train``'s final phase (``quant.act_bits``). Both are
+deterministic: the calibration batches are the first ones of the training split in order, and
+fine-tuning draws its batches from a generator seeded by ``seed``.
+
+Example (shell)::
+
+    inq calibrate outputs/run --calibration mse -o model.int.safetensors
+    inq eval model.int.safetensors
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from inq.export import MASKED_FORMATS, load_masked
+from inq.nn import from_packed
+from inq.packed import PACKED_FORMATS, PackedFile, load_packed, packed_from_masked, read_format
+from inq.quant.integer import IntegerModel
+from inq.quant.lower import IntegerModelError, Lowering
+from inq.train.data import build_datasets, build_eval_loader
+
+__all__ = ["IntegerModelError", "QuantSettings", "RealOutput", "load_source", "quantize"]
+
+log = logging.getLogger("inq.train")
+
+PACKED_NAME, MASKED_NAME = "model.inq.safetensors", "model_masked.safetensors"
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    """What ``quant.*`` (or ``inq calibrate``'s options) ask for."""
+
+    act_bits: int = 8
+    calibration: str = "max"
+    pow2_scales: bool = True
+    batches: int = 8  # calibration batches of data.eval_batch_size training images
+    epochs: int = 0  # fine-tuning epochs with fake-quantized activations
+    lr: float = 1e-3  # Adam, on the BatchNorm affine parameters and the log2 scales
+    seed: int = 0
+
+
+class RealOutput(nn.Module):
+    """An integer model whose output is turned into real values (float64 logits), for
+    evaluation code that wants logits."""
+
+    def __init__(self, model: IntegerModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model(x).double() * self.model.output_scale()
+
+
+def load_source(source: str | os.PathLike[str]) -> PackedFile:
+    """The packed model ``source`` names: a packed file, a masked checkpoint (packed in memory)
+    or a run directory (its packed file, else its masked checkpoint).
+
+    Raises:
+        ValueError: if there is no such file, or it is neither kind.
+    """
+    path = Path(source)
+    if path.is_dir():
+        found = [path / n for n in (PACKED_NAME, MASKED_NAME) if (path / n).is_file()]
+        if not found:
+            raise ValueError(f"{path}: no {PACKED_NAME} or {MASKED_NAME}: not a finished run")
+        path = found[0]
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or directory")
+    fmt = read_format(path)
+    if fmt in PACKED_FORMATS:
+        return load_packed(path)
+    if fmt in MASKED_FORMATS:
+        return packed_from_masked(load_masked(path))
+    raise ValueError(f"{path}: not a packed file or masked checkpoint (format {fmt!r})")
+
+
+def quantize(
+    packed: PackedFile,
+    data: Mapping[str, Any],
+    settings: QuantSettings,
+    device: torch.device | None = None,
+    on_epoch: Callable[[int, dict[str, float]], None] = lambda epoch, values: None,
+) -> tuple[IntegerModel, dict[str, Any]]:
+    """The integer model of ``packed`` and a report (``calibration_s``, ``finetune_s``,
+    ``scales``, and the fine-tuning loss per epoch, ``finetune_loss``).
+
+    ``on_epoch(epoch, values)`` sees, before fine-tuning (epoch 0) and after each epoch, the
+    log2 scale and clipped fraction of every point (``quant/log2_scale/<point>``,
+    ``quant/clipped/<point>``) and the loss (``quant/loss``).
+
+    Raises:
+        IntegerModelError: if the model has a layer the integer model cannot express, or no
+            calibration data.
+    """
+    device = device or torch.device("cpu")
+    torch.manual_seed(settings.seed)
+    model = from_packed(packed).to(device)
+    lowering = Lowering(model, settings.act_bits, settings.calibration, settings.pow2_scales)
+    train = build_datasets(data)[0]
+    start = time.perf_counter()
+    loader = build_eval_loader(data, train)
+    lowering.calibrate(x.to(device) for x, _ in _first(loader, settings.batches))
+    report: dict[str, Any] = {"calibration_s": time.perf_counter() - start}
+    on_epoch(0, _scale_values(lowering))
+    if settings.epochs:
+        start = time.perf_counter()
+        report["finetune_loss"] = _finetune(lowering, train, data, settings, device, on_epoch)
+        report["finetune_s"] = time.perf_counter() - start
+    report["scales"] = lowering.scales()
+    info = {
+        "model": packed.model,
+        "data": packed.data,
+        "act_bits": settings.act_bits,
+        "calibration": settings.calibration,
+        "pow2_scales": settings.pow2_scales,
+        "calibration_batches": settings.batches,
+        "finetune_epochs": settings.epochs,
+        "weight_bits": sorted({layer.bits for layer in packed.layers.values()}),
+    }
+    return lowering.integer_model(info).to(device), report
+
+
+def _first(loader: DataLoader, count: int):
+    for i, batch in enumerate(loader):
+        if i == count:
+            return
+        yield batch
+
+
+def _finetune(
+    lowering: Lowering,
+    train: Any,
+    data: Mapping[str, Any],
+    settings: QuantSettings,
+    device: torch.device,
+    on_epoch: Callable[[int, dict[str, float]], None],
+) -> list[float]:
+    """Adam on the BatchNorm affine parameters and the log2 scales; the packed weights are
+    buffers and the BatchNorm statistics stay frozen (eval mode), as the integer model folds
+    them."""
+    fq_model = lowering.fake_quant_model().to(device)
+    params = [p for p in fq_model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=settings.lr)
+    gen = torch.Generator().manual_seed(settings.seed)
+    loader = DataLoader(
+        train, batch_size=int(data.get("batch_size", 64)), shuffle=True, generator=gen
+    )
+    fq_model.eval()  # BatchNorm: running statistics, as folded
+    losses = []
+    for epoch in range(settings.epochs):
+        total = count = 0.0
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = F.cross_entropy(fq_model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total, count = total + float(loss) * len(y), count + len(y)
+        losses.append(total / max(count, 1))
+        log.info("quant fine-tuning epoch %d/%d: loss %.4f", epoch + 1, settings.epochs, losses[-1])
+        on_epoch(epoch + 1, {**_scale_values(lowering), "quant/loss": losses[-1]})
+    return losses
+
+
+def _scale_values(lowering: Lowering) -> dict[str, float]:
+    """The log2 scale and clipped fraction of every point: of the last fine-tuning batch, or
+    of the calibration data."""
+    values = {}
+    for name, scale in lowering.scales().items():
+        fq = lowering.fake_quants.get(name)
+        clipped = fq.clipped if fq else lowering.observers[name].clipped(scale, lowering.act_bits)
+        values[f"quant/log2_scale/{name}"] = float(fq.log2_scale) if fq else math.log2(scale)
+        values[f"quant/clipped/{name}"] = clipped
+    return values
