@@ -88,3 +88,18 @@ def digits_run(folder: Path, bits: int = 5, epochs: int = 4) -> tuple[Path, nn.M
     path = folder / "digits.safetensors"
     save_masked(path, model, sched, DIGITS_MODEL)
     return path, model.eval()
+
+
+def packed_model(model: nn.Module, bits: int = 5, **levels: str) -> nn.Module:
+    """``model`` with every conv/linear weight quantized (no training) and swapped for the
+    packed shift modules of :mod:`inq.nn`, in eval mode."""
+    from inq.export import MaskedCheckpoint
+    from inq.nn import convert_model
+    from inq.packed import packed_from_masked
+
+    sched = quantize(model, bits, **levels)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    masks = {f"{layer.name}.weight": layer.mask.clone() for layer in sched.layers}
+    n1 = {f"{layer.name}.weight": layer.n1 for layer in sched.layers}
+    ckpt = MaskedCheckpoint(state, masks, n1, bits, tuple(sched.portions), sched.stage, "magnitude")
+    return convert_model(model, packed_from_masked(ckpt)).eval()

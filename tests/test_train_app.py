@@ -210,3 +210,35 @@ def test_progress_bars_in_a_terminal(tmp_path: Path) -> None:
     shown = b"".join(chunks).decode(errors="replace")
     assert "run: 100%" in shown and "40/40" in shown  # the whole run: 5 epochs of 8 steps
     assert "stage4 epoch 1/1" in shown
+
+
+def test_integer_phase_writes_a_sound_integer_model_and_resumes_exactly(tmp_path: Path) -> None:
+    from inq.cli import main
+    from inq.train.checkpoint import KILL_ENV
+
+    quant = ("quant.act_bits=8", "quant.epochs=2", "quant.batches=2")
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    inq_train(*TINY, *quant, f"hydra.run.dir={whole}")
+    proc = inq_train(*TINY, *quant, f"hydra.run.dir={killed}", env={KILL_ENV: "quant:2"},
+                     check=False)  # fmt: skip
+    assert proc.returncode != 0 and not (killed / "model.int.safetensors").exists()
+    inq_train(*TINY, *quant, f"trainer.resume={killed}")
+    # killed after the first fine-tuning epoch, redone: the same integer model, byte for byte
+    int_file = (whole / "model.int.safetensors").read_bytes()
+    assert (killed / "model.int.safetensors").read_bytes() == int_file
+    summary = json.loads((whole / "summary.json").read_text())
+    integer = summary["integer"]
+    assert integer["act_bits"] == 8 and len(integer["finetune_loss"]) == 2
+    assert summary["files"]["integer"] == str(whole / "model.int.safetensors")
+    assert main(["verify", str(whole / "model.int.safetensors")]) == 0
+    events = EventAccumulator(str(whole / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"quant/loss", "val/int_acc", "quant/log2_scale/input", "quant/clipped/input"} <= scalars
+    assert events.Scalars("val/int_acc")[-1].value == pytest.approx(integer["acc"])
+    assert len(events.Scalars("quant/log2_scale/input")) == 3  # calibration, 2 epochs
+    killed_events = EventAccumulator(str(killed / "tb"), size_guidance={"scalars": 0})
+    killed_events.Reload()
+    assert [(e.step, e.value) for e in killed_events.Scalars("quant/loss")] == [
+        (e.step, e.value) for e in events.Scalars("quant/loss")
+    ]

@@ -4,8 +4,8 @@
 exactly what the integer model stores, ``clamp(floor(x / s + 1/2), lo, hi) * s`` with
 ``s = 2**round(log2_scale)`` (power-of-two scales) or ``s = 2**log2_scale``; backward passes
 the gradient straight through the rounding: to ``x`` inside the range (zero where clipped),
-and to the scale as in LSQ (Esser et al., 2020) — ``round(x/s) - x/s`` inside, ``lo``/``hi``
-where clipped — scaled by ``1/sqrt(features * hi)`` so the scale's step size matches the
+and to the scale as in LSQ (Esser et al., 2020) — ``round(x/s) - x/s`` inside ``[lo, hi]``,
+``lo``/``hi`` outside — scaled by ``1/sqrt(features * hi)`` so the scale's step size matches the
 weights'. The rounding of ``log2_scale`` is straight-through as well, so a power-of-two scale
 moves once its log2 crosses a half-integer.
 
@@ -14,7 +14,7 @@ Example:
     >>> fq(torch.tensor([0.3, -0.2, 9.0]))
     tensor([ 0.2500, -0.2500,  0.7500], grad_fn=<MulBackward0>)
     >>> fq.clipped
-    0.3333333432674408
+    0.3333333333333333
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class FakeQuant(nn.Module):
 
     def scale(self) -> float:
         """The scale the integer model will use."""
-        t = float(self.log2_scale)
+        t = float(self.log2_scale.detach())
         return math.ldexp(1.0, math.floor(t + 0.5)) if self.pow2 else 2.0**t
 
     def forward(self, x: Tensor) -> Tensor:
@@ -62,8 +62,8 @@ class FakeQuant(nn.Module):
         s = torch.exp2(_round_ste(log2) if self.pow2 else log2)
         v = x / s
         with torch.no_grad():
-            self.clipped = float(((v < self.lo - 0.5) | (v >= self.hi + 0.5)).float().mean())
-        return torch.clamp(_round_ste(v), self.lo, self.hi) * s
+            self.clipped = float(((v < self.lo - 0.5) | (v >= self.hi + 0.5)).double().mean())
+        return _round_ste(torch.clamp(v, self.lo, self.hi)) * s  # as floor-then-clamp, forward
 
     def extra_repr(self) -> str:
         return f"scale={self.scale()}, lo={self.lo}, hi={self.hi}, pow2={self.pow2}"

@@ -177,11 +177,15 @@ class IntegerModel(nn.Module):
         return float(self.ops[-1].attrs["scale"])
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.run(x)[self.ops[-1].name]
+
+    def run(self, x: Tensor) -> dict[str, Tensor]:
+        """The value of every op for the float input ``x``."""
         values: dict[str, Tensor] = {}
         for op in self.ops:
             args = [values[i] for i in op.inputs] if op.inputs else [x]
             values[op.name] = _RUN[op.op](op, self._get(op.name), *args)
-        return values[self.ops[-1].name]
+        return values
 
     def _get(self, name: str) -> dict[str, Tensor]:
         return dict(self.params[name].state_dict()) if name in self.params else {}

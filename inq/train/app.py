@@ -449,7 +449,6 @@ class Trainer:
     def finish(self) -> dict[str, Any]:
         """Export, write ``summary.json`` and print the float-vs-INQ table (rank 0)."""
         self.run_bar.close()
-        self.tb.close()
         stages = [p.name for p in self.phases if p.name != "float"]
         summary = {
             "method": self.method,
@@ -472,8 +471,11 @@ class Trainer:
             summary["files"], summary["packed"] = export_artifacts(
                 self.out, self.model, self.sched, self.model_info, self.data_info
             )
-            if self.cfg.quant.act_bits is not None:
-                summary["integer"] = self.integer_phase(Path(summary["files"]["packed"]))
+        if self.cfg.quant.act_bits is not None:  # every rank, once rank 0 has written the file
+            summary["integer"] = self.integer_phase(share(self.out / "model.inq.safetensors"))
+        self.tb.close()  # after the integer phase's events
+        if self.env.main:
+            if "integer" in summary:
                 summary["files"]["integer"] = str(self.out / INTEGER_NAME)
             with atomic_path(self.out / "summary.json") as tmp:
                 tmp.write_text(json.dumps(summary, indent=2) + "\n")
@@ -481,20 +483,28 @@ class Trainer:
         return summary
 
     def integer_phase(self, packed_path: Path) -> dict[str, Any]:
-        """Calibrate (and fine-tune) the activations, write ``model.int.safetensors`` and
-        evaluate it. Deterministic, so a run killed here redoes it to the same file."""
+        """Calibrate (and fine-tune) the activations, write ``model.int.safetensors`` (rank 0)
+        and evaluate it. Every rank computes the same model (the phase is short, so it runs
+        without DDP) and evaluates its shard. Deterministic, so a run killed here redoes it to
+        the same file."""
         q = self.cfg.quant
         settings = QuantSettings(q.act_bits, q.calibration.name, q.pow2_scales, q.batches,
                                  q.epochs, q.lr, self.cfg.trainer.seed)  # fmt: skip
         step = self.progress.step
+
+        def on_epoch(epoch: int, values: dict[str, float]) -> None:
+            self.tb.scalars(step + epoch, values)
+            ckpt.kill_point("quant", epoch + 1)
+
         try:
+            packed = load_packed(packed_path)
             int_model, report = quantize(
-                load_packed(packed_path), self.data_info, settings, self.env.device,
-                on_epoch=lambda epoch, values: self.tb.scalars(step + epoch, values),
-            )  # fmt: skip
+                packed, self.data_info, settings, self.env.device, on_epoch
+            )
         except IntegerModelError as err:
             raise ConfigError("quant.act_bits", f"no integer model: {err}") from None
-        save_integer(self.out / INTEGER_NAME, int_model)
+        if self.env.main:
+            save_integer(self.out / INTEGER_NAME, int_model)
         metrics = evaluate(RealOutput(int_model), self.val_loader, self.env.device, top5=False)
         last = step + q.epochs
         self.tb.scalars(last, {"val/int_acc": metrics["acc"], "val/int_loss": metrics["loss"]})

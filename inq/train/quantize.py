@@ -184,6 +184,8 @@ def _scale_values(lowering: Lowering) -> dict[str, float]:
     for name, scale in lowering.scales().items():
         fq = lowering.fake_quants.get(name)
         clipped = fq.clipped if fq else lowering.observers[name].clipped(scale, lowering.act_bits)
-        values[f"quant/log2_scale/{name}"] = float(fq.log2_scale) if fq else math.log2(scale)
+        values[f"quant/log2_scale/{name}"] = (
+            float(fq.log2_scale.detach()) if fq else math.log2(scale)
+        )
         values[f"quant/clipped/{name}"] = clipped
     return values

@@ -1,0 +1,196 @@
+"""Lowering a packed model to integers (inq.quant.lower): folding, bounds, what is refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+from export_fixtures import packed_model
+from inq.quant.lower import IntegerModelError, Lowering, quantize_multiplier
+from inq.train.models import ResNetCIFAR
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randomize_bn(model: nn.Module, seed: int = 0) -> None:
+    gen = _gen(seed)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            c = m.num_features
+            m.running_mean.copy_(torch.randn(c, generator=gen) * 0.3)
+            m.running_var.copy_(torch.rand(c, generator=gen) + 0.5)
+            m.weight.data.copy_(torch.randn(c, generator=gen))  # negative scales too
+            m.bias.data.copy_(torch.randn(c, generator=gen) * 0.2)
+
+
+def _conv_block(bits: int = 5) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6), nn.ReLU(),
+        nn.Conv2d(6, 4, 1),
+    )  # fmt: skip
+    _randomize_bn(model)
+    return packed_model(model, bits)
+
+
+@given(st.floats(min_value=-1e6, max_value=1e6).filter(lambda v: v == 0 or abs(v) > 1e-9))
+def test_quantize_multiplier_is_a_31_bit_fraction(value: float) -> None:
+    m, s = quantize_multiplier(value)
+    assert abs(m) < 2**31 and 0 <= s <= 62
+    assert s == 0 or m % 2 == 1  # normalised
+    assert abs(m * 2.0**-s - value) <= abs(value) * 2**-30
+
+
+@pytest.mark.parametrize("k", range(-20, 20, 3))
+def test_powers_of_two_are_pure_shifts(k: int) -> None:
+    assert quantize_multiplier(2.0**k) == ((1, -k) if k <= 0 else (2**k, 0))
+
+
+def test_conv_bn_relu_stays_within_its_derived_bound() -> None:
+    """Integer block vs float math on the same quantized input. With exact accumulator ``z``,
+    folded bias ``beta = round(b / (a s_acc))`` and ``M = a s_acc / s_out ~ m 2**-r``, the
+    integer result ``floor(((z + beta) m + 2**(r-1)) / 2**r)`` differs from the real
+    ``t = (a s_acc z + b) / s_out`` by at most ``1/2`` (final rounding) ``+ |M|/2`` (bias
+    rounding) ``+ |z + beta| 2**-(r+1)`` (multiplier rounding); clamping cannot add to it."""
+    model = _conv_block()
+    x = torch.randn(8, 3, 7, 7, generator=_gen(1))
+    lowering = Lowering(model, act_bits=8)
+    lowering.calibrate([x])
+    int_model = lowering.integer_model()
+    values = int_model.run(x)
+    op = int_model.ops[1]
+    assert (op.op, op.attrs["bn"], op.attrs["relu"]) == ("conv", "1", True)
+    s_in, s_out = int_model.ops[0].attrs["scale"], op.attrs["scale"]
+    t = int_model.tensors()
+    bias, m, r = (t[f"0.{k}"].double()[:, None, None] for k in ("bias", "multiplier", "shift"))
+    conv, bn = model[0], model[1]
+    w = conv.dequantize(torch.float64)
+    acc_scale = s_in * 2.0 ** (conv.level_sets - op.attrs["frac"])
+    z = F.conv2d(values["input"].double() * s_in, w, padding=1) / acc_scale  # exact integers
+    assert torch.equal(z, z.round())
+    a = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).double()[:, None, None]
+    b = (bn.bias.double() - bn.running_mean.double() * a[:, 0, 0])[:, None, None]
+    real = (a * acc_scale * z + b) / s_out
+    bound = 0.5 + (a * acc_scale / s_out).abs() / 2 + (z + bias).abs() * 2.0 ** -(r + 1)
+    got = values["0"].double()
+    assert got.dtype == torch.float64 and values["0"].dtype == torch.uint8
+    assert bool(((got - real.clamp(0, 255)).abs() <= bound + 1e-9).all())
+    assert float((got == torch.floor(real + 0.5).clamp(0, 255)).double().mean()) > 0.99
+
+
+def test_last_linear_without_bias_is_exact() -> None:
+    torch.manual_seed(0)
+    fc = nn.Linear(12, 5, bias=False)
+    model = packed_model(nn.Sequential(fc), bits=4)
+    x = torch.randn(6, 12, generator=_gen(2))
+    lowering = Lowering(model, act_bits=8)
+    lowering.calibrate([x])
+    int_model = lowering.integer_model()
+    values = int_model.run(x)
+    logits = values["0"].double() * int_model.output_scale()
+    q_in = values["input"].double() * int_model.ops[0].attrs["scale"]
+    assert values["0"].dtype == torch.int32
+    assert torch.equal(logits, q_in @ model[0].dequantize(torch.float64).T)
+    assert int(int_model.tensors()["0.multiplier"].abs().max()) == 1  # pure shifts
+
+
+def test_batchnorm_folding_identities() -> None:
+    model = _conv_block()
+    bn = model[1]
+    with torch.no_grad():  # scales a = gamma / sqrt(var + eps) that are powers of two
+        bn.eps = 0.0
+        bn.running_var.fill_(1.0)
+        bn.weight.copy_(torch.tensor([0.5, -2.0, 1.0, 4.0, -0.25, 1.0]))
+    x = torch.randn(4, 3, 7, 7, generator=_gen(3))
+    lowering = Lowering(model, act_bits=8)
+    lowering.calibrate([x])
+    int_model = lowering.integer_model()
+    t = int_model.tensors()
+    op = int_model.ops[1]
+    s_in, s_out = int_model.ops[0].attrs["scale"], op.attrs["scale"]
+    acc_scale = s_in * 2.0 ** (model[0].level_sets - op.attrs["frac"])
+    a = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
+    b = bn.bias.double() - bn.running_mean.double() * a
+    m, r = t["0.multiplier"].double(), t["0.shift"].double()
+    # the scale: a power of two times powers of two -> a shift (and the sign) only
+    assert torch.equal(m.abs(), torch.ones(6, dtype=torch.float64))
+    assert torch.equal(m * 2**-r, a * acc_scale / s_out)
+    # the shift: an int32 bias in accumulator units, off by at most half a unit
+    assert bool(((t["0.bias"].double() * a * acc_scale - b).abs() <= a.abs() * acc_scale / 2).all())
+    assert t["0.bias"].dtype == torch.int32
+
+
+def test_resnet_residuals_lower_and_track_the_float_model() -> None:
+    torch.manual_seed(0)
+    float_model = ResNetCIFAR(depth=8, num_classes=4, in_channels=3, width=4)
+    _randomize_bn(float_model)
+    model = packed_model(float_model, bits=5)
+    x = torch.randn(64, 3, 8, 8, generator=_gen(4))
+    lowering = Lowering(model, act_bits=8, calibration="mse")
+    lowering.calibrate(x.split(16))
+    int_model = lowering.integer_model()
+    kinds = [op.op for op in int_model.ops]
+    for kind in ("conv", "add", "slice", "pad", "avgpool", "flatten", "linear"):
+        assert kind in kinds, kind
+    with torch.no_grad():
+        reference = model(x).double()
+        logits = int_model(x).double() * int_model.output_scale()
+    relative = (logits - reference).abs().mean() / reference.std()
+    assert relative < 0.1, relative
+    assert float((logits.argmax(1) == reference.argmax(1)).double().mean()) >= 0.9
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (nn.Sequential(nn.Linear(4, 3)), r"'0' \(Linear\) has float weights"),
+        (nn.Sequential(nn.Flatten(), nn.Sigmoid()), r"cannot express module '1' \(Sigmoid\)"),
+        (nn.Sequential(nn.MaxPool2d(1), nn.BatchNorm2d(1)), "BatchNorm '1' does not directly"),
+    ],
+)
+def test_layers_it_cannot_express_are_named(model: nn.Module, message: str) -> None:
+    with pytest.raises(IntegerModelError, match=message):
+        Lowering(model)
+
+
+def test_no_calibration_data_is_one_message() -> None:
+    lowering = Lowering(_conv_block())
+    with pytest.raises(IntegerModelError, match="calibrate the model first"):
+        lowering.integer_model()
+    with pytest.raises(IntegerModelError, match="no calibration data"):
+        lowering.calibrate([])
+
+
+def test_a_constant_channel_cannot_be_folded() -> None:
+    model = _conv_block()
+    with torch.no_grad():
+        model[1].weight[2] = 0.0
+        model[1].bias[2] = 1.0
+    lowering = Lowering(model)
+    lowering.calibrate([torch.randn(2, 3, 7, 7, generator=_gen(5))])
+    with pytest.raises(IntegerModelError, match="layer '0', channel 2: BatchNorm scale 0"):
+        lowering.integer_model()
+
+
+def test_fake_quant_model_matches_the_integer_model_closely() -> None:
+    model = _conv_block()
+    x = torch.randn(8, 3, 7, 7, generator=_gen(6))
+    lowering = Lowering(model, act_bits=8)
+    lowering.calibrate([x])
+    fq_model = lowering.fake_quant_model()
+    assert sorted(lowering.fake_quants) == ["0", "input"]
+    assert lowering.scales() == {name: fq.scale() for name, fq in lowering.fake_quants.items()}
+    int_model = lowering.integer_model()
+    with torch.no_grad():
+        simulated = fq_model(x).double()
+    logits = int_model(x).double() * int_model.output_scale()
+    # the same grid; the integer model's bias and multipliers are rounded (see the bound test)
+    assert math.isclose(float((logits - simulated).abs().max()), 0.0, abs_tol=0.05)
