@@ -335,6 +335,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     from inq.train.config import eval_data_config
     from inq.train.quantize import QuantSettings, load_source, quantize
 
+    from inq.quant.observers import act_range
+
+    act_range(args.act_bits, signed=True)  # refuses bad bits before any work
     if args.batches < 1 or args.epochs < 0:
         raise ValueError("--batches must be >= 1 and --epochs >= 0")
     device = eval_device(args.device)

@@ -249,3 +249,51 @@ def test_bad_usage_exits_2(capsys) -> None:
             main(argv)
         assert exit_.value.code == 2
     assert "usage: inq" in capsys.readouterr().err
+
+
+def test_calibrate_then_eval_info_verify_an_integer_model(capsys, tmp_path: Path) -> None:
+    masked, _ = digits_run(tmp_path)
+    packed = tmp_path / "d.inq.safetensors"
+    assert run(capsys, "export", masked, "-o", packed)[0] == 0
+    code, out, err = run(capsys, "calibrate", packed, "--data", "digits", "--calibration", "mse")
+    int_file = tmp_path / "d.int.safetensors"  # the default name beside the source
+    assert code == 0, err
+    assert f"-> {int_file}: 8-bit activations, mse calibration on digits" in out
+    for line in ("input  input", "conv        5", "linear      5"):
+        assert line in out, line
+    code, float_out, _ = run(capsys, "eval", packed, "--data", "digits")
+    code, int_out, err = run(capsys, "eval", int_file, "--data", "digits")
+    assert code == 0, err
+    assert "(integer arithmetic, 8-bit activations) on digits (450 samples)" in int_out
+
+    def correct(text: str) -> int:  # "... accuracy 97.33% (438/450), loss ..."
+        return int(text.split("% (")[1].split("/")[0])
+
+    assert abs(correct(int_out) - correct(float_out)) <= 2  # of 450: the goal is 0.3 points
+    code, out, _ = run(capsys, "info", int_file)
+    assert code == 0 and "activations 8-bit (mse calibration, power-of-two scales)" in out
+    assert run(capsys, "verify", int_file)[0] == 0
+
+    def edit(tensors: dict[str, torch.Tensor]) -> None:
+        tensors["0.bias"][0] = 2**31 - 1
+
+    bad = _tamper(int_file, tmp_path / "bad.int.safetensors", edit)
+    code, out, err = run(capsys, "verify", bad)
+    assert code == 1 and "FAIL" in out and "sha256" not in err
+    assert "op '0': channel 0: accumulator + bias can reach" in err
+    code, _, err = run(capsys, "eval", bad, "--data", "digits")
+    assert code == 1 and "do not match their sha256 digest" in err
+
+
+def test_calibrate_bad_input_is_one_line(capsys, tmp_path: Path) -> None:
+    masked, _ = masked_file(tmp_path)  # MixedNet, which inq cannot rebuild by name
+    for argv, message in (
+        (["calibrate", tmp_path / "none.safetensors", "--data", "digits"], "no such file"),
+        (["calibrate", tmp_path, "--data", "digits"], "not a finished run"),
+        (["calibrate", masked, "--data", "synthetic"], "unknown model 'mixed'"),
+        (["calibrate", masked, "--data", "synthetic", "--act-bits", "9"], "activation bits"),
+        (["calibrate", masked, "--data", "synthetic", "--batches", "0"], "--batches must be"),
+    ):
+        code, _, err = run(capsys, *argv)
+        assert code == 1 and message in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1

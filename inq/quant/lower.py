@@ -213,7 +213,12 @@ class Lowering:
             return _Step("input", "input", [], [node], signed=None)
         if isinstance(module, ShiftConv2d | ShiftLinear):
             return self._weight_step(node, module, inputs)
-        if isinstance(module, nn.Conv2d | nn.Linear | nn.Conv1d | nn.Conv3d):
+        if isinstance(module, nn.modules.conv._ConvNd) and type(module) is not nn.Conv2d:
+            raise IntegerModelError(
+                f"layer {node.target!r} ({type(module).__name__}): the integer model has Conv2d "
+                "and Linear layers only"
+            )
+        if isinstance(module, nn.Conv2d | nn.Linear):
             raise IntegerModelError(
                 f"layer {node.target!r} ({type(module).__name__}) has float weights: the integer "
                 "model needs every conv/linear quantized (packed power-of-two codes)"

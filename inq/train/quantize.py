@@ -170,7 +170,7 @@ def _finetune(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            total, count = total + float(loss) * len(y), count + len(y)
+            total, count = total + float(loss.detach()) * len(y), count + len(y)
         losses.append(total / max(count, 1))
         log.info("quant fine-tuning epoch %d/%d: loss %.4f", epoch + 1, settings.epochs, losses[-1])
         on_epoch(epoch + 1, {**_scale_values(lowering), "quant/loss": losses[-1]})
