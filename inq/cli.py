@@ -332,10 +332,9 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from inq.quant.integer import save_integer
+    from inq.quant.observers import act_range
     from inq.train.config import eval_data_config
     from inq.train.quantize import QuantSettings, load_source, quantize
-
-    from inq.quant.observers import act_range
 
     act_range(args.act_bits, signed=True)  # refuses bad bits before any work
     if args.batches < 1 or args.epochs < 0:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from export_fixtures import packed_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 from torch import nn
 
-from export_fixtures import packed_model
 from inq.io import read_safetensors, safetensors_bytes, write_safetensors
 from inq.kernels.int8 import shift_linear_int8_reference
 from inq.packed import pack_codes
@@ -30,8 +30,14 @@ from inq.quant.lower import Lowering
 def _int_model(seed: int = 0) -> IntegerModel:
     torch.manual_seed(seed)
     model = packed_model(
-        nn.Sequential(nn.Conv2d(2, 4, 3, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
-                      nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4, 3))  # fmt: skip
+        nn.Sequential(
+            nn.Conv2d(2, 4, 3, bias=False),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(4, 3),
+        )
     )
     lowering = Lowering(model, act_bits=8)
     lowering.calibrate([torch.randn(8, 2, 4, 4)])

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from export_fixtures import packed_model
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from export_fixtures import packed_model
 from inq.quant.lower import IntegerModelError, Lowering, quantize_multiplier
 from inq.train.models import ResNetCIFAR
 
@@ -70,7 +70,7 @@ def test_conv_bn_relu_stays_within_its_derived_bound() -> None:
     assert (op.op, op.attrs["bn"], op.attrs["relu"]) == ("conv", "1", True)
     s_in, s_out = int_model.ops[0].attrs["scale"], op.attrs["scale"]
     t = int_model.tensors()
-    bias, m, r = (t[f"0.{k}"].double()[:, None, None] for k in ("bias", "multiplier", "shift"))
+    bias, _, r = (t[f"0.{k}"].double()[:, None, None] for k in ("bias", "multiplier", "shift"))
     conv, bn = model[0], model[1]
     w = conv.dequantize(torch.float64)
     acc_scale = s_in * 2.0 ** (conv.level_sets - op.attrs["frac"])

@@ -33,8 +33,9 @@ def test_act_range_refuses_bad_bits(bits: object) -> None:
 
 
 @given(
-    st.lists(st.floats(-1e4, 1e4).filter(lambda v: v == 0 or abs(v) > 1e-30), min_size=1,
-             max_size=50),  # fmt: skip
+    st.lists(
+        st.floats(-1e4, 1e4).filter(lambda v: v == 0 or abs(v) > 1e-30), min_size=1, max_size=50
+    ),
     st.sampled_from([2, 4, 8]),
 )
 def test_max_scale_is_the_least_power_of_two_that_clips_nothing(values, bits) -> None:
