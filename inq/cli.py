@@ -313,6 +313,12 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
                    help="how each activation's range is chosen (default: max)")  # fmt: skip
     p.add_argument("--act-bits", type=int, default=8, help="activation bits, 2-8 (default: 8)")
     p.add_argument(
+        "--input-bits",
+        type=int,
+        default=8,
+        help="bits of the model input, 2-8 (default: 8: images are 8-bit data)",
+    )
+    p.add_argument(
         "--batches",
         type=int,
         default=8,
@@ -337,6 +343,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from inq.train.quantize import QuantSettings, load_source, quantize
 
     act_range(args.act_bits, signed=True)  # refuses bad bits before any work
+    act_range(args.input_bits, signed=True)
     if args.batches < 1 or args.epochs < 0:
         raise ValueError("--batches must be >= 1 and --epochs >= 0")
     device = eval_device(args.device)
@@ -354,7 +361,12 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise ValueError(f"{output}: the output would replace the source; choose -o")
     data = eval_data_config(packed.data, args.data)
     settings = QuantSettings(
-        args.act_bits, args.calibration, not args.float_scales, args.batches, args.epochs
+        args.act_bits,
+        args.calibration,
+        not args.float_scales,
+        args.batches,
+        args.epochs,
+        input_bits=args.input_bits,
     )
     int_model, report = quantize(packed, data, settings, device)
     save_integer(output, int_model)
@@ -375,7 +387,8 @@ def integer_table(model: IntegerModel, path: str) -> str:
     info = model.info
     lines = [
         f"{path}: {INT_FORMAT}, model {json.dumps(info.get('model', {}))}",
-        f"activations {info.get('act_bits')}-bit ({info.get('calibration')} calibration, "
+        f"activations {info.get('act_bits')}-bit, input {info.get('input_bits')}-bit "
+        f"({info.get('calibration')} calibration, "
         f"{'power-of-two' if info.get('pow2_scales', True) else 'float'} scales), weights "
         f"{info.get('weight_bits')}-bit; output scale {model.output_scale()!r}",
     ]

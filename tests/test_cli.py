@@ -271,7 +271,7 @@ def test_calibrate_then_eval_info_verify_an_integer_model(capsys, tmp_path: Path
 
     assert abs(correct(int_out) - correct(float_out)) <= 2  # of 450: the goal is 0.3 points
     code, out, _ = run(capsys, "info", int_file)
-    assert code == 0 and "activations 8-bit (mse calibration, power-of-two scales)" in out
+    assert code == 0 and "activations 8-bit, input 8-bit (mse calibration, power-of-two" in out
     assert run(capsys, "verify", int_file)[0] == 0
 
     def edit(tensors: dict[str, torch.Tensor]) -> None:

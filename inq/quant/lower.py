@@ -161,10 +161,17 @@ class Lowering:
     """
 
     def __init__(
-        self, model: nn.Module, act_bits: int = 8, calibration: str = "max", pow2: bool = True
+        self,
+        model: nn.Module,
+        act_bits: int = 8,
+        calibration: str = "max",
+        pow2: bool = True,
+        input_bits: int = 8,
     ) -> None:
-        act_range(act_bits, signed=True)  # validates act_bits
+        act_range(act_bits, signed=True)  # validates the bits
+        act_range(input_bits, signed=True)
         self.act_bits, self.calibration, self.pow2 = act_bits, calibration, pow2
+        self.input_bits = input_bits
         model.eval()
         try:
             self.graph_module = fx.GraphModule(model, _Tracer().trace(model))
@@ -374,10 +381,9 @@ class Lowering:
             env[node] = graph.node_copy(node, lambda n: env[n])
             if node in last:
                 name = last[node]
-                lo, hi = act_range(self.act_bits, self.observers[name].signed)
-                fq = FakeQuant(
-                    self.observers[name].scale(self.act_bits, self.pow2), lo, hi, self.pow2
-                )
+                bits = self.bits(name)
+                lo, hi = act_range(bits, self.observers[name].signed)
+                fq = FakeQuant(self.observers[name].scale(bits, self.pow2), lo, hi, self.pow2)
                 self.fake_quants[name] = fq
                 env[node] = graph.call_module(f"fq_{name}", (env[node],))
         root = nn.Module()
@@ -392,7 +398,12 @@ class Lowering:
         built, else what calibration picked."""
         if self.fake_quants:
             return {name: fq.scale() for name, fq in self.fake_quants.items()}
-        return {name: obs.scale(self.act_bits, self.pow2) for name, obs in self.observers.items()}
+        return {name: obs.scale(self.bits(name), self.pow2) for name, obs in self.observers.items()}
+
+    def bits(self, point: str) -> int:
+        """The bits of a point's integers: ``input_bits`` for the model input, else
+        ``act_bits``."""
+        return self.input_bits if point == "input" else self.act_bits
 
     # -------------------------------------------------------------------------- integers
 
@@ -413,7 +424,7 @@ class Lowering:
             ins = [values[i] for i in step.inputs]
             if step.point and step.name in scales:
                 signed = self.observers[step.name].signed
-                lo, hi = act_range(self.act_bits, signed)
+                lo, hi = act_range(self.bits(step.name), signed)
                 if step.relu:
                     lo = 0
                 out = {"scale": scales[step.name], "lo": lo, "hi": hi}

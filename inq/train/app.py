@@ -488,8 +488,10 @@ class Trainer:
         without DDP) and evaluates its shard. Deterministic, so a run killed here redoes it to
         the same file."""
         q = self.cfg.quant
-        settings = QuantSettings(q.act_bits, q.calibration.name, q.pow2_scales, q.batches,
-                                 q.epochs, q.lr, self.cfg.trainer.seed)  # fmt: skip
+        settings = QuantSettings(
+            q.act_bits, q.calibration.name, q.pow2_scales, q.batches, q.epochs, q.lr,
+            self.cfg.trainer.seed, q.input_bits,
+        )  # fmt: skip
         step = self.progress.step
 
         def on_epoch(epoch: int, values: dict[str, float]) -> None:

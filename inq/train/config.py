@@ -140,6 +140,7 @@ class INQConfig:
 @dataclass
 class QuantConfig:
     act_bits: int | None = None  # integer model with these activation bits (2-8); null: none
+    input_bits: int = 8  # of the model input (images are 8-bit data)
     calibration: Calibration = Calibration.max
     pow2_scales: bool = True  # power-of-two activation scales: requantizations are shifts
     batches: int = 8  # calibration batches (data.eval_batch_size training images each)
@@ -260,6 +261,8 @@ def validate(cfg: DictConfig) -> None:
     _check_optimizer(cfg.optim)
     if cfg.quant.act_bits is not None and not 2 <= cfg.quant.act_bits <= 8:
         raise ConfigError("quant.act_bits", f"must be 2..8 or null, got {cfg.quant.act_bits}")
+    if not 2 <= cfg.quant.input_bits <= 8:
+        raise ConfigError("quant.input_bits", f"must be 2..8, got {cfg.quant.input_bits}")
     if cfg.trainer.float_epochs == 0 and not cfg.model.checkpoint:
         raise ConfigError(
             "model.checkpoint",

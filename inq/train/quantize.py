@@ -52,6 +52,7 @@ class QuantSettings:
     epochs: int = 0  # fine-tuning epochs with fake-quantized activations
     lr: float = 1e-3  # Adam, on the BatchNorm affine parameters and the log2 scales
     seed: int = 0
+    input_bits: int = 8  # the model input: images are 8-bit data
 
 
 class RealOutput(nn.Module):
@@ -110,7 +111,9 @@ def quantize(
     device = device or torch.device("cpu")
     torch.manual_seed(settings.seed)
     model = from_packed(packed).to(device)
-    lowering = Lowering(model, settings.act_bits, settings.calibration, settings.pow2_scales)
+    lowering = Lowering(
+        model, settings.act_bits, settings.calibration, settings.pow2_scales, settings.input_bits
+    )
     train = build_datasets(data)[0]
     start = time.perf_counter()
     loader = build_eval_loader(data, train)
@@ -126,6 +129,7 @@ def quantize(
         "model": packed.model,
         "data": packed.data,
         "act_bits": settings.act_bits,
+        "input_bits": settings.input_bits,
         "calibration": settings.calibration,
         "pow2_scales": settings.pow2_scales,
         "calibration_batches": settings.batches,
@@ -183,7 +187,7 @@ def _scale_values(lowering: Lowering) -> dict[str, float]:
     values = {}
     for name, scale in lowering.scales().items():
         fq = lowering.fake_quants.get(name)
-        clipped = fq.clipped if fq else lowering.observers[name].clipped(scale, lowering.act_bits)
+        clipped = fq.clipped if fq else lowering.observers[name].clipped(scale, lowering.bits(name))
         values[f"quant/log2_scale/{name}"] = (
             float(fq.log2_scale.detach()) if fq else math.log2(scale)
         )
