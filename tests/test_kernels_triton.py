@@ -15,7 +15,7 @@ the normal range a subnormal step ``s`` instead):
     |y - ref| <= 2 * (K + S + 2) * 2**-24 * (|x| @ |W|.T) + u * |ref| + s
 
 Where every sum is exact (small integers times powers of two), every path must give the
-reference bit for bit. The int8 op is bit-exact by definition.
+reference bit for bit. The int8/uint8 ops are bit-exact by definition.
 """
 
 from __future__ import annotations
@@ -27,9 +27,14 @@ import torch
 import torch.nn.functional as F
 
 import inq.kernels  # registers torch.ops.inq.* and their CUDA implementations
-from inq.kernels import ops
+from inq.kernels import int8, ops
 from inq.kernels import triton as tk
-from inq.kernels.int8 import exact_frac_bits, max_frac_bits, shift_linear_int8_reference
+from inq.kernels.int8 import (
+    exact_frac_bits,
+    max_frac_bits,
+    shift_conv2d_int8_reference,
+    shift_linear_int8_reference,
+)
 from inq.kernels.triton.decode import interpreting
 from inq.kernels.triton.linear import GEMV_MAX_ROWS, SKINNY_MAX_ROWS, linear_config
 from inq.packed import decode_weight, pack_codes
@@ -343,6 +348,22 @@ def test_int8_bit_exact(m: int, o: int, k: int, bits: int) -> None:
         assert torch.equal(y.cpu(), shift_linear_int8_reference(x, packed, bits, k, frac))
 
 
+@pytest.mark.parametrize("bits", [2, 5, 8])
+@pytest.mark.parametrize(("m", "o", "k"), [(1, 1, 1), (3, 33, 100), (5, 31, 65)])
+def test_uint8_linear_bit_exact(m: int, o: int, k: int, bits: int) -> None:
+    """uint8 activations widen without sign extension (128..255 stay positive)."""
+    codes = random_codes(o, k, bits, seed=o + k + bits)
+    codes[0, 0] = 1 << (bits - 1)  # +2**n1: x[0, 0] = 255 counts
+    packed = pack_codes(codes, bits)
+    gen = torch.Generator().manual_seed(bits)
+    x = torch.randint(0, 256, (m, k), generator=gen).to(torch.uint8)
+    x[0, 0] = 255
+    limit = max_frac_bits(k, unsigned=True)
+    for frac in sorted({0, min(exact_frac_bits(bits), limit), limit}):
+        y = tk.shift_linear_int8(x.to(DEVICE), packed.to(DEVICE), bits, k, frac)
+        assert torch.equal(y.cpu(), shift_linear_int8_reference(x, packed, bits, k, frac))
+
+
 def test_int8_batch_dims_and_refusals() -> None:
     packed = pack_codes(random_codes(3, 10, 6, seed=0), 6)
     x = torch.randint(-128, 128, (2, 3, 10), dtype=torch.int8)
@@ -350,6 +371,63 @@ def test_int8_batch_dims_and_refusals() -> None:
     assert torch.equal(y.cpu(), shift_linear_int8_reference(x, packed, 6, 10, 4))
     with pytest.raises(ValueError, match="overflow"):
         tk.shift_linear_int8(x.to(DEVICE), packed.to(DEVICE), 6, 10, 40)
+
+
+# (N, Cin, H, W, Cout, kh, kw, stride, padding, dilation, groups, bits): output pixels around
+# the tiles (32 a tile with 16 channels, 128 with 4), channels not multiples of them, K below,
+# at and across BLOCK_K = 16, every bit-width; odd cases take channels_last input
+CONV_INT8_CASES = [
+    (1, 3, 9, 11, 17, 3, 3, 1, 1, 1, 1, 2),  # 99 pixels, Cout a 16-channel tile + 1
+    (2, 16, 4, 4, 16, 1, 1, 1, 0, 1, 1, 3),  # 1x1: one tile exactly (32 pixels, 16 outputs, K 16)
+    (3, 4, 10, 9, 8, 5, 3, (2, 1), (2, 0), (1, 2), 2, 4),  # grouped, 4 outputs a group
+    (2, 6, 12, 12, 6, 3, 3, 1, 2, 2, 6, 5),  # depthwise, dilated, 288 pixels
+    (1, 4, 9, 9, 8, 3, 3, 2, 1, 1, 4, 6),  # depthwise, channel multiplier 2
+    (2, 18, 6, 5, 20, 3, 3, 1, 1, 1, 2, 7),  # K = 81: six K steps, 10 outputs a group
+    (1, 7, 13, 6, 33, 5, 3, 2, 2, 2, 1, 8),  # 5x3, stride, padding and dilation 2; 33 outputs
+    (1, 5, 3, 43, 3, 1, 1, 1, 0, 1, 1, 4),  # 129 pixels: a 128-pixel tile + 1
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
+@pytest.mark.parametrize("case", CONV_INT8_CASES)
+def test_conv_int8_bit_exact(case, dtype: torch.dtype) -> None:
+    n, cin, h, wd, cout, kh, kw, stride, padding, dilation, groups, bits = case
+    shape = [cout, cin // groups, kh, kw]
+    k = math.prod(shape[1:])
+    packed = pack_codes(random_codes(cout, k, bits, seed=cout + k + bits), bits)
+    gen = torch.Generator().manual_seed(k)
+    low, high = (0, 256) if dtype == torch.uint8 else (-128, 128)
+    x = torch.randint(low, high, (n, cin, h, wd), generator=gen).to(dtype)
+    x[0, :, 1, 1] = low if dtype == torch.int8 else high - 1  # the extremes: -128, 255
+    args = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    layout = torch.channels_last if CONV_INT8_CASES.index(case) % 2 else torch.contiguous_format
+    xd = x.to(DEVICE, memory_format=layout)
+    for frac in (0, max_frac_bits(k, unsigned=dtype == torch.uint8)):
+        ref = shift_conv2d_int8_reference(x, packed, bits, shape, *args, frac)
+        out, check = guarded(tuple(ref.shape), torch.int32)
+        y = tk.shift_conv2d_int8(xd, packed.to(DEVICE), bits, shape, *args, frac, out=out)
+        check()
+        assert y.is_contiguous() and torch.equal(y.cpu(), ref)
+
+
+def test_conv_int8_refusals() -> None:
+    shape, args = [4, 2, 3, 3], ([1, 1], [1, 1], [1, 1], 1)
+    packed = pack_codes(random_codes(4, 18, 4, seed=3), 4).to(DEVICE)
+    x = torch.zeros(1, 2, 5, 5, dtype=torch.uint8, device=DEVICE)
+    with pytest.raises(ValueError, match="overflow"):
+        tk.shift_conv2d_int8(x, packed, 4, shape, *args, 19)
+    with pytest.raises(ValueError, match="int8 or uint8"):
+        tk.shift_conv2d_int8(x.float(), packed, 4, shape, *args, 0)
+    with pytest.raises(ValueError, match=r"must be uint8 \[4, 9\]"):
+        tk.shift_conv2d_int8(x, packed[:, :5], 4, shape, *args, 0)
+    with pytest.raises(ValueError, match="does not fit"):
+        tk.shift_conv2d_int8(x[0], packed, 4, shape, *args, 0)
+    with pytest.raises(ValueError, match="move them to one device"):
+        tk.shift_conv2d_int8(x, packed.to("meta"), 4, shape, *args, 0)
+    with pytest.raises(ValueError, match="out must be"):
+        tk.shift_conv2d_int8(x, packed, 4, shape, *args, 0, out=torch.empty(1, 4, 5, 5))
+    empty = tk.shift_conv2d_int8(x[:0], packed, 4, shape, *args, 0)
+    assert empty.shape == (0, 4, 5, 5) and empty.dtype == torch.int32
 
 
 # ---------------------------------------------------------------------------------- ops
@@ -377,6 +455,8 @@ def _register_cpu_route() -> None:
     pairs = [
         (ops.shift_linear, tk.shift_linear, ops.shift_linear_reference),
         (ops.shift_conv2d, tk.shift_conv2d, ops.shift_conv2d_reference),
+        (int8.shift_linear_int8, tk.shift_linear_int8, int8.shift_linear_int8_reference),
+        (int8.shift_conv2d_int8, tk.shift_conv2d_int8, int8.shift_conv2d_int8_reference),
     ]
     for op, kernel, reference in pairs:
 
@@ -404,6 +484,19 @@ def test_opcheck(triton_ops, bits: int) -> None:
     for x in (torch.randn(2, 4, 7, 8), torch.randn(4, 7, 8)):
         args = (x.to(DEVICE), packed, bits, 0, *conv)
         torch.library.opcheck(torch.ops.inq.shift_conv2d.default, args)
+
+
+def test_opcheck_int8(triton_ops) -> None:
+    """The integer ops with the Triton kernels behind them: schema, fake implementation,
+    dynamic shapes."""
+    packed = pack_codes(random_codes(6, 18, 5, seed=4), 5).to(DEVICE)
+    for dtype in (torch.int8, torch.uint8):
+        x = torch.randint(0, 100, (2, 4, 7, 8)).to(dtype=dtype, device=DEVICE)
+        conv = (x, packed, 5, [6, 2, 3, 3], [2, 1], [1, 0], [1, 2], 2, 9)
+        torch.library.opcheck(torch.ops.inq.shift_conv2d_int8.default, conv)
+        rows = torch.randint(0, 100, (3, 2, 18)).to(dtype=dtype, device=DEVICE)
+        linear = (rows, packed, 5, 18, 7)
+        torch.library.opcheck(torch.ops.inq.shift_linear_int8.default, linear)
 
 
 def test_compile_fullgraph(triton_ops) -> None:
@@ -492,3 +585,28 @@ def test_cuda_registration_passes_n1_plus_n1_rows(m: int) -> None:
         n1_rows.to(DEVICE),
     )  # fmt: skip
     torch.testing.assert_close(got.cpu(), expected, atol=0, rtol=0)
+
+
+def test_integer_model_on_the_kernels_is_its_reference(tmp_path) -> None:
+    """Issue 13: a whole integer model (the digits CNN at 8-bit activations: uint8 and int8
+    inputs, 3x3 convs with padding, the classifier) gives the same int32 logits, bit for bit,
+    with every conv/linear on the Triton kernels as with the reference."""
+    from export_fixtures import DIGITS_DATA, digits_run
+
+    from inq.export import load_masked
+    from inq.packed import packed_from_masked
+    from inq.train.data import build_datasets
+    from inq.train.quantize import QuantSettings, quantize
+
+    path, _ = digits_run(tmp_path, epochs=1)
+    packed = packed_from_masked(load_masked(path))
+    int_model, _ = quantize(packed, DIGITS_DATA, QuantSettings(batches=1))
+    x = build_datasets(DIGITS_DATA)[1].tensors[0][:12]
+    expected = int_model(x)  # CPU: the reference
+    _CPU_ROUTE["triton"] = DEVICE == "cpu"
+    try:
+        got = int_model.to(DEVICE)(x.to(DEVICE))
+    finally:
+        _CPU_ROUTE["triton"] = False
+    assert got.dtype == torch.int32
+    assert torch.equal(got.cpu(), expected)

@@ -1,16 +1,16 @@
 """Inference ops on packed power-of-two codes (``torch.ops.inq.*``).
 
 Importing this package registers ``inq::shift_linear``, ``inq::shift_conv2d`` (pure-PyTorch
-reference, :mod:`inq.kernels.ops`, any device) and ``inq::shift_linear_int8`` (integer
-reference, :mod:`inq.kernels.int8`), and the Triton kernels of :mod:`inq.kernels.triton` as
-their CUDA implementations (``torch.library.register_kernel``). Triton compiles each kernel
-variant on its first call and caches it on disk. Where triton is not installed, the references
-run on CUDA too.
+reference, :mod:`inq.kernels.ops`, any device), ``inq::shift_linear_int8`` and
+``inq::shift_conv2d_int8`` (integer references, :mod:`inq.kernels.int8`), and the Triton kernels
+of :mod:`inq.kernels.triton` as their CUDA implementations (``torch.library.register_kernel``).
+Triton compiles each kernel variant on its first call and caches it on disk. Where triton is
+not installed, the references run on CUDA too.
 """
 
 import torch
 
-from inq.kernels.int8 import shift_linear_int8
+from inq.kernels.int8 import shift_conv2d_int8, shift_linear_int8
 from inq.kernels.ops import (
     row_exponents,
     shift_conv2d,
@@ -19,7 +19,7 @@ from inq.kernels.ops import (
     shift_linear_reference,
 )
 
-__all__ = ["shift_conv2d", "shift_linear", "shift_linear_int8"]
+__all__ = ["shift_conv2d", "shift_conv2d_int8", "shift_linear", "shift_linear_int8"]
 
 try:
     from inq.kernels import triton as _triton
@@ -47,3 +47,4 @@ if _triton is not None:
         return _triton.shift_conv2d(*args)
 
     torch.library.register_kernel("inq::shift_linear_int8", "cuda", _triton.shift_linear_int8)
+    torch.library.register_kernel("inq::shift_conv2d_int8", "cuda", _triton.shift_conv2d_int8)

@@ -54,7 +54,7 @@ class Variant:
     name: str
     module: str
     kernel: str
-    dtype: str  # activation dtype: fp16, bf16, fp32 (int8 for the integer kernel)
+    dtype: str  # activation dtype: fp16, bf16, fp32 (int8 or uint8 for the integer kernels)
     constexprs: dict[str, Any] = field(hash=False)
     num_warps: int = 4
     num_stages: int = 3
@@ -127,9 +127,17 @@ def variants() -> list[Variant]:
         out.append(Variant("linear split-K reduce", "linear", "_reduce_kernel", dtype, reduce))
     tiles = {"BLOCK_M": int8.BLOCK_M, "BLOCK_O": int8.BLOCK_O, "BLOCK_K": int8.BLOCK_K}
     name = f"int8 shift-add {int8.BLOCK_M}x{int8.BLOCK_O}x{int8.BLOCK_K}"
-    for bits in (4, 8):
-        cx = {"BITS": bits, "WIDTH": 4 if bits <= 4 else 8} | tiles
-        out.append(Variant(name, "int8", "_int8_kernel", "int8", cx))
+    for dtype in ("int8", "uint8"):  # the load and its widening differ
+        for bits in (4, 8):
+            codes = {"BITS": bits, "WIDTH": 4 if bits <= 4 else 8}
+            out.append(Variant(name, "int8", "_int8_kernel", dtype, codes | tiles))
+            for og in (64, 1):  # a full channel tile; depthwise
+                cfg = int8.conv_int8_config(og)
+                m, n, k = cfg.block_m, cfg.block_n, cfg.block_k
+                cx = codes | {"KH": 3, "KW": 3, "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}
+                conv = f"int8 conv shift-add {m}x{n}x{k}"
+                launch = (cfg.num_warps, cfg.num_stages)
+                out.append(Variant(conv, "int8", "_conv_int8_kernel", dtype, cx, *launch))
     return out
 
 
@@ -151,8 +159,8 @@ def compile_variant(variant: Variant, arch: int = 90) -> CompiledVariant:
     fn = getattr(importlib.import_module(f"inq.kernels.triton.{variant.module}"), variant.kernel)
     if not hasattr(fn, "params"):
         raise RuntimeError("the static check compiles kernels: unset TRITON_INTERPRET first")
-    element = {"int8": "i8"}.get(variant.dtype, variant.dtype)
-    out_element = "i32" if variant.dtype == "int8" else element
+    element = {"int8": "i8", "uint8": "u8"}.get(variant.dtype, variant.dtype)
+    out_element = "i32" if variant.dtype in ("int8", "uint8") else element
     signature, constexprs, attrs = {}, dict(variant.constexprs), {}
     for index, param in enumerate(fn.params):
         name = param.name

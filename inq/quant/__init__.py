@@ -6,7 +6,6 @@ per-channel requantization, an integer model bit-exact with its reference.
 - :mod:`inq.quant.lower`: trace a packed model, calibrate it, fine-tune it, lower it to integers;
 - :mod:`inq.quant.integer`: the integer model, its reference arithmetic and its file.
 
-Example:
-    >>> from inq.quant import calibrate_model   # doctest: +SKIP
-    >>> int_model = calibrate_model(packed_model, batches, act_bits=8)   # doctest: +SKIP
+:mod:`inq.quant.lower` shows the whole path in its example; ``inq calibrate`` and
+``inq-train quant.act_bits=8`` run it on a trained model (:mod:`inq.train.quantize`).
 """

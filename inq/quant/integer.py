@@ -25,7 +25,7 @@ program, the scales (floats, one per value) and the model/data descriptions are 
 
 Example:
     >>> ops = [IntOp("x", "input", [], {"scale": 0.5, "lo": -128, "hi": 127}),
-    ...        IntOp("r", "relu", ["x"], {})]
+    ...        IntOp("r", "relu", ["x"], {"scale": 0.5, "lo": 0, "hi": 127})]
     >>> model = IntegerModel(ops, {})
     >>> model(torch.tensor([[-1.0, 0.7, 100.0]]))
     tensor([[  0,   1, 127]], dtype=torch.int8)

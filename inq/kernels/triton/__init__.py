@@ -7,7 +7,14 @@ tests them without a GPU.
 
 from inq.kernels.triton.conv import shift_conv2d
 from inq.kernels.triton.decode import FLOAT_DTYPES, decode_weight
-from inq.kernels.triton.int8 import shift_linear_int8
+from inq.kernels.triton.int8 import shift_conv2d_int8, shift_linear_int8
 from inq.kernels.triton.linear import shift_linear
 
-__all__ = ["FLOAT_DTYPES", "decode_weight", "shift_conv2d", "shift_linear", "shift_linear_int8"]
+__all__ = [
+    "FLOAT_DTYPES",
+    "decode_weight",
+    "shift_conv2d",
+    "shift_conv2d_int8",
+    "shift_linear",
+    "shift_linear_int8",
+]

@@ -36,7 +36,14 @@ from inq.kernels.triton.decode import (
 )
 from inq.packed import code_width
 
-__all__ = ["ConvConfig", "conv_config", "shift_conv2d"]
+__all__ = [
+    "ConvConfig",
+    "conv_config",
+    "conv_tile",
+    "gather_patches",
+    "pixel_origins",
+    "shift_conv2d",
+]
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,46 @@ class ConvConfig:
 
 
 @triton.jit
+def conv_tile(pid, P, OG, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program ``pid`` of an implicit GEMM: its group, output pixels and output channels
+    (within the group); pixel tiles vary fastest."""
+    tiles_m = tl.cdiv(P, BLOCK_M)
+    tiles_n = tl.cdiv(OG, BLOCK_N)
+    g = pid // (tiles_m * tiles_n)
+    rp = (pid % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = ((pid // tiles_m) % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return g, rp, rn
+
+
+@triton.jit
+def pixel_origins(rp, OH, OW, stride_h, stride_w, pad_h, pad_w):
+    """Image, output row and output column of the output pixels ``rp``, and the input row and
+    column of their first tap (negative in the padding)."""
+    n = rp // (OH * OW)
+    oh = (rp // OW) % OH
+    ow = rp % OW
+    return n, oh, ow, oh * stride_h - pad_h, ow * stride_w - pad_w
+
+
+@triton.jit
+def gather_patches(
+    x_base, ih0, iw0, p_ok, rk, K, H, W, sxc, sxh, sxw, dil_h, dil_w,
+    KH: tl.constexpr, KW: tl.constexpr,
+):  # fmt: skip
+    """The activation tile ``[pixels, rk]`` of an implicit GEMM: for each output pixel (input
+    corner ``ih0, iw0``, images at ``x_base``) the inputs of taps ``rk`` in the packed row order
+    (channel, tap row, tap column); 0 in the padding and past ``K``."""
+    c = rk // (KH * KW)
+    r = (rk // KW) % KH
+    s = rk % KW
+    ih = ih0[:, None] + (r * dil_h)[None, :]
+    iw = iw0[:, None] + (s * dil_w)[None, :]
+    ok = p_ok[:, None] & (rk < K)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    offsets = (c * sxc)[None, :] + ih * sxh + iw * sxw
+    return tl.load(x_base[:, None] + offsets, mask=ok, other=0)
+
+
+@triton.jit
 def _implicit_gemm_kernel(
     x_ptr, codes_ptr, n1_ptr, n1, bias_ptr, out_ptr,
     P, H, W, OH, OW, COUT, CG, OG, K, GROUPS,
@@ -62,36 +109,19 @@ def _implicit_gemm_kernel(
     PER_ROW_N1: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(P, BLOCK_M)
-    tiles_n = tl.cdiv(OG, BLOCK_N)
-    g = pid // (tiles_m * tiles_n)
-    pid_n = (pid // tiles_m) % tiles_n
-    pid_m = pid % tiles_m
-    rp = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # output pixels
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output channels within the group
+    g, rp, rn = conv_tile(tl.program_id(0), P, OG, BLOCK_M, BLOCK_N)
     p_ok = rp < P
     n_ok = rn < OG
     oc = g * OG + rn
     if PER_ROW_N1:
         n1 = tl.load(n1_ptr + oc, mask=n_ok, other=0)[:, None]
-    n = rp // (OH * OW)
-    oh = (rp // OW) % OH
-    ow = rp % OW
+    n, oh, ow, ih0, iw0 = pixel_origins(rp, OH, OW, stride_h, stride_w, pad_h, pad_w)
     x_base = x_ptr + n * sxn + g * CG * sxc
-    ih0 = oh * stride_h - pad_h
-    iw0 = ow * stride_w - pad_w
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)  # (channel, tap row, tap column), the packed row order
-        c = rk // (KH * KW)
-        r = (rk // KW) % KH
-        s = rk % KW
-        ih = ih0[:, None] + (r * dil_h)[None, :]
-        iw = iw0[:, None] + (s * dil_w)[None, :]
-        ok = p_ok[:, None] & (rk < K)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        offsets = (c * sxc)[None, :] + ih * sxh + iw * sxw
-        xt = tl.load(x_base[:, None] + offsets, mask=ok, other=0.0)
+        xt = gather_patches(x_base, ih0, iw0, p_ok, rk, K, H, W, sxc, sxh, sxw, dil_h, dil_w,
+                            KH, KW)  # fmt: skip
         codes = load_codes(codes_ptr, oc, rk, row_stride, K, n_ok, WIDTH)
         w = decode(codes, n1, BITS, MIN_EXP)
         if not UPCAST:

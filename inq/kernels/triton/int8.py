@@ -1,10 +1,18 @@
-"""``inq::shift_linear_int8`` in Triton: int8 activations, true int32 shifts and adds.
+"""``inq::shift_linear_int8`` and ``inq::shift_conv2d_int8`` in Triton: int8 or uint8
+activations, true int32 shifts and adds.
 
-Every term is ``((-x if s else x) << frac) >> o`` (an arithmetic shift; code 0 adds 0), summed
-in int32, exactly the definition in :mod:`inq.kernels.int8`. Offsets reach 63 at 8 bits; a shift
+- :func:`_int8_kernel`: rows x outputs, reducing over ``in_features`` a tile at a time.
+- :func:`_conv_int8_kernel`: the convolution as an implicit GEMM of output pixels (``N*OH*OW``)
+  by output channels over ``K = Cin/groups * kh * kw``, gathering each activation tile with
+  stride, padding (0 outside the input) and dilation from any strides; groups are a grid
+  dimension.
+
+Activations widen to int32 from their own type (uint8 zero-extends, int8 sign-extends). Every
+term is ``((-x if s else x) << frac) >> o`` (an arithmetic shift; code 0 adds 0), summed in
+int32, exactly the definition in :mod:`inq.kernels.int8`. Offsets reach 63 at 8 bits; a shift
 by 31 already gives what any larger one would (0 or -1, since ``|x << frac| < 2**31``), so the
 shift is clamped there and stays defined on every machine. Integer addition is associative and
-the op refuses any ``frac`` that could overflow, so the result is the reference's bit for bit
+the ops refuse any ``frac`` that could overflow, so the result is the reference's bit for bit
 whatever the tiling.
 """
 
@@ -17,13 +25,28 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from inq.kernels.int8 import check_int8_args
+from inq.kernels.int8 import check_conv2d_int8_args, check_int8_args
+from inq.kernels.ops import conv2d_output_size
+from inq.kernels.triton.conv import ConvConfig, conv_tile, gather_patches, pixel_origins
 from inq.kernels.triton.decode import check_devices, check_operands, load_codes, output_tensor
 from inq.packed import code_width
 
-__all__ = ["shift_linear_int8"]
+__all__ = ["conv_int8_config", "shift_conv2d_int8", "shift_linear_int8"]
 
 BLOCK_M, BLOCK_O, BLOCK_K = 4, 32, 64
+_CONV_TERMS = 8192  # terms per conv tile (BLOCK_M * BLOCK_N * BLOCK_K), as the linear tile
+_CONV_BLOCK_K = 16
+
+
+@triton.jit
+def _shift_add(v, codes, BITS: tl.constexpr):
+    """int32 ``[M, N]``: the terms of ``v = x << frac [M, K]`` and int32 ``codes [N, K]``,
+    summed over K."""
+    negative = ((codes >> (BITS - 2)) & 1) != 0
+    shift = tl.minimum(codes & ((1 << (BITS - 2)) - 1), 31)
+    signed = tl.where(negative[None, :, :], -v[:, None, :], v[:, None, :])  # [M, N, K]
+    terms = tl.where(codes[None, :, :] != 0, signed >> shift[None, :, :], 0)
+    return tl.sum(terms, axis=2)
 
 
 @triton.jit
@@ -45,12 +68,36 @@ def _int8_kernel(
                      mask=m_ok[:, None] & (rk < K)[None, :], other=0)  # fmt: skip
         v = xk.to(tl.int32) << frac  # [M, K]
         codes = load_codes(codes_ptr, ro, rk, row_stride, K, o_ok, WIDTH)  # [N, K]
-        negative = ((codes >> (BITS - 2)) & 1) != 0
-        shift = tl.minimum(codes & ((1 << (BITS - 2)) - 1), 31)
-        signed = tl.where(negative[None, :, :], -v[:, None, :], v[:, None, :])  # [M, N, K]
-        terms = tl.where(codes[None, :, :] != 0, signed >> shift[None, :, :], 0)
-        acc += tl.sum(terms, axis=2)
+        acc += _shift_add(v, codes, BITS)
     tl.store(out_ptr + rm[:, None] * N + ro[None, :], acc, m_ok[:, None] & o_ok[None, :])
+
+
+@triton.jit
+def _conv_int8_kernel(
+    x_ptr, codes_ptr, out_ptr, frac,
+    P, H, W, OH, OW, COUT, CG, OG, K,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    sxn, sxc, sxh, sxw, row_stride,
+    KH: tl.constexpr, KW: tl.constexpr, BITS: tl.constexpr, WIDTH: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    g, rp, rn = conv_tile(tl.program_id(0), P, OG, BLOCK_M, BLOCK_N)
+    p_ok = rp < P
+    n_ok = rn < OG
+    oc = g * OG + rn
+    n, oh, ow, ih0, iw0 = pixel_origins(rp, OH, OW, stride_h, stride_w, pad_h, pad_w)
+    x_base = x_ptr + n * sxn + g * CG * sxc
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)  # (channel, tap row, tap column), the packed row order
+        xt = gather_patches(
+            x_base, ih0, iw0, p_ok, rk, K, H, W, sxc, sxh, sxw, dil_h, dil_w, KH, KW
+        )  # fmt: skip  (padding adds 0)
+        v = xt.to(tl.int32) << frac
+        codes = load_codes(codes_ptr, oc, rk, row_stride, K, n_ok, WIDTH)  # [N, K]
+        acc += _shift_add(v, codes, BITS)
+    offsets = (n * COUT * OH * OW + oh * OW + ow)[:, None] + (oc * OH * OW)[None, :]
+    tl.store(out_ptr + offsets, acc, p_ok[:, None] & n_ok[None, :])
 
 
 def shift_linear_int8(
@@ -61,8 +108,8 @@ def shift_linear_int8(
     frac_bits: int,
     out: Tensor | None = None,
 ) -> Tensor:
-    """``inq::shift_linear_int8`` on a Triton kernel (CUDA, or CPU under the interpreter);
-    ``out``, a contiguous int32 ``[rows, O]`` tensor, receives the result if given.
+    """``inq::shift_linear_int8`` on a Triton kernel (CUDA, or CPU under the interpreter), int8
+    or uint8 ``x``; ``out``, a contiguous int32 ``[rows, O]`` tensor, receives the result if given.
 
     Raises:
         ValueError: as :func:`inq.kernels.int8.check_int8_args`.
@@ -83,3 +130,58 @@ def shift_linear_int8(
             bits, code_width(bits), BLOCK_M, BLOCK_O, BLOCK_K,
         )  # fmt: skip
     return out.reshape(*x.shape[:-1], o)
+
+
+def conv_int8_config(out_per_group: int) -> ConvConfig:
+    """Tiles of the conv kernel: 16 output channels a tile, or 4 where a group has fewer than 8
+    (depthwise); pixels fill the rest of the 8192 terms; 8 warps keep it near 128 registers a
+    thread (sm_90 check).
+
+    Example:
+        >>> conv_int8_config(1)
+        ConvConfig(kernel='int8', block_m=128, block_n=4, block_k=16, num_warps=8, num_stages=3)
+    """
+    block_n = 16 if out_per_group >= 8 else 4
+    block_m = _CONV_TERMS // (block_n * _CONV_BLOCK_K)
+    return ConvConfig("int8", block_m, block_n, _CONV_BLOCK_K, num_warps=8, num_stages=3)
+
+
+def shift_conv2d_int8(
+    x: Tensor,
+    packed: Tensor,
+    bits: int,
+    weight_shape: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    frac_bits: int,
+    out: Tensor | None = None,
+) -> Tensor:
+    """``inq::shift_conv2d_int8`` on a Triton kernel (CUDA, or CPU under the interpreter):
+    int8 or uint8 ``x [N, Cin, H, W]`` (any memory format) to a contiguous int32
+    ``[N, O, OH, OW]``; ``out``, such a tensor, receives the result if given.
+
+    Raises:
+        ValueError: as :func:`inq.kernels.int8.check_conv2d_int8_args`; on packed codes that
+            do not fit ``weight_shape``.
+    """
+    check_conv2d_int8_args(x, bits, weight_shape, stride, padding, dilation, groups, frac_bits)
+    check_devices("shift_conv2d_int8", x, packed)
+    o, cg, kh, kw = weight_shape
+    nb, _, h, w = x.shape
+    oh, ow = conv2d_output_size((h, w), weight_shape, stride, padding, dilation)
+    k = cg * kh * kw
+    check_operands("shift_conv2d_int8", packed, bits, o, k, None, x.numel(), nb * o * oh * ow)
+    out = output_tensor(out, (nb, o, oh, ow), torch.int32, x.device)
+    if out.numel():
+        og, pixels = o // groups, nb * oh * ow
+        cfg = conv_int8_config(og)
+        grid = (groups * triton.cdiv(pixels, cfg.block_m) * triton.cdiv(og, cfg.block_n),)
+        _conv_int8_kernel[grid](
+            x, packed.contiguous(), out, frac_bits, pixels, h, w, oh, ow, o, cg, og, k,
+            *stride, *padding, *dilation, *x.stride(), packed.stride(0),
+            kh, kw, bits, code_width(bits), cfg.block_m, cfg.block_n, cfg.block_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    return out
