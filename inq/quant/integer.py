@@ -28,7 +28,7 @@ Example:
     ...        IntOp("r", "relu", ["x"], {"scale": 0.5, "lo": 0, "hi": 127})]
     >>> model = IntegerModel(ops, {})
     >>> model(torch.tensor([[-1.0, 0.7, 100.0]]))
-    tensor([[  0,   1, 127]], dtype=torch.int8)
+    tensor([[  0,   1, 127]], dtype=torch.uint8)
     >>> model.output_scale()
     0.5
 """
@@ -263,7 +263,7 @@ _RUN = {
     "add": _add,
     "avgpool": _avgpool,
     "maxpool": _maxpool,
-    "relu": lambda op, t, x: x.clamp(min=0),
+    "relu": lambda op, t, x: _clamped(op, x.clamp(min=0)),
     "flatten": lambda op, t, x: torch.flatten(x, op.attrs["start_dim"], op.attrs["end_dim"]),
     "slice": _slice,
     "pad": lambda op, t, x: F.pad(x, op.attrs["pad"]),

@@ -253,16 +253,8 @@ class Lowering:
             or node.target in _FLATTEN
             or (node.op == "call_method" and node.target == "flatten")
         ):
-            start = (
-                module.start_dim
-                if module
-                else (node.args[1:2] or [node.kwargs.get("start_dim", 0)])[0]
-            )
-            end = (
-                module.end_dim
-                if module
-                else (node.args[2:3] or [node.kwargs.get("end_dim", -1)])[0]
-            )
+            start = module.start_dim if module else _arg(node, 1, "start_dim", 0)
+            end = module.end_dim if module else _arg(node, 2, "end_dim", -1)
             return _Step(
                 name, "flatten", inputs[:1], [node], attrs={"start_dim": start, "end_dim": end}
             )
@@ -319,11 +311,7 @@ class Lowering:
                 raise IntegerModelError(f"{node.target!r}: average pooling with padding, ceil "
                                         "mode or a divisor override is not supported")  # fmt: skip
             return {"kernel": _pair(m.kernel_size), "stride": _pair(m.stride or m.kernel_size)}
-        size = (
-            module.output_size
-            if module is not None
-            else (node.args[1:2] or [node.kwargs.get("output_size")])[0]
-        )
+        size = module.output_size if module is not None else _arg(node, 1, "output_size", None)
         if _pair(size) != [1, 1]:
             raise IntegerModelError(f"{node.name}: adaptive average pooling only to 1x1")
         return {"kernel": None, "stride": None}
@@ -559,9 +547,10 @@ def _index(node: fx.Node) -> list[list[int | None] | None]:
     return out
 
 
+def _arg(node: fx.Node, index: int, name: str, default: Any) -> Any:
+    """Argument ``index`` (or keyword ``name``) of a function call in the graph."""
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
+
+
 def _pad_args(node: fx.Node) -> tuple[Any, str, Any]:
-    args = list(node.args) + [None] * 4
-    pad = args[1] if args[1] is not None else node.kwargs.get("pad")
-    mode = args[2] or node.kwargs.get("mode", "constant")
-    fill = args[3] if args[3] is not None else node.kwargs.get("value", 0)
-    return pad, mode, fill
+    return _arg(node, 1, "pad", None), _arg(node, 2, "mode", "constant"), _arg(node, 3, "value", 0)
