@@ -263,7 +263,7 @@ def _eval(args: argparse.Namespace) -> int:
     loss = 0.0
     with torch.inference_mode():
         for x, y in build_eval_loader(cfg):
-            logits = model(x.to(device)).float()
+            logits = model(x.to(device))  # float64 for an integer model: no ties from rounding
             y = y.to(device)
             loss += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(1) == y).sum())
@@ -347,7 +347,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.batches < 1 or args.epochs < 0:
         raise ValueError("--batches must be >= 1 and --epochs >= 0")
     device = eval_device(args.device)
-    packed = load_source(args.source)
+    packed, read = load_source(args.source)
     source = Path(args.source)
     default = (
         source / INT_NAME
@@ -357,7 +357,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         )
     )
     output = Path(args.output or default)
-    if output.exists() and output.resolve() == source.resolve():
+    if output.exists() and output.resolve() == read.resolve():
         raise ValueError(f"{output}: the output would replace the source; choose -o")
     data = eval_data_config(packed.data, args.data)
     settings = QuantSettings(

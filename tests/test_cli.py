@@ -275,12 +275,12 @@ def test_calibrate_then_eval_info_verify_an_integer_model(capsys, tmp_path: Path
     assert run(capsys, "verify", int_file)[0] == 0
 
     def edit(tensors: dict[str, torch.Tensor]) -> None:
-        tensors["0.bias"][0] = 2**31 - 1
+        tensors["_0.bias"][0] = 2**31 - 1
 
     bad = _tamper(int_file, tmp_path / "bad.int.safetensors", edit)
     code, out, err = run(capsys, "verify", bad)
     assert code == 1 and "FAIL" in out and "sha256" not in err
-    assert "op '0': channel 0: accumulator + bias can reach" in err
+    assert "op '_0': channel 0: accumulator + bias can reach" in err
     code, _, err = run(capsys, "eval", bad, "--data", "digits")
     assert code == 1 and "do not match their sha256 digest" in err
 

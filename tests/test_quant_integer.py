@@ -74,24 +74,24 @@ def test_accumulator_bound_bounds_the_op(bits, k, frac, unsigned, data) -> None:
 def test_program_problems_catch_overflow_and_non_integers() -> None:
     model = _int_model()
     assert program_problems(model) == []
-    params = model.params["0"]
+    params = model.params["_0"]
     params.bias[1] = INT32_MAX - 5
-    assert "channel 1: accumulator + bias can reach" in dict(program_problems(model))["0"]
+    assert "channel 1: accumulator + bias can reach" in dict(program_problems(model))["_0"]
     params.bias[1] = 0
     model.ops[1].attrs["frac"] = 30
-    assert "frac=30 can overflow" in dict(program_problems(model))["0"]
+    assert "frac=30 can overflow" in dict(program_problems(model))["_0"]
     model.ops[1].attrs["frac"] = 7
     params.shift[0] = 63
-    assert "shifts must lie in 0..62" in dict(program_problems(model))["0"]
+    assert "shifts must lie in 0..62" in dict(program_problems(model))["_0"]
     params.shift[0] = 1
     params.multiplier = params.multiplier.float()
-    assert "are not integer" in dict(program_problems(model))["0"]
+    assert "are not integer" in dict(program_problems(model))["_0"]
 
 
 def test_save_refuses_an_unsound_model(tmp_path: Path) -> None:
     model = _int_model()
-    model.params["0"].bias[0] = INT32_MAX
-    with pytest.raises(ValueError, match="unsound at op '0'"):
+    model.params["_0"].bias[0] = INT32_MAX
+    with pytest.raises(ValueError, match="unsound at op '_0'"):
         save_integer(tmp_path / "m.int.safetensors", model)
     assert not (tmp_path / "m.int.safetensors").exists()
 
@@ -117,7 +117,7 @@ def test_modified_or_foreign_files_are_refused(tmp_path: Path) -> None:
     save_integer(path, _int_model())
     tensors, metadata = read_safetensors(path)
     tensors = {k: v.clone() for k, v in tensors.items()}
-    tensors["0.shift"][0] = 9
+    tensors["_0.shift"][0] = 9
     tampered = tmp_path / "t.int.safetensors"
     tampered.write_bytes(safetensors_bytes(tensors, metadata))  # the old digest
     with pytest.raises(ValueError, match="do not match their sha256 digest"):
@@ -126,3 +126,16 @@ def test_modified_or_foreign_files_are_refused(tmp_path: Path) -> None:
     write_safetensors(tmp_path / "x.safetensors", {"w": torch.ones(1)}, {"format": "other"})
     with pytest.raises(ValueError, match="not an INQ integer model"):
         load_integer(tmp_path / "x.safetensors")
+
+
+def test_program_problems_check_ranges_arity_and_the_int32_minimum() -> None:
+    model = _int_model()
+    pool = next(op for op in model.ops if op.op == "maxpool")
+    pool.attrs["hi"] = 100  # narrower than its input claims: would weaken the next bounds
+    assert "is not its input's 0..255" in dict(program_problems(model))[pool.name]
+    pool.attrs["hi"] = 255
+    model.params["_0"].bias[0] = -(2**31)  # |INT32_MIN| does not fit int32
+    assert "accumulator + bias can reach" in dict(program_problems(model))["_0"]
+    model.params["_0"].bias[0] = 0
+    pool.inputs = []
+    assert "takes 1 input(s)" in dict(program_problems(model))[pool.name]

@@ -70,7 +70,7 @@ def test_conv_bn_relu_stays_within_its_derived_bound() -> None:
     assert (op.op, op.attrs["bn"], op.attrs["relu"]) == ("conv", "1", True)
     s_in, s_out = int_model.ops[0].attrs["scale"], op.attrs["scale"]
     t = int_model.tensors()
-    bias, _, r = (t[f"0.{k}"].double()[:, None, None] for k in ("bias", "multiplier", "shift"))
+    bias, _, r = (t[f"_0.{k}"].double()[:, None, None] for k in ("bias", "multiplier", "shift"))
     conv, bn = model[0], model[1]
     w = conv.dequantize(torch.float64)
     acc_scale = s_in * 2.0 ** (conv.level_sets - op.attrs["frac"])
@@ -80,8 +80,8 @@ def test_conv_bn_relu_stays_within_its_derived_bound() -> None:
     b = (bn.bias.double() - bn.running_mean.double() * a[:, 0, 0])[:, None, None]
     real = (a * acc_scale * z + b) / s_out
     bound = 0.5 + (a * acc_scale / s_out).abs() / 2 + (z + bias).abs() * 2.0 ** -(r + 1)
-    got = values["0"].double()
-    assert got.dtype == torch.float64 and values["0"].dtype == torch.uint8
+    got = values["_0"].double()
+    assert got.dtype == torch.float64 and values["_0"].dtype == torch.uint8
     assert bool(((got - real.clamp(0, 255)).abs() <= bound + 1e-9).all())
     assert float((got == torch.floor(real + 0.5).clamp(0, 255)).double().mean()) > 0.99
 
@@ -95,11 +95,11 @@ def test_last_linear_without_bias_is_exact() -> None:
     lowering.calibrate([x])
     int_model = lowering.integer_model()
     values = int_model.run(x)
-    logits = values["0"].double() * int_model.output_scale()
+    logits = values["_0"].double() * int_model.output_scale()
     q_in = values["input"].double() * int_model.ops[0].attrs["scale"]
-    assert values["0"].dtype == torch.int32
+    assert values["_0"].dtype == torch.int32
     assert torch.equal(logits, q_in @ model[0].dequantize(torch.float64).T)
-    assert int(int_model.tensors()["0.multiplier"].abs().max()) == 1  # pure shifts
+    assert int(int_model.tensors()["_0.multiplier"].abs().max()) == 1  # pure shifts
 
 
 def test_batchnorm_folding_identities() -> None:
@@ -119,13 +119,15 @@ def test_batchnorm_folding_identities() -> None:
     acc_scale = s_in * 2.0 ** (model[0].level_sets - op.attrs["frac"])
     a = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
     b = bn.bias.double() - bn.running_mean.double() * a
-    m, r = t["0.multiplier"].double(), t["0.shift"].double()
+    m, r = t["_0.multiplier"].double(), t["_0.shift"].double()
     # the scale: a power of two times powers of two -> a shift (and the sign) only
     assert torch.equal(m.abs(), torch.ones(6, dtype=torch.float64))
     assert torch.equal(m * 2**-r, a * acc_scale / s_out)
     # the shift: an int32 bias in accumulator units, off by at most half a unit
-    assert bool(((t["0.bias"].double() * a * acc_scale - b).abs() <= a.abs() * acc_scale / 2).all())
-    assert t["0.bias"].dtype == torch.int32
+    assert bool(
+        ((t["_0.bias"].double() * a * acc_scale - b).abs() <= a.abs() * acc_scale / 2).all()
+    )
+    assert t["_0.bias"].dtype == torch.int32
 
 
 def test_resnet_residuals_lower_and_track_the_float_model() -> None:
@@ -186,7 +188,7 @@ def test_fake_quant_model_matches_the_integer_model_closely() -> None:
     lowering = Lowering(model, act_bits=8)
     lowering.calibrate([x])
     fq_model = lowering.fake_quant_model()
-    assert sorted(lowering.fake_quants) == ["0", "input"]
+    assert sorted(lowering.fake_quants) == ["_0", "input"]
     assert lowering.scales() == {name: fq.scale() for name, fq in lowering.fake_quants.items()}
     int_model = lowering.integer_model()
     with torch.no_grad():
@@ -194,3 +196,61 @@ def test_fake_quant_model_matches_the_integer_model_closely() -> None:
     logits = int_model(x).double() * int_model.output_scale()
     # the same grid; the integer model's bias and multipliers are rounded (see the bound test)
     assert math.isclose(float((logits - simulated).abs().max()), 0.0, abs_tol=0.05)
+
+
+class _SharedModules(nn.Module):
+    """One pooling module and one ReLU module called on two paths."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(2, 4, 3, padding=1), nn.Conv2d(2, 4, 1)
+        self.relu, self.pool = nn.ReLU(), nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, 3, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.relu(self.c1(x)), self.relu(self.c2(x))
+        return self.fc(torch.flatten(self.pool(a) + self.pool(b), 1))
+
+
+def test_a_module_called_twice_gives_two_ops() -> None:
+    torch.manual_seed(0)
+    model = packed_model(_SharedModules(), bits=5)
+    x = torch.randn(32, 2, 6, 6, generator=_gen(7))
+    lowering = Lowering(model, act_bits=8)
+    lowering.calibrate([x])
+    int_model = lowering.integer_model()
+    names = [op.name for op in int_model.ops]
+    assert len(names) == len(set(names))
+    assert [op.op for op in int_model.ops].count("avgpool") == 2
+    with torch.no_grad():
+        reference = model(x).double()
+    logits = int_model(x).double() * int_model.output_scale()
+    assert (logits - reference).abs().max() < 0.05 * reference.abs().max()
+
+
+def test_per_channel_level_sets_lower_exactly() -> None:
+    torch.manual_seed(0)
+    model = packed_model(nn.Sequential(nn.Linear(10, 6, bias=False)), 4, granularity="channel")
+    assert model[0].n1_rows is not None
+    x = torch.randn(5, 10, generator=_gen(8))
+    lowering = Lowering(model, act_bits=8)
+    lowering.calibrate([x])
+    int_model = lowering.integer_model()
+    values = int_model.run(x)
+    q_in = values["input"].double() * int_model.ops[0].attrs["scale"]
+    logits = values["_0"].double() * int_model.output_scale()
+    assert torch.equal(logits, q_in @ model[0].dequantize(torch.float64).T)
+
+
+def test_in_place_op_on_a_shared_value_is_refused() -> None:
+    class InPlace(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            return F.relu(y, inplace=True) + y  # eager: y is changed for the add too
+
+    with pytest.raises(IntegerModelError, match="in-place op on a value with other readers"):
+        Lowering(packed_model(InPlace()))

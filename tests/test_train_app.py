@@ -131,6 +131,12 @@ def test_multirun_gives_each_job_its_own_directory(tmp_path: Path) -> None:
         (["model.name=resnet1000"], "inq-train: error: model.name: unknown model 'resnet1000'"),
         (["model.checkpoint=GARBAGE"], "inq-train: error: model.checkpoint: cannot read"),
         (["inq.include=[conv9]"], "inq-train: error: inq.include: include pattern 'conv9'"),
+        (["quant.act_bits=9"], "inq-train: error: quant.act_bits: must be 2..8 or null"),
+        (  # refused before any training: ReLU6 has no integer form here
+            ["data=synthetic", "model=torchvision", "model.name=mobilenet_v2", "quant.act_bits=8"],
+            "inq-train: error: quant.act_bits: no integer model of mobilenet_v2: the integer "
+            "model cannot express module 'features.0.2' (ReLU6)",
+        ),
     ],
 )
 def test_bad_input_ends_in_one_message_naming_the_key(

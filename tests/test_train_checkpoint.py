@@ -160,3 +160,12 @@ def test_rng_state_round_trips() -> None:
 def test_resumable_changes_are_allowed() -> None:
     saved = {"trainer": {"resume": None, "log_every": 10}}
     check_compatible(saved, {"trainer": {"resume": "run/", "log_every": 1}})
+
+
+def test_the_integer_phase_settings_may_change_on_resume() -> None:
+    """They act after the weights are final (issue 13): a resume may redo that phase."""
+    from inq.train.checkpoint import check_compatible
+
+    check_compatible(
+        {"quant": {"act_bits": None, "epochs": 0}}, {"quant": {"act_bits": 8, "epochs": 2}}
+    )

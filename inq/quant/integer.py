@@ -16,8 +16,8 @@ of two. Ops (``IntOp.op``):
 ``x >> s`` rounds half up: ``(v + 2**(s-1)) >> s`` with an arithmetic shift. Overflow cannot
 happen: :func:`program_problems` checks, from the codes and the value ranges, that every int32
 accumulator (bias included) stays below ``2**31`` and that the int64 products do too; the file
-is refused otherwise. Multipliers are stored normalised (odd, or 1), so a requantization whose
-multiplier is a power of two is a pure shift.
+is refused otherwise. Multipliers are stored normalised (odd unless the shift is 0), so a
+requantization by a power of two is a pure shift.
 
 The file (``inq calibrate``) is safetensors with integer tensors only: per op ``<op>.codes``
 (packed, :mod:`inq.packed`), ``<op>.bias``, ``<op>.multiplier``, ``<op>.shift`` (int32); the
@@ -287,8 +287,6 @@ def program_problems(model: IntegerModel) -> list[tuple[str, str]]:
         if problem:
             problems.append((op.name, problem))
         seen[op.name] = op
-    if model.ops and model.ops[0].op != "input":
-        problems.append((model.ops[0].name, "the program must start with its input op"))
     return problems
 
 
@@ -306,13 +304,36 @@ def _op_problem(op: IntOp, t: dict[str, Tensor], seen: dict[str, IntOp]) -> str 
     a = op.attrs
     if not a["scale"] > 0 or not INT32_MIN <= a["lo"] <= a["hi"] <= INT32_MAX:
         return f"scale {a['scale']} or range {a['lo']}..{a['hi']} is invalid"
+    arity = {"input": 0, "add": 2}.get(op.op, 1)
+    if len(op.inputs) != arity or (op.op == "input") != (not seen):
+        return f"{op.op} takes {arity} input(s), and only the first op is the input"
+    ins = [seen[i] for i in op.inputs]
     if op.op in _WEIGHT_OPS:
-        return _weight_op_problem(op, t, seen[op.inputs[0]])
+        return _weight_op_problem(op, t, ins[0])
+    if op.op in _PASS_THROUGH:  # the range is the input's (a ReLU cuts it at 0)
+        lo, hi = _value_range(ins[0])
+        expected = (max(lo, 0), hi) if op.op == "relu" else (lo, hi)
+        if _value_range(op) != expected:
+            return f"range {a['lo']}..{a['hi']} is not its input's {expected[0]}..{expected[1]}"
     if op.op in ("add", "avgpool"):
         multipliers = a["multipliers"] if op.op == "add" else [a["multiplier"]]
         if not 0 <= a["shift"] <= MAX_SHIFT or any(abs(m) >= 1 << 31 for m in multipliers):
             return f"shift {a['shift']} or multipliers {multipliers} out of range"
+        if op.op == "add":
+            peak = sum(_magnitude(x) * abs(m) for x, m in zip(ins, multipliers, strict=True))
+        else:
+            window = a["kernel"] if a["kernel"] is not None else a["input_size"]
+            peak = math.prod(window) * _magnitude(ins[0]) * abs(multipliers[0])
+        if peak >= 1 << MAX_SHIFT:
+            return "the int64 products can overflow"
     return None
+
+
+_PASS_THROUGH = ("maxpool", "relu", "flatten", "slice", "pad")
+
+
+def _magnitude(op: IntOp) -> int:
+    return max(abs(int(op.attrs["lo"])), abs(int(op.attrs["hi"])))
 
 
 def _weight_op_problem(op: IntOp, t: dict[str, Tensor], source: IntOp) -> str | None:
@@ -340,7 +361,7 @@ def _weight_op_problem(op: IntOp, t: dict[str, Tensor], source: IntOp) -> str | 
     unsigned = lo >= 0
     if not 0 <= a["frac"] <= max_frac_bits(k, unsigned=unsigned):
         return f"frac={a['frac']} can overflow the int32 accumulator over {k} terms"
-    bound = accumulator_bound(codes, bits, a["frac"], max(-lo, hi)) + t["bias"].abs()
+    bound = accumulator_bound(codes, bits, a["frac"], max(-lo, hi)) + t["bias"].long().abs()
     if not bound.numel():
         return None
     if int(bound.max()) > INT32_MAX:

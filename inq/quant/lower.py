@@ -60,7 +60,7 @@ from inq.quant.integer import (
 )
 from inq.quant.observers import Observer, act_range
 
-__all__ = ["IntegerModelError", "Lowering", "quantize_multiplier"]
+__all__ = ["IntegerModelError", "Lowering", "check_expressible", "quantize_multiplier"]
 
 MULTIPLIER_BITS = 31
 
@@ -92,6 +92,8 @@ def quantize_multiplier(value: float, bits: int = MULTIPLIER_BITS) -> tuple[int,
         if shift == 0:
             raise IntegerModelError(f"a requantization factor {value} needs more than {bits} bits")
         m, shift = round(math.ldexp(value, shift - 1)), shift - 1
+    if m == 0:
+        raise IntegerModelError(f"a requantization factor {value} is below 2**-{MAX_SHIFT}")
     while shift > 0 and m % 2 == 0:
         m, shift = m // 2, shift - 1
     return m, shift
@@ -123,6 +125,22 @@ def _is_relu(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
     )
 
 
+def _check_in_place(node: fx.Node, modules: dict[str, nn.Module]) -> None:
+    """Refuse an in-place op on a value that something else reads too: eager PyTorch changes
+    that value for its other readers, the traced graph does not."""
+    module = _module(node, modules)
+    in_place = (
+        getattr(module, "inplace", False)
+        or node.kwargs.get("inplace", False)
+        or node.target in (torch.relu_, operator.iadd, "relu_", "add_")
+    )
+    first = node.args[0] if node.args else None
+    if in_place and isinstance(first, fx.Node) and len(first.users) > 1:
+        raise IntegerModelError(
+            f"{node.name}: an in-place op on a value with other readers; use the out-of-place op"
+        )
+
+
 def _only_user(node: fx.Node, test: Callable[[fx.Node], bool]) -> fx.Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 and test(users[0]) else None
@@ -146,6 +164,192 @@ class _Step:
     def point(self) -> bool:
         """Whether the step creates a new quantized value (observed, given its own scale)."""
         return self.op in ("input", "conv", "linear", "add", "avgpool")
+
+
+class _Planner:
+    """Groups the nodes of a traced model into integer ops (see the module docstring).
+
+    With ``float_layers``, plain ``nn.Conv2d``/``nn.Linear`` layers stand for the packed layers
+    INQ will make of them: :func:`check_expressible` asks before any training is spent.
+    """
+
+    def __init__(self, graph_module: fx.GraphModule, float_layers: bool = False) -> None:
+        self.graph_module, self.float_layers = graph_module, float_layers
+        self.modules = dict(graph_module.named_modules())
+        self._by_name: dict[str, _Step] = {}
+
+    def plan(self) -> list[_Step]:
+        if sum(n.op == "placeholder" for n in self.graph_module.graph.nodes) != 1:
+            raise IntegerModelError("the model must take exactly one input tensor")
+        steps: list[_Step] = []
+        value: dict[fx.Node, str] = {}  # FX node -> name of the step whose value it is
+        done: set[fx.Node] = set()
+        for node in self.graph_module.graph.nodes:
+            if node in done:
+                continue
+            if node.op == "output":
+                self._check_output(node, value, steps)
+                continue
+            step = self._step(node, value)
+            if step is None:  # an alias: dropout, identity
+                value[node] = value[node.args[0]]
+                continue
+            if step.op in ("maxpool", "flatten", "slice", "pad"):
+                step.signed = self._signed(step.inputs[0])
+            steps.append(step)
+            self._by_name[step.name] = step
+            done.update(step.nodes)
+            value[step.nodes[-1]] = step.name
+        return steps
+
+    def _signed(self, name: str) -> bool | None:
+        """Whether a value can be negative (None: the input's, decided by the data)."""
+        return self._by_name[name].signed
+
+    def _step(self, node: fx.Node, value: dict[fx.Node, str]) -> _Step | None:
+        modules = self.modules
+        module = _module(node, modules)
+        args = [a for a in node.args if isinstance(a, fx.Node)]
+        unknown = [a.name for a in args if a not in value]
+        if unknown and node.op != "placeholder":
+            raise IntegerModelError(f"{node.name}: its inputs {unknown} are no integer values")
+        inputs = [value[a] for a in args]
+        name = node.name  # unique, also where one module is called twice
+        if node.op == "placeholder":
+            return _Step("input", "input", [], [node], signed=None)
+        if isinstance(module, ShiftConv2d | ShiftLinear) or (
+            self.float_layers and type(module) in (nn.Conv2d, nn.Linear)
+        ):
+            return self._weight_step(node, module, inputs)
+        if isinstance(module, nn.modules.conv._ConvNd) and type(module) is not nn.Conv2d:
+            raise IntegerModelError(
+                f"layer {node.target!r} ({type(module).__name__}): the integer model has Conv2d "
+                "and Linear layers only"
+            )
+        if isinstance(module, nn.Conv2d | nn.Linear):
+            raise IntegerModelError(
+                f"layer {node.target!r} ({type(module).__name__}) has float weights: the integer "
+                "model needs every conv/linear quantized (packed power-of-two codes)"
+            )
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            raise IntegerModelError(
+                f"BatchNorm {node.target!r} does not directly follow a packed conv/linear layer "
+                "(its only user): it cannot be folded into a requantization"
+            )
+        if isinstance(module, _IDENTITY):
+            return None
+        _check_in_place(node, modules)
+        if _is_relu(node, modules):
+            return _Step(name, "relu", inputs[:1], [node], signed=False)
+        if isinstance(module, nn.MaxPool2d):
+            m = module
+            attrs = {"kernel": m.kernel_size, "stride": m.stride, "padding": m.padding,
+                     "dilation": m.dilation, "ceil_mode": m.ceil_mode}  # fmt: skip
+            return _Step(name, "maxpool", inputs[:1], [node], attrs=attrs)
+        if isinstance(module, nn.AdaptiveAvgPool2d | nn.AvgPool2d) or (
+            node.op == "call_function" and node.target is F.adaptive_avg_pool2d
+        ):
+            attrs = self._avgpool(node, module)
+            return _Step(name, "avgpool", inputs[:1], [node], attrs, signed=self._signed(inputs[0]))
+        if (
+            isinstance(module, nn.Flatten)
+            or node.target in _FLATTEN
+            or (node.op == "call_method" and node.target == "flatten")
+        ):
+            start = module.start_dim if module else _arg(node, 1, "start_dim", 0)
+            end = module.end_dim if module else _arg(node, 2, "end_dim", -1)
+            return _Step(
+                name, "flatten", inputs[:1], [node], attrs={"start_dim": start, "end_dim": end}
+            )
+        if node.op in ("call_function", "call_method") and (
+            node.target in _ADD or node.target in ("add", "add_")
+        ):
+            if len(args) != 2 or node.kwargs.get("alpha", 1) != 1:
+                raise IntegerModelError(f"{node.name}: only the sum of two tensors is supported")
+            nodes = [node]
+            relu = _only_user(node, lambda u: _is_relu(u, modules))
+            if relu is not None:
+                nodes.append(relu)
+            signed = relu is None and any(self._signed(i) is not False for i in inputs)
+            return _Step(name, "add", inputs, nodes, relu=relu is not None, signed=signed)
+        if node.op == "call_function" and node.target is operator.getitem:
+            return _Step(name, "slice", inputs[:1], [node], attrs={"index": _index(node)})
+        if node.op == "call_function" and node.target is F.pad:
+            pad, mode, fill = _pad_args(node)
+            if mode != "constant" or fill not in (0, 0.0, None):
+                raise IntegerModelError(f"{node.name}: only zero padding is supported")
+            return _Step(name, "pad", inputs[:1], [node], attrs={"pad": list(pad)})
+        what = (
+            f"module {node.target!r} ({type(module).__name__})"
+            if module
+            else f"{node.op} {node.target}"
+        )
+        raise IntegerModelError(
+            f"the integer model cannot express {what}; supported: packed conv2d/linear with "
+            "BatchNorm and ReLU, add, ReLU, max/average pooling, flatten, slicing, zero padding"
+        )
+
+    def _weight_step(self, node: fx.Node, module: nn.Module, inputs: list[str]) -> _Step:
+        pre_pad = module.pre_pad if isinstance(module, ShiftConv2d) else None
+        if isinstance(module, nn.Conv2d) and (
+            module.padding_mode != "zeros" or isinstance(module.padding, str)
+        ):
+            pre_pad = module.padding_mode
+        if pre_pad is not None:
+            raise IntegerModelError(f"layer {node.target!r}: only zero padding is supported")
+        nodes, bn, relu = [node], None, False
+        bn_node = _only_user(
+            node, lambda u: isinstance(_module(u, self.modules), nn.modules.batchnorm._BatchNorm)
+        )
+        if bn_node is not None:
+            nodes.append(bn_node)
+            bn = str(bn_node.target)
+        relu_node = _only_user(nodes[-1], lambda u: _is_relu(u, self.modules))
+        if relu_node is not None:
+            nodes.append(relu_node)
+            relu = True
+        op = "conv" if isinstance(module, ShiftConv2d | nn.Conv2d) else "linear"
+        return _Step(node.name, op, inputs, nodes, module=str(node.target), bn=bn, relu=relu,
+                     signed=not relu)  # fmt: skip
+
+    def _avgpool(self, node: fx.Node, module: nn.Module | None) -> dict[str, Any]:
+        if isinstance(module, nn.AvgPool2d):
+            m = module
+            if m.padding not in (0, (0, 0)) or m.ceil_mode or m.divisor_override:
+                raise IntegerModelError(f"{node.target!r}: average pooling with padding, ceil "
+                                        "mode or a divisor override is not supported")  # fmt: skip
+            return {"kernel": _pair(m.kernel_size), "stride": _pair(m.stride or m.kernel_size)}
+        size = module.output_size if module is not None else _arg(node, 1, "output_size", None)
+        if _pair(size) != [1, 1]:
+            raise IntegerModelError(f"{node.name}: adaptive average pooling only to 1x1")
+        return {"kernel": None, "stride": None}
+
+    def _check_output(self, node: fx.Node, value: dict[fx.Node, str], steps: list[_Step]) -> None:
+        out = node.args[0]
+        if not isinstance(out, fx.Node) or value.get(out) != steps[-1].name:
+            raise IntegerModelError("the model must return one tensor, computed last")
+
+
+def check_expressible(model: nn.Module) -> None:
+    """Raise :class:`IntegerModelError` if the integer model cannot express ``model`` once INQ
+    has packed its Conv2d and Linear layers (``inq-train quant.act_bits`` asks this first).
+
+    Example:
+        >>> check_expressible(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(),
+        ...                                 nn.Linear(144, 10)))
+        >>> check_expressible(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU6()))
+        Traceback (most recent call last):
+        ...
+        inq.quant.lower.IntegerModelError: the integer model cannot express module '1' (ReLU6); supported: packed conv2d/linear with BatchNorm and ReLU, add, ReLU, max/average pooling, flatten, slicing, zero padding
+    """  # noqa: E501
+    _Planner(_trace(model), float_layers=True).plan()
+
+
+def _trace(model: nn.Module) -> fx.GraphModule:
+    try:
+        return fx.GraphModule(model, _Tracer().trace(model))
+    except (torch.fx.proxy.TraceError, TypeError, NotImplementedError) as err:
+        raise IntegerModelError(f"cannot trace the model with torch.fx: {err}") from err
 
 
 # ---------------------------------------------------------------------------------- lowering
@@ -173,12 +377,9 @@ class Lowering:
         self.act_bits, self.calibration, self.pow2 = act_bits, calibration, pow2
         self.input_bits = input_bits
         model.eval()
-        try:
-            self.graph_module = fx.GraphModule(model, _Tracer().trace(model))
-        except (torch.fx.proxy.TraceError, TypeError, NotImplementedError) as err:
-            raise IntegerModelError(f"cannot trace the model with torch.fx: {err}") from err
+        self.graph_module = _trace(model)
         self.modules = dict(self.graph_module.named_modules())
-        self.steps = self._plan()
+        self.steps = _Planner(self.graph_module).plan()
         self.observers = {
             s.name: Observer(calibration, s.signed, seed=i)
             for i, s in enumerate(self.steps)
@@ -186,140 +387,6 @@ class Lowering:
         }
         self.shapes: dict[str, tuple[int, ...]] = {}  # step name -> input shape (per sample)
         self.fake_quants: dict[str, FakeQuant] = {}
-
-    # -------------------------------------------------------------------------- plan
-
-    def _plan(self) -> list[_Step]:
-        if sum(n.op == "placeholder" for n in self.graph_module.graph.nodes) != 1:
-            raise IntegerModelError("the model must take exactly one input tensor")
-        steps: list[_Step] = []
-        value: dict[fx.Node, str] = {}  # FX node -> name of the step whose value it is
-        done: set[fx.Node] = set()
-        for node in self.graph_module.graph.nodes:
-            if node in done:
-                continue
-            if node.op == "output":
-                self._check_output(node, value, steps)
-                continue
-            step = self._step(node, value)
-            if step is None:  # an alias: dropout, identity
-                value[node] = value[node.args[0]]
-                continue
-            steps.append(step)
-            done.update(step.nodes)
-            value[step.nodes[-1]] = step.name
-        return steps
-
-    def _step(self, node: fx.Node, value: dict[fx.Node, str]) -> _Step | None:
-        modules = self.modules
-        module = _module(node, modules)
-        args = [a for a in node.args if isinstance(a, fx.Node)]
-        inputs = [value[a] for a in args] if all(a in value for a in args) else []
-        name = str(node.target) if node.op == "call_module" else node.name
-        if node.op == "placeholder":
-            return _Step("input", "input", [], [node], signed=None)
-        if isinstance(module, ShiftConv2d | ShiftLinear):
-            return self._weight_step(node, module, inputs)
-        if isinstance(module, nn.modules.conv._ConvNd) and type(module) is not nn.Conv2d:
-            raise IntegerModelError(
-                f"layer {node.target!r} ({type(module).__name__}): the integer model has Conv2d "
-                "and Linear layers only"
-            )
-        if isinstance(module, nn.Conv2d | nn.Linear):
-            raise IntegerModelError(
-                f"layer {node.target!r} ({type(module).__name__}) has float weights: the integer "
-                "model needs every conv/linear quantized (packed power-of-two codes)"
-            )
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            raise IntegerModelError(
-                f"BatchNorm {node.target!r} does not directly follow a packed conv/linear layer "
-                "(its only user): it cannot be folded into a requantization"
-            )
-        if isinstance(module, _IDENTITY):
-            return None
-        if _is_relu(node, modules):
-            return _Step(name, "relu", inputs[:1], [node])
-        if isinstance(module, nn.MaxPool2d):
-            m = module
-            attrs = {"kernel": m.kernel_size, "stride": m.stride, "padding": m.padding,
-                     "dilation": m.dilation, "ceil_mode": m.ceil_mode}  # fmt: skip
-            return _Step(name, "maxpool", inputs[:1], [node], attrs=attrs)
-        if isinstance(module, nn.AdaptiveAvgPool2d | nn.AvgPool2d) or (
-            node.op == "call_function" and node.target is F.adaptive_avg_pool2d
-        ):
-            return _Step(name, "avgpool", inputs[:1], [node], attrs=self._avgpool(node, module))
-        if (
-            isinstance(module, nn.Flatten)
-            or node.target in _FLATTEN
-            or (node.op == "call_method" and node.target == "flatten")
-        ):
-            start = module.start_dim if module else _arg(node, 1, "start_dim", 0)
-            end = module.end_dim if module else _arg(node, 2, "end_dim", -1)
-            return _Step(
-                name, "flatten", inputs[:1], [node], attrs={"start_dim": start, "end_dim": end}
-            )
-        if node.op in ("call_function", "call_method") and (
-            node.target in _ADD or node.target in ("add", "add_")
-        ):
-            if len(args) != 2 or node.kwargs.get("alpha", 1) != 1:
-                raise IntegerModelError(f"{node.name}: only the sum of two tensors is supported")
-            nodes = [node]
-            relu = _only_user(node, lambda u: _is_relu(u, modules))
-            if relu is not None:
-                nodes.append(relu)
-            return _Step(name, "add", inputs, nodes, relu=relu is not None,
-                         signed=relu is None)  # fmt: skip
-        if node.op == "call_function" and node.target is operator.getitem:
-            return _Step(name, "slice", inputs[:1], [node], attrs={"index": _index(node)})
-        if node.op == "call_function" and node.target is F.pad:
-            pad, mode, fill = _pad_args(node)
-            if mode != "constant" or fill not in (0, 0.0, None):
-                raise IntegerModelError(f"{node.name}: only zero padding is supported")
-            return _Step(name, "pad", inputs[:1], [node], attrs={"pad": list(pad)})
-        what = (
-            f"module {node.target!r} ({type(module).__name__})"
-            if module
-            else f"{node.op} {node.target}"
-        )
-        raise IntegerModelError(
-            f"the integer model cannot express {what}; supported: packed conv2d/linear with "
-            "BatchNorm and ReLU, add, ReLU, max/average pooling, flatten, slicing, zero padding"
-        )
-
-    def _weight_step(self, node: fx.Node, module: nn.Module, inputs: list[str]) -> _Step:
-        if isinstance(module, ShiftConv2d) and module.pre_pad is not None:
-            raise IntegerModelError(f"layer {node.target!r}: only zero padding is supported")
-        nodes, bn, relu = [node], None, False
-        bn_node = _only_user(
-            node, lambda u: isinstance(_module(u, self.modules), nn.modules.batchnorm._BatchNorm)
-        )
-        if bn_node is not None:
-            nodes.append(bn_node)
-            bn = str(bn_node.target)
-        relu_node = _only_user(nodes[-1], lambda u: _is_relu(u, self.modules))
-        if relu_node is not None:
-            nodes.append(relu_node)
-            relu = True
-        op = "conv" if isinstance(module, ShiftConv2d) else "linear"
-        return _Step(str(node.target), op, inputs, nodes, module=str(node.target), bn=bn, relu=relu,
-                     signed=not relu)  # fmt: skip
-
-    def _avgpool(self, node: fx.Node, module: nn.Module | None) -> dict[str, Any]:
-        if isinstance(module, nn.AvgPool2d):
-            m = module
-            if m.padding not in (0, (0, 0)) or m.ceil_mode or m.divisor_override:
-                raise IntegerModelError(f"{node.target!r}: average pooling with padding, ceil "
-                                        "mode or a divisor override is not supported")  # fmt: skip
-            return {"kernel": _pair(m.kernel_size), "stride": _pair(m.stride or m.kernel_size)}
-        size = module.output_size if module is not None else _arg(node, 1, "output_size", None)
-        if _pair(size) != [1, 1]:
-            raise IntegerModelError(f"{node.name}: adaptive average pooling only to 1x1")
-        return {"kernel": None, "stride": None}
-
-    def _check_output(self, node: fx.Node, value: dict[fx.Node, str], steps: list[_Step]) -> None:
-        out = node.args[0]
-        if not isinstance(out, fx.Node) or value.get(out) != steps[-1].name:
-            raise IntegerModelError("the model must return one tensor, computed last")
 
     def _is_last(self, step: _Step) -> bool:
         return step is self.steps[-1] and step.op in ("conv", "linear")
@@ -406,6 +473,11 @@ class Lowering:
             scales = self.scales()
         except ValueError as err:
             raise IntegerModelError(f"calibrate the model first: {err}") from None
+        bad = [name for name, scale in scales.items() if not math.isfinite(scale) or scale <= 0]
+        if bad:
+            raise IntegerModelError(
+                f"the scales of {bad} are not finite (did fine-tuning diverge?)"
+            )
         values: dict[str, IntOp] = {}
         tensors: dict[str, Tensor] = {}
         for step in self.steps:
@@ -413,8 +485,6 @@ class Lowering:
             if step.point and step.name in scales:
                 signed = self.observers[step.name].signed
                 lo, hi = act_range(self.bits(step.name), signed)
-                if step.relu:
-                    lo = 0
                 out = {"scale": scales[step.name], "lo": lo, "hi": hi}
             else:
                 out = dict(ins[0].attrs) if ins else {}
@@ -452,10 +522,12 @@ class Lowering:
         offsets = codes.to(torch.int64) & ((1 << (layer.bits - 2)) - 1)
         used = int(offsets[codes != 0].max()) if bool((codes != 0).any()) else 0
         frac = min(used, max_frac_bits(k, unsigned=x["lo"] >= 0))
-        exponents = torch.as_tensor(layer.level_sets, dtype=torch.int64).expand(rows)
+        exponents = torch.as_tensor(layer.level_sets).to("cpu", torch.int64).expand(rows)
         acc_scale = torch.ldexp(torch.full((rows,), x["scale"], dtype=torch.float64),
                                 (exponents - frac).double())  # fmt: skip
         a, b = _affine(layer, self.modules.get(step.bn) if step.bn else None, rows)
+        if not bool(torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise IntegerModelError(f"layer {step.module!r}: its bias or BatchNorm is not finite")
         last = self._is_last(step)
         if last:  # logits: int32 at the finest channel scale
             nonzero = (a * acc_scale).abs()[a != 0]
@@ -513,6 +585,8 @@ def _affine(layer: nn.Module, bn: nn.Module | None, rows: int) -> tuple[Tensor, 
     )
     if bn is None:
         return torch.ones(rows, dtype=torch.float64), bias
+    if bn.running_mean is None or bn.running_var is None:
+        raise IntegerModelError("a BatchNorm without running statistics cannot be folded")
     mean, var = bn.running_mean.double().cpu(), bn.running_var.double().cpu()
     gamma = bn.weight.detach().double().cpu() if bn.affine else torch.ones_like(mean)
     beta = bn.bias.detach().double().cpu() if bn.affine else torch.zeros_like(mean)
@@ -525,6 +599,8 @@ def _add_params(ins: list[IntOp], scale: float) -> dict[str, Any]:
     _, exponent = math.frexp(max(ratios))
     shift = min(MAX_SHIFT, max(0, MULTIPLIER_BITS - 1 - exponent))
     multipliers = [round(math.ldexp(r, shift)) for r in ratios]
+    if 0 in multipliers:
+        raise IntegerModelError(f"the scales of an add differ by more than 2**{MAX_SHIFT}")
     while shift > 0 and all(m % 2 == 0 for m in multipliers):
         multipliers, shift = [m // 2 for m in multipliers], shift - 1
     return {"multipliers": multipliers, "shift": shift}

@@ -48,7 +48,8 @@ from inq.baselines import STEQuantizer
 from inq.export import save_masked
 from inq.io import atomic_path
 from inq.packed import export_packed, load_packed
-from inq.quant.integer import save_integer
+from inq.quant.integer import load_integer, save_integer
+from inq.quant.lower import IntegerModelError, check_expressible
 from inq.scheduler import INQScheduler, check_portions
 from inq.train import checkpoint as ckpt
 from inq.train.config import register, to_dict, validate
@@ -73,7 +74,7 @@ from inq.train.loop import (
 )
 from inq.train.models import build_model
 from inq.train.monitor import Monitor
-from inq.train.quantize import IntegerModelError, QuantSettings, RealOutput, quantize
+from inq.train.quantize import QuantSettings, RealOutput, quantize
 from inq.train.rundir import RunDir, RunStopped, holds_run, remove_if_empty, stop_signals
 
 __all__ = ["export_artifacts", "main", "run"]
@@ -244,6 +245,13 @@ class Trainer:
         self.model_info = {k: v for k, v in to_dict(cfg.model).items() if k != "checkpoint"}
         self.data_info = data
         self.model = build_model(self.model_info).to(env.device)
+        if cfg.quant.act_bits is not None:  # before any training is spent on it
+            try:
+                check_expressible(self.model)
+            except IntegerModelError as err:
+                raise ConfigError(
+                    "quant.act_bits", f"no integer model of {cfg.model.name}: {err}"
+                ) from None
         if cfg.model.checkpoint and saved is None:
             ckpt.load_float_weights(self.model, cfg.model.checkpoint)
         self.sched = _build_scheduler(self.model, cfg)
@@ -471,9 +479,11 @@ class Trainer:
             summary["files"], summary["packed"] = export_artifacts(
                 self.out, self.model, self.sched, self.model_info, self.data_info
             )
-        if self.cfg.quant.act_bits is not None:  # every rank, once rank 0 has written the file
-            summary["integer"] = self.integer_phase(share(self.out / "model.inq.safetensors"))
-        self.tb.close()  # after the integer phase's events
+        try:
+            if self.cfg.quant.act_bits is not None:
+                summary["integer"] = self.integer_phase()
+        finally:
+            self.tb.close()  # after the integer phase's events
         if self.env.main:
             if "integer" in summary:
                 summary["files"]["integer"] = str(self.out / INTEGER_NAME)
@@ -482,10 +492,10 @@ class Trainer:
             log.info("results in %s\n%s", self.out, _table(summary))
         return summary
 
-    def integer_phase(self, packed_path: Path) -> dict[str, Any]:
-        """Calibrate (and fine-tune) the activations, write ``model.int.safetensors`` (rank 0)
-        and evaluate it. Every rank computes the same model (the phase is short, so it runs
-        without DDP) and evaluates its shard. Deterministic, so a run killed here redoes it to
+    def integer_phase(self) -> dict[str, Any]:
+        """Rank 0 calibrates (and fine-tunes) the activations and writes
+        ``model.int.safetensors``; then every rank loads that file and evaluates its shard, so
+        the accuracy is the file's. Deterministic on the CPU, so a run killed here redoes it to
         the same file."""
         q = self.cfg.quant
         settings = QuantSettings(
@@ -498,15 +508,20 @@ class Trainer:
             self.tb.scalars(step + epoch, values)
             ckpt.kill_point("quant", epoch + 1)
 
-        try:
-            packed = load_packed(packed_path)
-            int_model, report = quantize(
-                packed, self.data_info, settings, self.env.device, on_epoch
-            )
-        except IntegerModelError as err:
-            raise ConfigError("quant.act_bits", f"no integer model: {err}") from None
+        problem, report = None, {}
         if self.env.main:
-            save_integer(self.out / INTEGER_NAME, int_model)
+            try:
+                packed = load_packed(self.out / PACKED_NAME)
+                int_model, report = quantize(
+                    packed, self.data_info, settings, self.env.device, on_epoch
+                )
+                save_integer(self.out / INTEGER_NAME, int_model)
+            except ValueError as err:  # IntegerModelError among them: the model, not a bug
+                problem = f"no integer model: {err}"
+        problem, report = share((problem, report))
+        if problem is not None:
+            raise ConfigError("quant.act_bits", problem)
+        int_model = load_integer(self.out / INTEGER_NAME).to(self.env.device)
         metrics = evaluate(RealOutput(int_model), self.val_loader, self.env.device, top5=False)
         last = step + q.epochs
         self.tb.scalars(last, {"val/int_acc": metrics["acc"], "val/int_loss": metrics["loss"]})
@@ -569,7 +584,7 @@ def export_artifacts(
     """
     masked = out_dir / "model_masked.safetensors"
     save_masked(masked, model, sched, model_info=model_info, data_info=data_info)
-    packed = out_dir / "model.inq.safetensors"
+    packed = out_dir / PACKED_NAME
     stats = export_packed(masked, packed)
     return {"masked": str(masked), "packed": str(packed)}, stats.as_dict()
 
@@ -632,7 +647,7 @@ def _table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-INTEGER_NAME = "model.int.safetensors"
+PACKED_NAME, INTEGER_NAME = "model.inq.safetensors", "model.int.safetensors"
 HYDRA_DEFAULT_RUN_DIR = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
 
 

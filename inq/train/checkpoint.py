@@ -53,6 +53,14 @@ RESUMABLE_CHANGES = frozenset(
         "data.root",
         "data.num_workers",
         "data.eval_batch_size",
+        # the integer phase comes after the weights are final: redo it with other settings
+        "quant.act_bits",
+        "quant.input_bits",
+        "quant.calibration",
+        "quant.pow2_scales",
+        "quant.batches",
+        "quant.epochs",
+        "quant.lr",
     }
 )
 

@@ -2,8 +2,8 @@
 fine-tune them with fake quantization, lower it to an integer model and evaluate that.
 
 Used by ``inq calibrate`` and by ``inq-train``'s final phase (``quant.act_bits``). Both are
-deterministic: the calibration batches are the first ones of the training split in order, and
-fine-tuning draws its batches from a generator seeded by ``seed``.
+seeded by ``seed``: the calibration images (a random draw from the training split, not
+augmented) and the fine-tuning batches, so on the CPU a rerun gives the same file.
 
 Example (shell)::
 
@@ -25,14 +25,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from inq.export import MASKED_FORMATS, load_masked
 from inq.nn import from_packed
 from inq.packed import PACKED_FORMATS, PackedFile, load_packed, packed_from_masked, read_format
 from inq.quant.integer import IntegerModel
 from inq.quant.lower import IntegerModelError, Lowering
-from inq.train.data import build_datasets, build_eval_loader
+from inq.train.data import build_datasets
 
 __all__ = ["IntegerModelError", "QuantSettings", "RealOutput", "load_source", "quantize"]
 
@@ -67,9 +67,10 @@ class RealOutput(nn.Module):
         return self.model(x).double() * self.model.output_scale()
 
 
-def load_source(source: str | os.PathLike[str]) -> PackedFile:
-    """The packed model ``source`` names: a packed file, a masked checkpoint (packed in memory)
-    or a run directory (its packed file, else its masked checkpoint).
+def load_source(source: str | os.PathLike[str]) -> tuple[PackedFile, Path]:
+    """The packed model ``source`` names, and the file it was read from: a packed file, a
+    masked checkpoint (packed in memory) or a run directory (its packed file, else its masked
+    checkpoint).
 
     Raises:
         ValueError: if there is no such file, or it is neither kind.
@@ -84,9 +85,9 @@ def load_source(source: str | os.PathLike[str]) -> PackedFile:
         raise ValueError(f"{path}: no such file or directory")
     fmt = read_format(path)
     if fmt in PACKED_FORMATS:
-        return load_packed(path)
+        return load_packed(path), path
     if fmt in MASKED_FORMATS:
-        return packed_from_masked(load_masked(path))
+        return packed_from_masked(load_masked(path)), path
     raise ValueError(f"{path}: not a packed file or masked checkpoint (format {fmt!r})")
 
 
@@ -109,25 +110,25 @@ def quantize(
             calibration data.
     """
     device = device or torch.device("cpu")
-    torch.manual_seed(settings.seed)
-    model = from_packed(packed).to(device)
-    lowering = Lowering(
-        model, settings.act_bits, settings.calibration, settings.pow2_scales, settings.input_bits
-    )
-    train = build_datasets(data)[0]
-    start = time.perf_counter()
-    loader = build_eval_loader(data, train)
-    lowering.calibrate(x.to(device) for x, _ in _first(loader, settings.batches))
-    report: dict[str, Any] = {"calibration_s": time.perf_counter() - start}
-    on_epoch(0, _scale_values(lowering))
-    if settings.epochs:
+    with torch.random.fork_rng(devices=[]):  # seeded here, the caller's generator untouched
+        torch.manual_seed(settings.seed)
+        model = from_packed(packed).to(device)
+        lowering = Lowering(
+            model, settings.act_bits, settings.calibration, settings.pow2_scales,
+            settings.input_bits,
+        )  # fmt: skip
         start = time.perf_counter()
-        report["finetune_loss"] = _finetune(lowering, train, data, settings, device, on_epoch)
-        report["finetune_s"] = time.perf_counter() - start
+        lowering.calibrate(x.to(device) for x, _ in _calibration_batches(data, settings))
+        report: dict[str, Any] = {"calibration_s": time.perf_counter() - start}
+        on_epoch(0, _scale_values(lowering))
+        if settings.epochs:
+            start = time.perf_counter()
+            report["finetune_loss"] = _finetune(lowering, data, settings, device, on_epoch)
+            report["finetune_s"] = time.perf_counter() - start
     report["scales"] = lowering.scales()
     info = {
         "model": packed.model,
-        "data": packed.data,
+        "data": dict(data),
         "act_bits": settings.act_bits,
         "input_bits": settings.input_bits,
         "calibration": settings.calibration,
@@ -139,16 +140,19 @@ def quantize(
     return lowering.integer_model(info).to(device), report
 
 
-def _first(loader: DataLoader, count: int):
-    for i, batch in enumerate(loader):
-        if i == count:
-            return
-        yield batch
+def _calibration_batches(data: Mapping[str, Any], settings: QuantSettings) -> DataLoader:
+    """``settings.batches`` batches of training images as evaluation sees them (no
+    augmentation), drawn at random (seeded): a dataset sorted by class (ImageFolder) would
+    otherwise calibrate on a few classes."""
+    train = build_datasets({**data, "augment": False})[0]
+    size = int(data.get("eval_batch_size", 256))
+    gen = torch.Generator().manual_seed(settings.seed)
+    pick = torch.randperm(len(train), generator=gen)[: settings.batches * size]
+    return DataLoader(Subset(train, pick.tolist()), batch_size=size)
 
 
 def _finetune(
     lowering: Lowering,
-    train: Any,
     data: Mapping[str, Any],
     settings: QuantSettings,
     device: torch.device,
@@ -157,6 +161,7 @@ def _finetune(
     """Adam on the BatchNorm affine parameters and the log2 scales; the packed weights are
     buffers and the BatchNorm statistics stay frozen (eval mode), as the integer model folds
     them."""
+    train = build_datasets(data)[0]  # augmented as in training (data.augment)
     fq_model = lowering.fake_quant_model().to(device)
     params = [p for p in fq_model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=settings.lr)
