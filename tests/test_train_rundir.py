@@ -24,12 +24,16 @@ pytestmark = pytest.mark.slow
 
 
 def start(*overrides: str) -> subprocess.Popen[str]:
-    """``inq-train`` in the background, for longer than any test waits (stop it)."""
+    """``inq-train`` in the background, for longer than any test waits (stop it).
+
+    Ctrl-C reaches it even when the tests run as a background job, whose shell ignores SIGINT
+    (an ignored signal is inherited, and Python then installs no KeyboardInterrupt handler)."""
     return subprocess.Popen(
         [str(INQ_TRAIN), *TINY, "trainer.float_epochs=10000", *overrides],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
