@@ -3,6 +3,7 @@
 ::
 
     inq export RUN_OR_CHECKPOINT -o model.inq.safetensors   # masked checkpoint -> packed codes
+    inq export RUN --onnx -o model.onnx                      # float-activation ONNX model
     inq verify FILE                                          # every weight in its level set?
     inq eval model.inq.safetensors                          # rebuild, evaluate on its data
     inq info model.inq.safetensors                          # sizes, ratio, bits, layers
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 from inq.export import MASKED_FORMAT, MASKED_FORMATS
+from inq.export_onnx import is_onnx
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.levels import describe_n1
 from inq.packed import (
@@ -63,11 +65,24 @@ class Command:
 
 
 def _export_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", help="a masked checkpoint (.safetensors) or a run directory")
+    p.add_argument(
+        "source",
+        help="a masked checkpoint (.safetensors) or a run directory; with --onnx also a packed "
+        "file",
+    )
     p.add_argument("-o", "--output", help=f"packed file (default: <source stem>{PACKED_SUFFIX})")
+    p.add_argument(
+        "--onnx",
+        action="store_true",
+        help="write the float-activation ONNX model instead (opset 18, dynamic batch; -o needed)",
+    )
+    p.add_argument("--data", nargs="*", default=[], metavar="NAME|KEY=VALUE",
+                   help="with --onnx, for a file that records no data: the input size")  # fmt: skip
 
 
 def _export(args: argparse.Namespace) -> int:
+    if args.onnx:
+        return _export_onnx(args)
     source = find_masked(args.source)
     stem = "model" if source.name == RUN_MASKED_NAME else source.name.removesuffix(".safetensors")
     output = Path(args.output or source.with_name(stem + PACKED_SUFFIX))
@@ -76,6 +91,26 @@ def _export(args: argparse.Namespace) -> int:
     stats = export_packed(source, output)
     print(f"{source} -> {output}")
     print(_sizes(stats))
+    return 0
+
+
+def _export_onnx(args: argparse.Namespace) -> int:
+    from inq.export_onnx import export_onnx
+    from inq.train.config import eval_data_config
+    from inq.train.data import input_shape
+    from inq.train.quantize import load_source
+
+    if not args.output or not args.output.endswith(".onnx"):
+        raise ValueError("--onnx needs -o FILE.onnx")
+    packed, read = load_source(args.source)
+    data = eval_data_config(packed.data, args.data)
+    packed.metadata["data"] = json.dumps(data)  # the file records what it was exported for
+    stats = export_onnx(packed, args.output, input_shape(data))
+    print(
+        f"{read} -> {args.output}: ONNX opset {stats['opset']}, dynamic batch, "
+        f"{stats['nodes']} nodes, {stats['initializers']} initializers, {stats['bytes']} B; "
+        "every quantized weight an exact power-of-two initializer"
+    )
     return 0
 
 
@@ -239,12 +274,18 @@ def _eval(args: argparse.Namespace) -> int:
     from inq.train.data import build_eval_loader
 
     device = eval_device(args.device)
-    if read_format(args.file) == INT_FORMAT:
+    if is_onnx(args.file):
+        from inq.export_onnx import OnnxModel
+
+        model: torch.nn.Module = OnnxModel(args.file)
+        description, recorded = model.model, model.data
+        what, device = "ONNX Runtime, CPU", torch.device("cpu")
+    elif read_format(args.file) == INT_FORMAT:
         from inq.train.quantize import RealOutput
 
         int_model = load_integer(args.file)
         description, recorded = int_model.info.get("model", {}), int_model.info.get("data", {})
-        model: torch.nn.Module = RealOutput(int_model)
+        model = RealOutput(int_model)
         what = f"integer arithmetic, {int_model.info.get('act_bits')}-bit activations"
     else:
         packed = load_packed(args.file)

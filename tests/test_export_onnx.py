@@ -1,0 +1,93 @@
+"""ONNX export (inq.export_onnx): exact power-of-two initializers, the same predictions in ONNX
+Runtime as the packed model in PyTorch, and one message for what ONNX cannot express."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from export_fixtures import DIGITS_DATA, digits_run, masked_file
+from onnx import numpy_helper
+from torch import nn
+
+from inq.cli import main
+from inq.export import load_masked
+from inq.export_onnx import OPSET, OnnxModel, export_onnx
+from inq.nn import from_packed
+from inq.packed import pack_codes, packed_from_masked
+from inq.train.data import build_datasets
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("onnx")
+    masked, _ = digits_run(folder, epochs=2)
+    out = folder / "d.onnx"
+    assert main(["export", str(masked), "--onnx", "-o", str(out), "--data", "digits"]) == 0
+    return masked, out
+
+
+def test_weights_are_exact_initializers_and_the_checker_passes(digits) -> None:
+    masked, path = digits
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto)
+    assert {o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")} == {OPSET}
+    initializers = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    packed = packed_from_masked(load_masked(masked))
+    for key, layer in packed.layers.items():
+        assert np.array_equal(initializers[key], layer.weight().numpy()), key
+    assert "BatchNormalization" in {n.op_type for n in proto.graph.node}  # not folded away
+
+
+def test_onnx_runtime_predicts_what_the_packed_model_does(digits) -> None:
+    """Both run the same fp32 network with the same exact weights; only summation order and
+    kernels differ. Per layer a dot product of K <= 288 terms errs by at most K * 2**-24 of
+    the sum of |terms| (fp32 summation bound), four layers: 4 * 288 * 2**-24 ~ 7e-5 of the
+    logits' scale; the test allows 1e-4."""
+    masked, path = digits
+    x = build_datasets(DIGITS_DATA)[1].tensors[0]
+    packed = packed_from_masked(load_masked(masked))
+    with torch.no_grad():
+        expected = from_packed(packed)(x)
+    got = OnnxModel(path)(x)
+    assert got.shape == expected.shape  # 450 rows through a graph exported with batch 2
+    assert torch.equal(got.argmax(1), expected.argmax(1))
+    assert float((got - expected).abs().max()) <= 1e-4 * float(expected.abs().max())
+    assert OnnxModel(path)(x[:1]).shape == (1, 10)
+
+
+def test_eval_runs_the_onnx_file_on_the_recorded_data(digits, capsys) -> None:
+    _, path = digits
+    assert main(["eval", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "(ONNX Runtime, CPU) on digits (450 samples): accuracy" in out
+
+
+class _Opaque(nn.Module):
+    """A linear layer followed by an op ONNX has no translation for (an inq custom op)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 4)
+        self.register_buffer("codes", pack_codes(torch.full((3, 4), 8, dtype=torch.uint8), 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.inq.shift_linear(self.fc(x.flatten(1)), self.codes, 4, 0, 4, None)
+
+
+def test_a_layer_onnx_cannot_express_is_one_message(tmp_path: Path) -> None:
+    masked, _ = masked_file(tmp_path, model=_Opaque())
+    packed = packed_from_masked(load_masked(masked))
+    with pytest.raises(ValueError, match="ONNX cannot express the model") as err:
+        export_onnx(packed, tmp_path / "m.onnx", (1, 8, 8), model=_Opaque())
+    assert len(str(err.value).splitlines()) == 1
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_export_needs_an_onnx_output(capsys, digits) -> None:
+    masked, _ = digits
+    assert main(["export", str(masked), "--onnx", "-o", "m.safetensors"]) == 1
+    assert "--onnx needs -o FILE.onnx" in capsys.readouterr().err
