@@ -4,6 +4,7 @@
 
     inq export RUN_OR_CHECKPOINT -o model.inq.safetensors   # masked checkpoint -> packed codes
     inq export RUN --onnx -o model.onnx                      # float-activation ONNX model
+    inq export m.int.safetensors --onnx -o m.qdq.onnx        # integer model as a Q/DQ graph
     inq verify FILE                                          # every weight in its level set?
     inq eval model.inq.safetensors                          # rebuild, evaluate on its data
     inq info model.inq.safetensors                          # sizes, ratio, bits, layers
@@ -74,7 +75,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--onnx",
         action="store_true",
-        help="write the float-activation ONNX model instead (opset 18, dynamic batch; -o needed)",
+        help="write ONNX instead (opset 18, dynamic batch; -o needed): the float-activation "
+        "model, or of an integer model (inq calibrate) its Q/DQ graph",
     )
     p.add_argument("--data", nargs="*", default=[], metavar="NAME|KEY=VALUE",
                    help="with --onnx, for a file that records no data: the input size")  # fmt: skip
@@ -95,21 +97,29 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _export_onnx(args: argparse.Namespace) -> int:
-    from inq.export_onnx import export_onnx
+    from inq.export_onnx import export_onnx, export_qdq
     from inq.train.config import eval_data_config
     from inq.train.data import input_shape
     from inq.train.quantize import load_source
 
     if not args.output or not args.output.endswith(".onnx"):
         raise ValueError("--onnx needs -o FILE.onnx")
-    packed, read = load_source(args.source)
-    data = eval_data_config(packed.data, args.data)
-    packed.metadata["data"] = json.dumps(data)  # the file records what it was exported for
-    stats = export_onnx(packed, args.output, input_shape(data))
+    source = Path(args.source)
+    if source.is_file() and read_format(source) == INT_FORMAT:  # the integer model: Q/DQ
+        int_model = load_integer(source)
+        data = eval_data_config(int_model.info.get("data", {}), args.data)
+        int_model.info["data"] = data
+        stats = export_qdq(int_model, args.output, input_shape(data))
+        read, what = source, "Q/DQ graph of the integer model"
+    else:
+        packed, read = load_source(source)
+        data = eval_data_config(packed.data, args.data)
+        packed.metadata["data"] = json.dumps(data)  # the file records what it was exported for
+        stats = export_onnx(packed, args.output, input_shape(data))
+        what = "float activations, every quantized weight an exact initializer"
     print(
         f"{read} -> {args.output}: ONNX opset {stats['opset']}, dynamic batch, "
-        f"{stats['nodes']} nodes, {stats['initializers']} initializers, {stats['bytes']} B; "
-        "every quantized weight an exact power-of-two initializer"
+        f"{stats['nodes']} nodes, {stats['initializers']} initializers, {stats['bytes']} B; {what}"
     )
     return 0
 

@@ -91,3 +91,30 @@ def test_export_needs_an_onnx_output(capsys, digits) -> None:
     masked, _ = digits
     assert main(["export", str(masked), "--onnx", "-o", "m.safetensors"]) == 1
     assert "--onnx needs -o FILE.onnx" in capsys.readouterr().err
+
+
+def _accuracy(model: nn.Module) -> float:
+    x, y = build_datasets(DIGITS_DATA)[1].tensors
+    with torch.no_grad():
+        return float((model(x).argmax(1) == y).double().mean())
+
+
+@pytest.mark.parametrize("bits", [4, 5])
+def test_qdq_graph_keeps_the_integer_models_accuracy(tmp_path: Path, capsys, bits: int) -> None:
+    from inq.quant.integer import save_integer
+    from inq.train.quantize import QuantSettings, RealOutput, quantize
+
+    masked, _ = digits_run(tmp_path, bits=bits, epochs=2)
+    int_model, _ = quantize(packed_from_masked(load_masked(masked)), DIGITS_DATA, QuantSettings())
+    int_file, qdq = tmp_path / "d.int.safetensors", tmp_path / "d.qdq.onnx"
+    save_integer(int_file, int_model)
+    assert main(["export", str(int_file), "--onnx", "-o", str(qdq)]) == 0
+    assert "Q/DQ graph of the integer model" in capsys.readouterr().out
+    proto = onnx.load(str(qdq))
+    kinds = [n.op_type for n in proto.graph.node]
+    assert kinds.count("QuantizeLinear") >= 5 and "BatchNormalization" not in kinds
+    int8 = [t for t in proto.graph.initializer if t.data_type == onnx.TensorProto.INT8 and t.dims]
+    weights = [t for t in int8 if len(t.dims) > 1]
+    assert len(weights) == (4 if bits <= 4 else 0)  # int8 codes only where +-2**3 fits
+    # the goal: within 0.5 points of the integer model (one image of 450 is 0.22)
+    assert abs(_accuracy(OnnxModel(qdq)) - _accuracy(RealOutput(int_model))) <= 0.005

@@ -351,6 +351,9 @@ def _weight_op_problem(op: IntOp, t: dict[str, Tensor], source: IntOp) -> str | 
         if key not in t or t[key].dtype != dtype or list(t[key].shape) != shape:
             found = "missing" if key not in t else f"{t[key].dtype} {list(t[key].shape)}"
             return f"{key} must be {dtype} {shape}, found {found}"
+    n1 = a.get("n1")
+    if not (isinstance(n1, int) or (isinstance(n1, list) and len(n1) == out_channels)):
+        return f"n1 must be an int or {out_channels} ints (one per output channel), got {n1!r}"
     codes = unpack_codes(t["codes"], bits, k)
     bad = codes_problem(codes, bits)
     if bad:

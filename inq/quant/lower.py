@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
+from inq.io import n1_json
 from inq.kernels.int8 import max_frac_bits
 from inq.nn import ShiftConv2d, ShiftLinear
 from inq.packed import unpack_codes
@@ -560,7 +561,7 @@ class Lowering:
             )
             if peak >= INT32_MAX:
                 raise IntegerModelError(f"layer {step.module!r}: the logits can overflow int32")
-        op.attrs.update(out, bits=layer.bits, frac=frac)
+        op.attrs.update(out, bits=layer.bits, frac=frac, n1=n1_json(layer.level_sets))
         if step.op == "conv":
             op.attrs.update(weight_shape=list(layer.weight_shape), stride=list(layer.stride),
                             padding=list(layer.padding), dilation=list(layer.dilation),
