@@ -98,20 +98,28 @@ def export_onnx(
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ValueError(f"ONNX cannot express the model: {first}") from None
     proto = program.model_proto
-    proto.metadata_props.extend(
-        onnx.StringStringEntryProto(key=key, value=json.dumps(value))
-        for key, value in (("inq_model", packed.model), ("inq_data", packed.data))
-    )
-    onnx.checker.check_model(proto)
     _check_weights(proto, packed, onnx)
-    data = proto.SerializeToString()
+    return _save(proto, path, onnx, packed.model, packed.data)
+
+
+def _save(
+    proto: Any, path: str | os.PathLike[str], onnx: Any, model: Any, data: Any
+) -> dict[str, Any]:
+    """Record the model and data descriptions, check the graph, write it atomically; returns
+    its sizes."""
+    proto.metadata_props.extend(
+        onnx.StringStringEntryProto(key=f"inq_{key}", value=json.dumps(value))
+        for key, value in (("model", model), ("data", data))
+    )
+    onnx.checker.check_model(proto, full_check=True)
+    serialized = proto.SerializeToString()
     with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
+        tmp.write_bytes(serialized)
     return {
         "opset": OPSET,
         "nodes": len(proto.graph.node),
         "initializers": len(proto.graph.initializer),
-        "bytes": len(data),
+        "bytes": len(serialized),
     }
 
 
@@ -163,20 +171,7 @@ def export_qdq(
         opset_imports=[onnx.helper.make_opsetid("", OPSET)],
         producer_name="inq",
     )
-    proto.metadata_props.extend(
-        onnx.StringStringEntryProto(key=f"inq_{key}", value=json.dumps(model.info.get(key, {})))
-        for key in ("model", "data")
-    )
-    onnx.checker.check_model(proto, full_check=True)
-    data = proto.SerializeToString()
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-    return {
-        "opset": OPSET,
-        "nodes": len(proto.graph.node),
-        "initializers": len(proto.graph.initializer),
-        "bytes": len(data),
-    }
+    return _save(proto, path, onnx, model.info.get("model", {}), model.info.get("data", {}))
 
 
 class _QdqGraph:
