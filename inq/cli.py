@@ -412,11 +412,11 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise ValueError(f"{output}: the output would replace the source; choose -o")
     data = eval_data_config(packed.data, args.data)
     settings = QuantSettings(
-        args.act_bits,
-        args.calibration,
-        not args.float_scales,
-        args.batches,
-        args.epochs,
+        act_bits=args.act_bits,
+        calibration=args.calibration,
+        pow2_scales=not args.float_scales,
+        batches=args.batches,
+        epochs=args.epochs,
         input_bits=args.input_bits,
     )
     int_model, report = quantize(packed, data, settings, device)
@@ -446,10 +446,9 @@ def integer_table(model: IntegerModel, path: str) -> str:
     width = max(len("op"), *(len(op.name) for op in model.ops))
     lines.append(f"{'op':<{width}}  {'kind':<8} {'bits':>4} {'frac':>4} {'log2 scale':>10}  "
                  f"{'range':<24} requantization")  # fmt: skip
-    tensors = model.tensors()
     for op in model.ops:
         a = op.attrs
-        requant = _requant_kind(op, tensors)
+        requant = _requant_kind(op, model.op_tensors(op.name))
         log2, value_range = math.log2(a["scale"]), f"{a['lo']}..{a['hi']}"
         lines.append(
             f"{op.name:<{width}}  {op.op:<8} {a.get('bits', '-'):>4} {a.get('frac', '-'):>4} "
@@ -461,7 +460,7 @@ def integer_table(model: IntegerModel, path: str) -> str:
 def _requant_kind(op: IntOp, tensors: dict[str, torch.Tensor]) -> str:
     """``shift`` / ``multiplier`` counts of an op's requantizations (``-`` for none)."""
     if op.op in ("conv", "linear"):
-        m = tensors[f"{op.name}.multiplier"].to(torch.int64).abs()
+        m = tensors["multiplier"].to(torch.int64).abs()
         shifts = int(((m & (m - 1)) == 0).sum())  # 0, 1 or a power of two
         return f"{shifts} shift, {m.numel() - shifts} multiplier (of {m.numel()} channels)"
     multipliers = op.attrs.get(

@@ -148,15 +148,12 @@ def export_qdq(
     """
     onnx, _ = _modules()
     graph = _QdqGraph(onnx)
-    tensors = model.tensors()
     values: dict[str, str] = {}
     scales = {op.name: float(op.attrs["scale"]) for op in model.ops}
     for op in model.ops:
         ins = [values[i] for i in op.inputs] or [INPUT_NAME]
-        own = {
-            k.rpartition(".")[2]: v for k, v in tensors.items() if k.rpartition(".")[0] == op.name
-        }
         in_scale = scales[op.inputs[0]] if op.inputs else 1.0
+        own = model.op_tensors(op.name)
         values[op.name] = graph.op(op, ins, own, op is model.ops[-1], in_scale)
     output = onnx.helper.make_tensor_value_info(
         OUTPUT_NAME, onnx.TensorProto.FLOAT, ["batch", "classes"]
@@ -225,7 +222,7 @@ class _QdqGraph:
                                    strides=a["stride"])  # fmt: skip
             return self.qdq(pooled, op)
         if kind == "maxpool":
-            k, st, pad, dil = (_pair(a[key]) for key in ("kernel", "stride", "padding", "dilation"))
+            k, st, pad, dil = (a[key] for key in ("kernel", "stride", "padding", "dilation"))
             return self.node("MaxPool", ins, op.name, kernel_shape=k, strides=st, pads=pad + pad,
                              dilations=dil, ceil_mode=int(a["ceil_mode"]))  # fmt: skip
         if kind == "relu":
@@ -317,10 +314,6 @@ class OnnxModel(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         out = self.session.run(None, {self.input: x.detach().cpu().float().numpy()})[0]
         return torch.from_numpy(out)
-
-
-def _pair(value: Any) -> list[int]:
-    return [int(v) for v in value] if isinstance(value, list | tuple) else [int(value)] * 2
 
 
 def is_onnx(path: str | os.PathLike[str]) -> bool:

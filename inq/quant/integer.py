@@ -184,10 +184,11 @@ class IntegerModel(nn.Module):
         values: dict[str, Tensor] = {}
         for op in self.ops:
             args = [values[i] for i in op.inputs] if op.inputs else [x]
-            values[op.name] = _RUN[op.op](op, self._get(op.name), *args)
+            values[op.name] = _RUN[op.op](op, self.op_tensors(op.name), *args)
         return values
 
-    def _get(self, name: str) -> dict[str, Tensor]:
+    def op_tensors(self, name: str) -> dict[str, Tensor]:
+        """The tensors of op ``name``, by field (``codes``, ``bias``, ...)."""
         return dict(self.params[name].state_dict()) if name in self.params else {}
 
 
@@ -281,7 +282,7 @@ def program_problems(model: IntegerModel) -> list[tuple[str, str]]:
     seen: dict[str, IntOp] = {}
     for op in model.ops:
         try:
-            problem = _op_problem(op, model._get(op.name), seen)
+            problem = _op_problem(op, model.op_tensors(op.name), seen)
         except (KeyError, TypeError, ValueError) as err:
             problem = f"malformed op ({err!r})"
         if problem:

@@ -244,8 +244,10 @@ class _Planner:
             return _Step(name, "relu", inputs[:1], [node], signed=False)
         if isinstance(module, nn.MaxPool2d):
             m = module
-            attrs = {"kernel": m.kernel_size, "stride": m.stride, "padding": m.padding,
-                     "dilation": m.dilation, "ceil_mode": m.ceil_mode}  # fmt: skip
+            geometry = {"kernel": "kernel_size", "stride": "stride", "padding": "padding",
+                        "dilation": "dilation"}  # fmt: skip
+            attrs: dict[str, Any] = {k: _pair(getattr(m, a)) for k, a in geometry.items()}
+            attrs["ceil_mode"] = m.ceil_mode
             return _Step(name, "maxpool", inputs[:1], [node], attrs=attrs)
         if isinstance(module, nn.AdaptiveAvgPool2d | nn.AvgPool2d) or (
             node.op == "call_function" and node.target is F.adaptive_avg_pool2d
@@ -388,6 +390,7 @@ class Lowering:
         }
         self.shapes: dict[str, tuple[int, ...]] = {}  # step name -> input shape (per sample)
         self.fake_quants: dict[str, FakeQuant] = {}
+        self._calibrated: dict[str, float] | None = None  # what the observers pick, once
 
     def _is_last(self, step: _Step) -> bool:
         return step is self.steps[-1] and step.op in ("conv", "linear")
@@ -421,6 +424,7 @@ class Lowering:
                 seen += 1
         if not seen:
             raise IntegerModelError("no calibration data: the batches were empty")
+        self._calibrated = None
 
     # -------------------------------------------------------------------------- fine-tune
 
@@ -439,7 +443,7 @@ class Lowering:
                 name = last[node]
                 bits = self.bits(name)
                 lo, hi = act_range(bits, self.observers[name].signed)
-                fq = FakeQuant(self.observers[name].scale(bits, self.pow2), lo, hi, self.pow2)
+                fq = FakeQuant(self._calibrated_scales()[name], lo, hi, self.pow2)
                 self.fake_quants[name] = fq
                 env[node] = graph.call_module(f"fq_{name}", (env[node],))
         root = nn.Module()
@@ -454,7 +458,14 @@ class Lowering:
         built, else what calibration picked."""
         if self.fake_quants:
             return {name: fq.scale() for name, fq in self.fake_quants.items()}
-        return {name: obs.scale(self.bits(name), self.pow2) for name, obs in self.observers.items()}
+        return dict(self._calibrated_scales())
+
+    def _calibrated_scales(self) -> dict[str, float]:
+        if self._calibrated is None:  # the mse search is the costly part: run it once
+            self._calibrated = {
+                name: obs.scale(self.bits(name), self.pow2) for name, obs in self.observers.items()
+            }
+        return self._calibrated
 
     def bits(self, point: str) -> int:
         """The bits of a point's integers: ``input_bits`` for the model input, else

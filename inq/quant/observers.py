@@ -83,7 +83,6 @@ class Observer:
         self.method, self.declared_signed = method, signed
         self.low, self.high = math.inf, -math.inf
         self.samples: list[Tensor] = []
-        self.shape: tuple[int, ...] | None = None  # of one sample, as last seen
         self._gen = torch.Generator().manual_seed(seed)
 
     @property
@@ -97,7 +96,6 @@ class Observer:
     def update(self, x: Tensor) -> None:
         """Take the values of one batch."""
         x = x.detach()
-        self.shape = tuple(x.shape[1:])
         if not x.numel():
             return
         self.low = min(self.low, float(x.min()))

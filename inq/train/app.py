@@ -499,9 +499,15 @@ class Trainer:
         the same file."""
         q = self.cfg.quant
         settings = QuantSettings(
-            q.act_bits, q.calibration.name, q.pow2_scales, q.batches, q.epochs, q.lr,
-            self.cfg.trainer.seed, q.input_bits,
-        )  # fmt: skip
+            act_bits=q.act_bits,
+            calibration=q.calibration.name,
+            pow2_scales=q.pow2_scales,
+            batches=q.batches,
+            epochs=q.epochs,
+            lr=q.lr,
+            seed=self.cfg.trainer.seed,
+            input_bits=q.input_bits,
+        )
         step = self.progress.step
 
         def on_epoch(epoch: int, values: dict[str, float]) -> None:
