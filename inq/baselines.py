@@ -7,7 +7,8 @@
   straight-through estimator. The parameters stay float "shadow" weights; every forward pass sees
   their power-of-two values, and the gradient passes through the rounding as if it were the
   identity. :meth:`STEQuantizer.finalize` snaps the shadows and hands back a fully quantized
-  scheduler, so :func:`inq.export.save_masked` and ``verify`` work unchanged.
+  scheduler, so :func:`inq.export.save_masked` and ``verify`` work unchanged. Weights the
+  scheduler pruned stay exactly zero (they get no gradient).
 
 Both take the level sets (n1 per layer or channel, by the scheduler's ``n1_rule`` and
 ``granularity``) from the weights when they start (the float model), like INQ.
@@ -139,4 +140,7 @@ class _StraightThrough(nn.Module):
 
     def forward(self, shadow: torch.Tensor) -> torch.Tensor:
         snapped = pow2_quantize(shadow, self.layer.n1, self.bits)
-        return snapped + (shadow - shadow.detach())  # exactly ``snapped``; gradient 1
+        through = snapped + (shadow - shadow.detach())  # exactly ``snapped``; gradient 1
+        if self.layer.count == 0:
+            return through
+        return torch.where(self.layer.mask, 0.0, through)  # pruned: exactly zero, no gradient

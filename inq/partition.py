@@ -16,11 +16,12 @@ never returns to the float group.
 from __future__ import annotations
 
 import hashlib
+import math
 from fractions import Fraction
 
 import torch
 
-__all__ = ["STRATEGIES", "grow_mask", "quantized_count"]
+__all__ = ["STRATEGIES", "grow_mask", "prune_mask", "quantized_count"]
 
 STRATEGIES = ("magnitude", "random", "error")
 
@@ -93,8 +94,32 @@ def grow_mask(
     return mask | _largest_free(scores, mask, need)
 
 
+def prune_mask(weight: torch.Tensor, pruned: torch.Tensor, count: int) -> torch.Tensor:
+    """A new mask with exactly ``count`` entries set: ``pruned`` plus the smallest ``|w|`` of the
+    rest, ties to the lower flat index (magnitude pruning; masks only grow).
+
+    Example:
+        >>> w = torch.tensor([0.1, -0.5, 0.0, -0.1])
+        >>> prune_mask(w, torch.tensor([False, False, False, False]), 2)
+        tensor([ True, False,  True, False])
+
+    Raises:
+        ValueError: on mismatched shapes, a count outside ``[pruned.sum(), weight.numel()]``
+            or NaN/infinite weights.
+    """
+    if pruned.shape != weight.shape or pruned.dtype != torch.bool:
+        raise ValueError("pruned must be a bool tensor with the weight's shape")
+    have = int(pruned.sum())
+    if not have <= count <= weight.numel():
+        raise ValueError(f"count {count} outside [{have}, {weight.numel()}] (masks only grow)")
+    scores = weight.detach().abs().float().neg_()  # exact: the smallest |w| scores highest
+    if not bool(torch.isfinite(scores).all()):
+        raise ValueError("prune_mask: the weight holds NaN or infinity; cannot rank it")
+    return pruned | _largest_free(scores, pruned, count - have) if count > have else pruned.clone()
+
+
 def _largest_free(scores: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tensor:
-    """Mask of the ``k`` largest non-negative scores outside ``mask``, ties to the lower flat index.
+    """Mask of the ``k`` largest finite scores outside ``mask``, ties to the lower flat index.
 
     O(n): one k-th value selection over the free entries, no sort. ``scores`` is scratch: the
     caller's own temporary, overwritten here.
@@ -104,7 +129,7 @@ def _largest_free(scores: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Ten
     if k == free_scores.numel():
         return free.view_as(mask)
     threshold = _kth_smallest(free_scores, free_scores.numel() - k + 1)
-    flat = scores.flatten().masked_fill_(~free, -1.0)  # frozen entries are never taken
+    flat = scores.flatten().masked_fill_(~free, -math.inf)  # frozen entries are never taken
     above = flat > threshold
     at = flat == threshold
     room = k - int(above.sum())

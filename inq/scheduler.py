@@ -9,13 +9,17 @@ byte is the whole state: no bool mask beside it, no float shadow copy. Freezing 
 2. after every ``optimizer.step()`` (a step post-hook, installed by :meth:`INQScheduler.attach`),
    every frozen weight is rewritten from its code, so weight decay, momentum or any other state
    of any optimizer cannot move it, not even by one ulp.
+
+Pruning (:meth:`INQScheduler.prune`, before the first stage) uses the same state: a pruned weight
+is frozen with the zero code, so it stays exactly 0.0 through retraining, every stage and every
+export, and the portions of the stages count the remaining weights only.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +28,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from inq.levels import check_level_options, select_n1
-from inq.partition import STRATEGIES, grow_mask, quantized_count
+from inq.partition import STRATEGIES, grow_mask, prune_mask, quantized_count
 from inq.pow2 import (
     N1,
     check_bits,
@@ -54,7 +58,8 @@ TARGET_TYPES = (
     nn.ConvTranspose2d,
     nn.ConvTranspose3d,
 )
-_STATE_VERSION = 2  # 2 added n1_rule and granularity; version 1 states load as "max"/"layer"
+# 2 added n1_rule and granularity (version 1 loads as "max"/"layer"); 3 added pruned counts
+_STATE_VERSION = 3
 FLOAT_CODE = 1  # valid codes are 0 and 2**(bits-1) .. 2**bits - 1, so 1 never is one
 
 
@@ -65,7 +70,8 @@ class QuantizedLayer:
     ``codes`` (``uint8``, the weight's shape) holds the power-of-two code (see :mod:`inq.pow2`)
     of each quantized entry and :data:`FLOAT_CODE` where the weight is still float; ``n1`` is None
     until the first partition, then an int (one level set) or an int32 tensor ``[O]`` on the CPU
-    (one per output channel); ``count`` is the number of quantized entries.
+    (one per output channel); ``count`` is the number of frozen entries, ``pruned`` of those
+    the ones pruned before the first stage (zero codes; the stages' portions count the rest).
     """
 
     name: str
@@ -73,6 +79,7 @@ class QuantizedLayer:
     codes: torch.Tensor
     n1: N1 | None = None
     count: int = 0
+    pruned: int = 0
 
     @property
     def mask(self) -> torch.Tensor:
@@ -218,6 +225,76 @@ class INQScheduler:
             self._clear_optimizer_state(optimizer)
         return portion
 
+    def prune(self, sparsity: float | Mapping[str, float]) -> float:
+        """Prune by magnitude: freeze the smallest ``|w|`` of each layer at exactly zero.
+
+        After the call ``quantized_count(sparsity, N)`` of a layer's ``N`` weights are pruned
+        (the smallest first, ties to the lower flat index; pruned weights stay pruned). Call it
+        before the first :meth:`step`, once or with growing sparsity between rounds of retraining
+        (iterative pruning); :meth:`step` then quantizes its portions of the remaining weights.
+        Returns the pruned fraction of all target weights.
+
+        Example:
+            >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+            >>> sched = INQScheduler(model, bits=5, portions=(0.5, 1.0))
+            >>> sched.prune({"0": 0.75, "2": 0.5})
+            0.7
+            >>> bool((model[0].weight == 0).sum() >= 96)
+            True
+            >>> _ = sched.step()                  # half of the remaining weights quantized
+            >>> sched.quantized_fraction(per_layer=True)["0"]
+            0.875
+
+        Args:
+            sparsity: the pruned fraction of every layer, in ``[0, 1)``, or ``{layer name:
+                fraction}`` (layers left out keep what they have).
+
+        Raises:
+            RuntimeError: once :meth:`step` has started the stages.
+            ValueError: on a fraction outside ``[0, 1)`` or below what a layer already has
+                pruned, an unknown layer name, or NaN/infinite weights.
+        """
+        if self.stage:
+            raise RuntimeError(
+                "INQScheduler.prune(): prune before the first step(); the stages have started"
+            )
+        names = [layer.name for layer in self._layers]
+        targets = dict.fromkeys(names, sparsity) if not isinstance(sparsity, Mapping) else sparsity
+        unknown = [name for name in targets if name not in names]
+        if unknown:
+            raise ValueError(f"prune(): no target layer named {unknown}; layers are {names}")
+        counts = {}
+        for layer in self._layers:  # check every layer before changing any
+            fraction = float(targets.get(layer.name, 0.0))
+            if not 0.0 <= fraction < 1.0:
+                raise ValueError(f"prune(): sparsity of {layer.name!r} must lie in [0, 1)")
+            count = max(layer.pruned, quantized_count(fraction, layer.weight.numel()))
+            if layer.name in targets and count > quantized_count(fraction, layer.weight.numel()):
+                raise ValueError(
+                    f"prune(): {layer.name!r} has {layer.pruned} weights pruned already, more "
+                    f"than sparsity {fraction} asks for; pruning only grows"
+                )
+            if not bool(torch.isfinite(layer.weight.detach()).all()):
+                raise ValueError(f"prune(): layer {layer.name!r} holds NaN or infinity")
+            counts[layer.name] = count
+        for layer in self._layers:
+            pruned = prune_mask(layer.weight.detach(), layer.mask, counts[layer.name])
+            codes = layer.codes.clone()  # a new tensor, as in _advance
+            codes[pruned] = 0
+            layer.codes, layer.count = codes, counts[layer.name]
+            layer.pruned = layer.count
+        self.enforce()
+        for optimizer in self._optimizers:
+            self._clear_optimizer_state(optimizer)
+        return self.pruned_fraction()
+
+    def pruned_fraction(self, per_layer: bool = False) -> float | dict[str, float]:
+        """Fraction of target weights pruned by :meth:`prune`: in total, or ``{name: fraction}``."""
+        if per_layer:
+            return {layer.name: layer.pruned / layer.weight.numel() for layer in self._layers}
+        total = sum(layer.weight.numel() for layer in self._layers)
+        return sum(layer.pruned for layer in self._layers) / total
+
     def fix_level_sets(self) -> None:
         """Choose every layer's n1 from its current weights now, if not chosen yet.
 
@@ -280,7 +357,8 @@ class INQScheduler:
             "granularity": self.granularity,
             "stage": self.stage,
             "layers": {
-                layer.name: {"n1": layer.n1, "codes": layer.codes.cpu()} for layer in self._layers
+                layer.name: {"n1": layer.n1, "codes": layer.codes.cpu(), "pruned": layer.pruned}
+                for layer in self._layers
             },
         }
 
@@ -291,7 +369,7 @@ class INQScheduler:
             ValueError: if the state was made with other settings or for another model, or
                 holds codes that are not valid ``bits``-bit codes.
         """
-        if state.get("version") not in (1, _STATE_VERSION):
+        if state.get("version") not in (1, 2, _STATE_VERSION):
             raise ValueError(f"unsupported INQ scheduler state version {state.get('version')!r}")
         state = {"n1_rule": "max", "granularity": "layer", **state}  # version 1: the paper's
         for key in ("bits", "portions", "strategy", "seed", "n1_rule", "granularity"):
@@ -315,10 +393,17 @@ class INQScheduler:
         top = 1 << (self.bits - 1)
         for layer in self._layers:  # check everything before changing anything
             codes, n1 = saved[layer.name]["codes"], saved[layer.name]["n1"]
+            pruned = saved[layer.name].get("pruned", 0)  # versions 1 and 2 knew no pruning
             if codes.shape != layer.weight.shape or codes.dtype != torch.uint8:
                 raise ValueError(f"INQ state for {layer.name!r} does not match the weight's shape")
             valid = (codes == FLOAT_CODE) | (codes == 0) | ((codes >= top) & (codes < 2 * top))
-            if not bool(valid.all()) or (n1 is None and bool((codes != FLOAT_CODE).any())):
+            frozen = int((codes != FLOAT_CODE).sum())
+            if (
+                not bool(valid.all())
+                or not 0 <= pruned <= frozen
+                or (stage == 0 and (frozen != pruned or bool((codes > FLOAT_CODE).any())))
+                or (n1 is None and stage > 0)
+            ):
                 raise ValueError(f"INQ state for {layer.name!r} holds invalid codes (corrupt?)")
             if n1 is not None and not self._n1_fits(n1, layer.weight):
                 raise ValueError(
@@ -333,6 +418,7 @@ class INQScheduler:
             else:
                 layer.n1 = None if n1 is None else int(n1)
             layer.count = int((codes != FLOAT_CODE).sum())
+            layer.pruned = int(saved[layer.name].get("pruned", 0))
         self.stage = stage
         self.enforce()
 
@@ -375,7 +461,7 @@ class INQScheduler:
     def _advance(self, layer: QuantizedLayer, n1: N1, portion: float) -> None:
         """Partition and snap one layer whose weights passed :meth:`_checked_n1`."""
         weight = layer.weight.detach()
-        count = quantized_count(portion, weight.numel())
+        count = layer.pruned + quantized_count(portion, weight.numel() - layer.pruned)
         key = f"{layer.name}/stage{self.stage + 1}"
         old = layer.mask
         snapped = pow2_quantize(weight, n1, self.bits) if self.strategy == "error" else None

@@ -883,3 +883,144 @@ def test_error_partition_snaps_the_weights_closest_to_their_levels_first() -> No
     sched = INQScheduler(model, bits=3, portions=(0.5, 1.0), strategy="error")
     sched.step()  # errors 0, 0.24, 0, 0.2, 0.24, 0.1: the three smallest
     assert sched.layers[0].mask.flatten().tolist() == [True, False, True, False, False, True]
+
+
+# ---------------------------------------------------------------- pruning
+
+
+@pytest.mark.parametrize("numel", ODD_SIZES)
+@pytest.mark.parametrize("sparsity", [0.0, 0.3, 0.5, 0.9])
+def test_prune_freezes_the_smallest_weights_at_exact_zero(numel: int, sparsity: float) -> None:
+    torch.manual_seed(numel)
+    model = nn.Linear(numel, 1, bias=False)
+    sched = INQScheduler(model, bits=4, portions=(0.5, 1.0))
+    weight = model.weight.detach().clone()
+    assert sched.prune(sparsity) == quantized_count(sparsity, numel) / numel
+    layer = sched.layers[0]
+    pruned = layer.mask
+    assert layer.pruned == layer.count == int(pruned.sum()) == quantized_count(sparsity, numel)
+    assert bool((layer.codes[pruned] == 0).all())
+    assert torch.equal(model.weight.detach()[pruned], torch.zeros(layer.pruned))
+    assert not bool(torch.signbit(model.weight.detach()[pruned]).any()), "-0.0 has no code"
+    if 0 < layer.pruned < numel:  # every pruned |w| <= every kept |w|
+        assert weight[pruned].abs().max() <= weight[~pruned].abs().min()
+    assert sched.stage == 0 and not sched.done
+
+
+def test_prune_breaks_ties_by_the_lower_flat_index() -> None:
+    model = nn.Linear(6, 1, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[0.2, -0.1, 0.1, 0.3, -0.1, 0.0]]))
+    sched = INQScheduler(model, bits=5)
+    sched.prune(0.5)
+    assert sched.layers[0].mask.tolist() == [[False, True, True, False, False, True]]
+
+
+def test_stages_count_the_remaining_weights_and_pruned_zeros_stay() -> None:
+    model = digits_net(seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
+    sched = INQScheduler(model, bits=5, portions=(0.3, 0.6, 1.0))
+    sched.attach(optimizer)
+    sched.prune({"conv": 0.5, "fc": 0.8})
+    pruned = {layer.name: layer.mask.clone() for layer in sched.layers}
+    train_one_stage(model, optimizer, digits_batches()[:3])
+    for portion in sched.portions:
+        sched.step()
+        for layer in sched.layers:
+            n, p = layer.weight.numel(), layer.pruned
+            assert layer.count == p + quantized_count(portion, n - p)
+            assert bool(layer.mask[pruned[layer.name]].all())
+        train_one_stage(model, optimizer, digits_batches()[:3])
+        for layer in sched.layers:
+            kept = layer.weight.detach()[pruned[layer.name]]
+            assert torch.equal(kept, torch.zeros_like(kept)), f"{layer.name}: a pruned weight moved"
+    assert sched.pruned_fraction(per_layer=True) == {
+        "conv": quantized_count(0.5, 54) / 54,
+        "fc": quantized_count(0.8, 960) / 960,
+    }
+
+
+def test_iterative_pruning_grows_the_pruned_set_and_keeps_it_exact() -> None:
+    model = digits_net(seed=1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    sched = INQScheduler(model, bits=3)
+    sched.attach(optimizer)
+    before = None
+    for sparsity in (0.3, 0.6, 0.8):
+        sched.prune(sparsity)
+        mask = sched.layers[1].mask.clone()
+        if before is not None:
+            assert bool(mask[before].all()), "a pruned weight came back"
+        before = mask
+        assert frozen_state_keys(optimizer, sched) in (set(), {"exp_avg", "exp_avg_sq"})
+        train_one_stage(model, optimizer, digits_batches()[:2])
+        assert torch.equal(model.fc.weight.detach()[mask], torch.zeros(int(mask.sum())))
+    assert sched.prune(0.8) == sched.pruned_fraction()  # the same target again: nothing changes
+
+
+@pytest.mark.parametrize(
+    ("sparsity", "error", "message"),
+    [
+        (1.0, ValueError, r"must lie in \[0, 1\)"),
+        (-0.1, ValueError, r"must lie in \[0, 1\)"),
+        ({"nope": 0.5}, ValueError, "no target layer named"),
+    ],
+)
+def test_bad_pruning_raises(sparsity: object, error: type, message: str) -> None:
+    sched = INQScheduler(digits_net(0))
+    with pytest.raises(error, match=message):
+        sched.prune(sparsity)  # type: ignore[arg-type]
+    assert sched.pruned_fraction() == 0.0, "a refused prune() changed something"
+
+
+def test_pruning_never_shrinks_and_stops_once_the_stages_start() -> None:
+    sched = INQScheduler(digits_net(0))
+    sched.prune(0.5)
+    with pytest.raises(ValueError, match="pruning only grows"):
+        sched.prune({"fc": 0.4})
+    sched.step()
+    with pytest.raises(RuntimeError, match="before the first step"):
+        sched.prune(0.6)
+
+
+def test_pruned_state_resumes_exactly_and_old_states_load_unpruned() -> None:
+    sched = make_run(seed=0, strategy="magnitude")[2]
+    sched.prune(0.6)
+    state = sched.state_dict()
+    restored = make_run(seed=5, strategy="magnitude")[2]
+    restored.load_state_dict(state)
+    for original, copy in zip(sched.layers, restored.layers, strict=True):
+        assert copy.pruned == original.pruned
+        assert torch.equal(copy.codes, original.codes)
+    for one in (sched, restored):
+        one.step()
+    assert [c.count for c in restored.layers] == [c.count for c in sched.layers]
+    old = {**INQScheduler(digits_net(0)).state_dict(), "version": 2}
+    for layer in old["layers"].values():
+        del layer["pruned"]
+    fresh = INQScheduler(digits_net(0))
+    fresh.load_state_dict(old)
+    assert fresh.pruned_fraction() == 0.0
+
+
+def test_load_state_dict_rejects_pruned_counts_that_do_not_match_the_codes() -> None:
+    sched = INQScheduler(digits_net(0))
+    sched.prune(0.5)
+    state = sched.state_dict()
+    state["layers"]["fc"]["pruned"] -= 1
+    with pytest.raises(ValueError, match="'fc' holds invalid codes"):
+        INQScheduler(digits_net(0)).load_state_dict(state)
+
+
+def test_ste_keeps_pruned_weights_at_zero() -> None:
+    from inq.baselines import STEQuantizer
+
+    model = digits_net(seed=2)
+    sched = INQScheduler(model, bits=4, portions=(1.0,))
+    sched.prune(0.7)
+    pruned = sched.layers[1].mask.clone()
+    ste = STEQuantizer(model, sched)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.01)
+    train_one_stage(model, optimizer, digits_batches()[:2])
+    ste.finalize()
+    assert torch.equal(model.fc.weight.detach()[pruned], torch.zeros(int(pruned.sum())))
