@@ -248,3 +248,42 @@ def test_integer_phase_writes_a_sound_integer_model_and_resumes_exactly(tmp_path
     assert [(e.step, e.value) for e in killed_events.Scalars("quant/loss")] == [
         (e.step, e.value) for e in events.Scalars("quant/loss")
     ]
+
+
+def test_pruned_run_keeps_its_zeros_everywhere_and_resumes_exactly(tmp_path: Path) -> None:
+    from inq.cli import main
+    from inq.train.checkpoint import KILL_ENV
+
+    prune = ("prune.sparsity=0.6", "prune.layers=[12:0.9]", "prune.steps=2", "prune.epochs=1")
+    settings = (*TINY, *prune, "trainer.checkpoint_every=3", "trainer.keep_checkpoints=null")
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    inq_train(*settings, f"hydra.run.dir={whole}")
+    for kill_at in ("step:14", "prune:2", None):  # mid-round 1 (steps 9-16); after round 2
+        resume = (f"trainer.resume={killed}",) if killed.exists() else ()
+        proc = inq_train(*settings, f"hydra.run.dir={killed}", *resume,
+                         env={KILL_ENV: kill_at or ""}, check=kill_at is None)  # fmt: skip
+        assert proc.returncode == (-9 if kill_at else 0), proc.stderr[-2000:]
+    for name in ("model_masked.safetensors", "model.inq.safetensors"):
+        assert (killed / name).read_bytes() == (whole / name).read_bytes(), name
+
+    summary = json.loads((whole / "summary.json").read_text())
+    assert list(summary["stages"])[:2] == ["prune1", "prune2"]
+    assert summary["prune"]["targets"] == {"0": 0.6, "3": 0.6, "7": 0.6, "12": 0.9}
+    ckpt = load_masked(whole / "model_masked.safetensors")
+    state = torch.load(whole / "checkpoints" / "latest.pt", weights_only=True)
+    layers = state["inq"]["layers"]
+    pruned_total = sum(layer["pruned"] for layer in layers.values())
+    assert summary["pruned_fraction"] == pruned_total / sum(m.numel() for m in ckpt.masks.values())
+    packed = load_packed(whole / "model.inq.safetensors")
+    prune2 = torch.load(whole / "checkpoints" / "prune2.pt", weights_only=True)
+    for name, layer in prune2["inq"]["layers"].items():
+        pruned = layer["codes"] == 0  # before stage 1 the only frozen weights are the pruned
+        assert int(pruned.sum()) == layer["pruned"] == layers[name]["pruned"]
+        key = f"{name}.weight"
+        for weight in (ckpt.state[key], packed.layers[key].weight()):
+            assert torch.equal(weight[pruned], torch.zeros(int(pruned.sum()))), key
+    assert main(["verify", str(whole / "model.inq.safetensors")]) == 0
+    events = EventAccumulator(str(whole / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    sparsity = [e.value for e in events.Scalars("prune/sparsity/12")]
+    assert sparsity[0] < sparsity[-1] == pytest.approx(0.9, abs=1e-3)

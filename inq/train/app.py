@@ -48,11 +48,12 @@ from inq.baselines import STEQuantizer
 from inq.export import save_masked
 from inq.io import atomic_path
 from inq.packed import export_packed, load_packed
+from inq.prune import layer_targets, sparsity_schedule
 from inq.quant.integer import load_integer, save_integer
 from inq.quant.lower import IntegerModelError, check_expressible
 from inq.scheduler import INQScheduler, check_portions
 from inq.train import checkpoint as ckpt
-from inq.train.config import register, to_dict, validate
+from inq.train.config import prune_layers, register, to_dict, validate
 from inq.train.data import batches_per_epoch, build_datasets, build_eval_loader, build_train_loader
 from inq.train.distributed import (
     Dist,
@@ -71,6 +72,7 @@ from inq.train.loop import (
     evaluate,
     method_name,
     plan_phases,
+    prunes,
 )
 from inq.train.models import build_model
 from inq.train.monitor import Monitor
@@ -255,6 +257,7 @@ class Trainer:
         if cfg.model.checkpoint and saved is None:
             ckpt.load_float_weights(self.model, cfg.model.checkpoint)
         self.sched = _build_scheduler(self.model, cfg)
+        self.prune_targets = _prune_targets(self.sched, cfg) if prunes(cfg) else {}
         self.net: nn.Module = self.model
         if env.world_size > 1:
             ids = [env.device] if env.device.type == "cuda" else None
@@ -300,6 +303,14 @@ class Trainer:
             log.info("stage %d: %.1f %% of the weights quantized", phase.stage, 100 * portion)
             ckpt.kill_point("stage", phase.stage)
             self.tb.inq_state(self.progress.step, self.sched, histograms=True)
+        elif phase.prune:
+            fraction = self.sched.prune(self.prune_round(phase.prune))
+            log.info(
+                "pruning round %d/%d: %.1f %% of the weights pruned",
+                phase.prune, self.cfg.prune.steps, 100 * fraction,
+            )  # fmt: skip
+            ckpt.kill_point("prune", phase.prune)
+            self.tb.inq_state(self.progress.step, self.sched, histograms=True)
         if self.optimizer is None or self.cfg.inq.reset_optimizer or phase.params != self.params:
             self._new_optimizer(phase.params, phase.lr)
         for group in self.optimizer.param_groups:
@@ -307,6 +318,14 @@ class Trainer:
         self.lr_sched = build_lr_schedule(
             self.cfg.lr, self.optimizer, phase.epochs, self.steps_per_epoch
         )
+
+    def prune_round(self, r: int) -> dict[str, float]:
+        """Each layer's sparsity after pruning round ``r`` (1-based) of ``prune.steps``."""
+        p = self.cfg.prune
+        return {
+            name: sparsity_schedule(target, p.steps, p.schedule.name)[r - 1]
+            for name, target in self.prune_targets.items()
+        }
 
     def train_epoch(self, p: int, phase: Phase, epoch: int) -> None:
         """One epoch (or its rest, after a resume); logs and checkpoints at their intervals."""
@@ -468,6 +487,7 @@ class Trainer:
             "n1_rule": self.sched.n1_rule,
             "granularity": self.sched.granularity,
             "zero_fraction": _zero_fraction(self.sched),
+            "pruned_fraction": self.sched.pruned_fraction(),
             "seed": self.cfg.trainer.seed,
             "retrain_epochs": sum(p.epochs for p in self.phases if p.stage > 0),
             "stages": {name: self.history[name] for name in stages},
@@ -475,6 +495,8 @@ class Trainer:
             "timings_s": self.timings,
             "world_size": self.env.world_size,
         }
+        if self.prune_targets:
+            summary["prune"] = {**to_dict(self.cfg.prune), "targets": self.prune_targets}
         if self.env.main:
             summary["files"], summary["packed"] = export_artifacts(
                 self.out, self.model, self.sched, self.model_info, self.data_info
@@ -613,6 +635,14 @@ def _build_scheduler(model: nn.Module, cfg: DictConfig) -> INQScheduler:
         keys = ("portions", "include", "exclude", "strategy")
         key = next((f"inq.{k}" for k in keys if k in str(err)), "inq")
         raise ConfigError(key, str(err)) from None
+
+
+def _prune_targets(sched: INQScheduler, cfg: DictConfig) -> dict[str, float]:
+    try:
+        names = [layer.name for layer in sched.layers]
+        return layer_targets(names, cfg.prune.sparsity, prune_layers(cfg))
+    except ValueError as err:
+        raise ConfigError("prune.layers", str(err)) from None
 
 
 def _clock(seconds: float) -> str:

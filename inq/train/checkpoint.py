@@ -220,8 +220,9 @@ def load_float_weights(model: nn.Module, path: str) -> None:
 
 def kill_point(event: str, count: int) -> None:
     """Test seam: SIGKILL this process at the ``count``-th ``event`` if ``INQ_TRAIN_KILL_AT`` is
-    ``"<event>:<count>"`` (events: ``step``, ``eval``, ``stage``, ``quant``: calibration done
-    (1), fine-tuning epoch k done (k + 1)). Used to test exact resume."""
+    ``"<event>:<count>"`` (events: ``step``, ``eval``, ``stage``, ``prune``: round k done (k),
+    ``quant``: calibration done (1), fine-tuning epoch k done (k + 1)). Used to test exact
+    resume."""
     if os.environ.get(KILL_ENV) == f"{event}:{count}":
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -22,7 +22,7 @@ from inq.pow2 import check_bits
 from inq.scheduler import check_portions
 from inq.train.errors import ConfigError
 
-__all__ = ["Config", "eval_data_config", "to_dict", "validate"]
+__all__ = ["Config", "eval_data_config", "prune_layers", "to_dict", "validate"]
 
 
 class DataName(Enum):
@@ -61,6 +61,11 @@ class Calibration(Enum):
     max = 1  # the largest value seen is representable
     percentile = 2  # the 99.99th percentile of |x|
     mse = 3  # least squared quantization error
+
+
+class PruneSchedule(Enum):
+    cubic = 1  # Zhu & Gupta's gradual pruning: large rounds first
+    linear = 2
 
 
 class Schedule(Enum):
@@ -138,6 +143,16 @@ class INQConfig:
 
 
 @dataclass
+class PruneConfig:
+    sparsity: float = 0.0  # pruned fraction of every layer before INQ, in [0, 1); 0 = no pruning
+    layers: list[str] = field(default_factory=list)  # ["GLOB:SPARSITY", ...]; first match wins
+    steps: int = 3  # pruning rounds (magnitude), each followed by prune.epochs of retraining
+    schedule: PruneSchedule = PruneSchedule.cubic  # how the rounds rise to the target
+    epochs: int = 2  # retraining epochs after each round
+    lr: float | None = None  # retraining lr; None = inq.lr (or optim.lr)
+
+
+@dataclass
 class QuantConfig:
     act_bits: int | None = None  # integer model with these activation bits (2-8); null: none
     input_bits: int = 8  # of the model input (images are 8-bit data)
@@ -171,6 +186,7 @@ class Config:
     optim: Any = MISSING
     lr: LRConfig = field(default_factory=LRConfig)
     inq: INQConfig = field(default_factory=INQConfig)
+    prune: PruneConfig = field(default_factory=PruneConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
@@ -231,6 +247,7 @@ def validate(cfg: DictConfig) -> None:
         "trainer.keep_checkpoints": cfg.trainer.keep_checkpoints or 0,
         "data.num_workers": cfg.data.num_workers,
         "quant.epochs": cfg.quant.epochs,
+        "prune.epochs": cfg.prune.epochs,
         "trainer.num_threads": cfg.trainer.num_threads,
     }
     for key, value in counts.items():
@@ -246,6 +263,7 @@ def validate(cfg: DictConfig) -> None:
         "optim.lr": cfg.optim.lr,
         "quant.batches": cfg.quant.batches,
         "quant.lr": cfg.quant.lr,
+        "prune.steps": cfg.prune.steps,
     }
     sizes = {
         "data.train_size": cfg.data.train_size,
@@ -269,8 +287,14 @@ def validate(cfg: DictConfig) -> None:
             "no float weights: give a local file to start from, or trainer.float_epochs > 0 "
             "to pretrain here",
         )
-    if cfg.inq.lr is not None and cfg.inq.lr <= 0:
-        raise ConfigError("inq.lr", f"must be > 0 or null, got {cfg.inq.lr}")
+    for key in ("inq.lr", "prune.lr"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value <= 0:
+            raise ConfigError(key, f"must be > 0 or null, got {value}")
+    for key, value in [("prune.sparsity", cfg.prune.sparsity), *prune_layers(cfg).items()]:
+        if not 0.0 <= value < 1.0:
+            where = key if key == "prune.sparsity" else f"prune.layers {key}"
+            raise ConfigError(where, f"a pruned fraction in [0, 1), got {value}")
     if cfg.trainer.grad_clip is not None and cfg.trainer.grad_clip <= 0:
         raise ConfigError("trainer.grad_clip", f"must be > 0 or null, got {cfg.trainer.grad_clip}")
     device = cfg.trainer.device
@@ -282,6 +306,30 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("lr.min_factor", f"must lie in [0, 1], got {cfg.lr.min_factor}")
     if any(not 0.0 < m < 1.0 for m in cfg.lr.milestones):
         raise ConfigError("lr.milestones", f"fractions of a stage, in (0, 1): {cfg.lr.milestones}")
+
+
+def prune_layers(cfg: DictConfig) -> dict[str, float]:
+    """``prune.layers`` (``["GLOB:SPARSITY", ...]``) as ``{glob: sparsity}``, in order.
+
+    Example:
+        >>> prune_layers(OmegaConf.create({"prune": {"layers": ["fc*:0.95", "conv1:0.5"]}}))
+        {'fc*': 0.95, 'conv1': 0.5}
+
+    Raises:
+        ConfigError: on an entry that is not ``GLOB:NUMBER``.
+    """
+    overrides = {}
+    for item in cfg.prune.get("layers") or ():
+        glob, _, value = str(item).rpartition(":")
+        try:
+            overrides[glob] = float(value)
+        except ValueError:
+            glob = ""
+        if not glob:
+            raise ConfigError(
+                "prune.layers", f"entries are GLOB:SPARSITY, e.g. fc*:0.95; got {item!r}"
+            )
+    return overrides
 
 
 def _check_optimizer(optim: DictConfig) -> None:

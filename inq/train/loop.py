@@ -1,6 +1,7 @@
 """Pieces of the training loop: the phase plan, optimizer and LR schedule factories, evaluation.
 
 A run is a list of phases: ``float`` (pretraining; 0 epochs when ``model.checkpoint`` is given),
+with pruning (``prune.sparsity`` or ``prune.layers``) ``prune1`` .. ``pruneR`` (one per round),
 ``stage1`` .. ``stageK`` (one per INQ portion) and, if ``inq.final_epochs`` > 0, ``bias_norm``.
 The baselines (``inq.method``) replace the stages by one phase: ``oneshot`` (0 epochs) or
 ``ste`` (as many epochs as the INQ stages and ``bias_norm`` together).
@@ -21,6 +22,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
+from inq.train.config import prune_layers
 from inq.train.distributed import all_sum
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "evaluate",
     "method_name",
     "plan_phases",
+    "prunes",
 ]
 
 NORM_TYPES = (
@@ -44,13 +47,15 @@ NORM_TYPES = (
 
 @dataclass(frozen=True)
 class Phase:
-    """One block of epochs: its name, INQ stage (0 = float), epochs, base lr, trained params."""
+    """One block of epochs: its name, INQ stage (0 = float), epochs, base lr, trained params and
+    pruning round (0 = none)."""
 
     name: str
     stage: int
     epochs: int
     lr: float
     params: str  # "all" or "bias_norm"
+    prune: int = 0
 
 
 def plan_phases(cfg: DictConfig) -> list[Phase]:
@@ -66,10 +71,19 @@ def plan_phases(cfg: DictConfig) -> list[Phase]:
         >>> cfg.inq.method = "ste"
         >>> [(p.name, p.stage, p.epochs) for p in plan_phases(cfg)]
         [('float', 0, 3), ('ste', 1, 5)]
+        >>> cfg.prune = {"sparsity": 0.9, "layers": [], "steps": 2, "epochs": 1, "lr": None}
+        >>> [(p.name, p.prune, p.epochs) for p in plan_phases(cfg)][:3]
+        [('float', 0, 3), ('prune1', 1, 1), ('prune2', 2, 1)]
     """
     float_epochs = 0 if cfg.model.checkpoint else cfg.trainer.float_epochs
     lr = cfg.inq.lr if cfg.inq.lr is not None else cfg.optim.lr
     phases = [Phase("float", 0, float_epochs, cfg.optim.lr, "all")]
+    if prunes(cfg):
+        prune_lr = cfg.prune.lr if cfg.prune.lr is not None else lr
+        phases += [
+            Phase(f"prune{r}", 0, cfg.prune.epochs, prune_lr, "all", prune=r)
+            for r in range(1, cfg.prune.steps + 1)
+        ]
     stages = len(cfg.inq.portions)
     method = method_name(cfg)
     if method == "oneshot":
@@ -80,6 +94,18 @@ def plan_phases(cfg: DictConfig) -> list[Phase]:
     if cfg.inq.final_epochs:
         phases.append(Phase("bias_norm", stages, cfg.inq.final_epochs, lr, "bias_norm"))
     return phases
+
+
+def prunes(cfg: DictConfig) -> bool:
+    """Whether the run prunes before INQ (``prune.sparsity`` or a ``prune.layers`` entry > 0).
+
+    Example:
+        >>> from omegaconf import OmegaConf
+        >>> prunes(OmegaConf.create({"prune": {"sparsity": 0.0, "layers": ["fc*:0.9"]}}))
+        True
+    """
+    prune = cfg.get("prune")
+    return prune is not None and (prune.sparsity > 0 or any(prune_layers(cfg).values()))
 
 
 def method_name(cfg: DictConfig) -> str:

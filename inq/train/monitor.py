@@ -1,7 +1,8 @@
 """TensorBoard logging of a run (rank 0 only): train/val scalars and INQ progress per layer.
 
 Tags: ``train/{loss,acc,lr}``, ``val/{loss,acc,acc_top5}``, ``inq/stage``,
-``inq/quantized_fraction`` (total) and ``inq/quantized_fraction/<layer>``,
+``inq/quantized_fraction`` (total) and ``inq/quantized_fraction/<layer>``, with pruning
+``prune/sparsity`` and ``prune/sparsity/<layer>`` (the pruned fractions),
 ``inq/quant_error/<layer>`` (mean |w - Q(w)| over the layer's still-float weights) and
 ``weights/<layer>`` histograms at stage boundaries.
 
@@ -88,6 +89,10 @@ class Monitor:
             "inq/quantized_fraction": scheduler.quantized_fraction(),
         }
         values.update({f"inq/quantized_fraction/{k}": v for k, v in fractions.items()})
+        if scheduler.pruned_fraction():
+            values["prune/sparsity"] = scheduler.pruned_fraction()
+            pruned = scheduler.pruned_fraction(per_layer=True)
+            values.update({f"prune/sparsity/{k}": v for k, v in pruned.items()})
         for layer in scheduler.layers:
             weight = layer.weight.detach()
             free = ~layer.mask.to(weight.device)
