@@ -8,16 +8,25 @@ otherwise (one code per byte).
 
 A packed file is a ``.safetensors`` file, readable with the ``safetensors`` library alone:
 
-- the packed ``uint8`` codes of each quantized weight under ``"<weight key>.inq_codes"``;
-- every other tensor of the model's state (biases, norm layers, buffers) as it is;
-- string metadata: ``format`` (``"inq-packed/2"``), ``bits``, ``portions``, ``strategy``,
-  ``n1_rule``, ``granularity``, ``layers`` (JSON ``{weight key: {"module", "bits", "n1", "shape",
-  "width", "dtype"}}``, n1 an int or a list with one int per row), ``model`` (the masked
-  checkpoint's model description, to rebuild the model) and ``data`` (the data config it was
-  trained on; absent in older files).
+- each quantized weight in the smaller of two storages (``storage`` in its metadata):
 
-Decoding reproduces the masked checkpoint's weights bit for bit. Files of format
-``"inq-packed/1"`` (one n1 per layer) still load.
+  - ``"dense"``: the packed ``uint8`` rows above under ``"<weight key>.inq_codes"``;
+  - ``"bitmap"`` or ``"gaps"`` (sparse, for pruned layers): the non-zero codes at ``bits - 1``
+    bits each under ``"<weight key>.inq_values"`` and their positions, a bitmap or relative gaps,
+    under ``"<weight key>.inq_index"`` (:mod:`inq.sparse` defines both), chosen when smaller
+    than the dense rows;
+
+- every other tensor of the model's state (biases, norm layers, buffers) as it is;
+- string metadata: ``format`` (``"inq-packed/3"``), ``bits``, ``portions``, ``strategy``,
+  ``n1_rule``, ``granularity``, ``layers`` (JSON ``{weight key: {"module", "bits", "n1", "shape",
+  "width", "dtype", "storage"}}``, n1 an int or a list with one int per row; sparse layers add
+  ``"nonzero"``, ``"gap_bits"`` and ``"symbols"``), ``model`` (the masked checkpoint's model
+  description, to rebuild the model) and ``data`` (the data config it was trained on; absent in
+  older files).
+
+Decoding reproduces the masked checkpoint's weights bit for bit; in memory every layer holds its
+dense rows (:attr:`PackedLayer.packed`), which the inference ops read. Files of format
+``"inq-packed/2"`` (dense only) and ``"inq-packed/1"`` (also one n1 per layer) still load.
 """
 
 from __future__ import annotations
@@ -40,11 +49,14 @@ from inq.io import (
     write_safetensors,
 )
 from inq.pow2 import N1, check_bits, decode_unchecked, pow2_encode, pow2_quantize
+from inq.sparse import LAYOUTS, SparseCodes, decode_sparse, encode_sparse
 
 __all__ = [
     "CODES_SUFFIX",
+    "INDEX_SUFFIX",
     "PACKED_FORMAT",
     "PACKED_FORMATS",
+    "VALUES_SUFFIX",
     "PackStats",
     "PackedFile",
     "PackedLayer",
@@ -62,9 +74,9 @@ __all__ = [
     "unpack_codes",
 ]
 
-PACKED_FORMAT = "inq-packed/2"
-PACKED_FORMATS = ("inq-packed/1", PACKED_FORMAT)  # what load_packed reads
-CODES_SUFFIX = ".inq_codes"
+PACKED_FORMAT = "inq-packed/3"
+PACKED_FORMATS = ("inq-packed/1", "inq-packed/2", PACKED_FORMAT)  # what load_packed reads
+CODES_SUFFIX, VALUES_SUFFIX, INDEX_SUFFIX = ".inq_codes", ".inq_values", ".inq_index"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -237,7 +249,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class PackedLayer:
-    """One quantized weight in packed form; ``packed`` is ``uint8 [shape[0], row_bytes]``."""
+    """One quantized weight in packed form; ``packed`` is ``uint8 [shape[0], row_bytes]``;
+    ``sparse`` is how the file stores it when sparse (None: the dense rows)."""
 
     module: str
     packed: torch.Tensor
@@ -245,6 +258,17 @@ class PackedLayer:
     n1: N1  # an int, or int32 [shape[0]]: one per row
     shape: tuple[int, ...]
     dtype: torch.dtype
+    sparse: SparseCodes | None = None
+
+    @property
+    def storage(self) -> str:
+        """``"dense"``, ``"bitmap"`` or ``"gaps"``: how the file stores this layer."""
+        return "dense" if self.sparse is None else self.sparse.layout
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of this layer's tensors in the file."""
+        return self.packed.numel() if self.sparse is None else self.sparse.nbytes
 
     @property
     def k(self) -> int:
@@ -303,47 +327,60 @@ class PackedFile:
 
 @dataclass(frozen=True)
 class PackStats:
-    """Sizes of the quantized tensors: as fp32 and packed (bytes); ``ratio`` = packed / fp32.
+    """Sizes of the quantized tensors: as fp32, as stored in the file and as dense rows (bytes).
 
-    ``other_bytes`` counts the tensors stored as they are; ``file_bytes`` is the file on disk
-    (0 when not measured).
+    ``ratio`` = packed / fp32; ``compression`` = fp32 / packed, the paper's compression ratio
+    (Table 5). ``other_bytes`` counts the tensors stored as they are; ``file_bytes`` is the file
+    on disk (0 when not measured).
     """
 
     fp32_bytes: int
     packed_bytes: int
     other_bytes: int
     file_bytes: int = 0
+    dense_bytes: int = 0
 
     @property
     def ratio(self) -> float:
         return self.packed_bytes / self.fp32_bytes if self.fp32_bytes else 0.0
 
+    @property
+    def compression(self) -> float:
+        return self.fp32_bytes / self.packed_bytes if self.packed_bytes else 0.0
+
     def as_dict(self) -> dict[str, float]:
-        """The sizes and the ratio, for ``summary.json``."""
-        return {**asdict(self), "ratio": self.ratio}
+        """The sizes, the ratio and the compression, for ``summary.json``."""
+        return {**asdict(self), "ratio": self.ratio, "compression": self.compression}
 
 
 def pack_stats(packed: PackedFile, file_bytes: int = 0) -> PackStats:
-    """Sizes of ``packed``'s quantized tensors as fp32 and packed.
+    """Sizes of ``packed``'s quantized tensors as fp32, as stored and as dense rows.
 
     Example:
         >>> layer = PackedLayer("fc", torch.zeros(8, 32, dtype=torch.uint8), 4, 0, (8, 64),
         ...                     torch.float32)
-        >>> pack_stats(PackedFile({"fc.weight": layer}, {}, {}, {})).ratio
-        0.125
+        >>> stats = pack_stats(PackedFile({"fc.weight": layer}, {}, {}, {}))
+        >>> stats.ratio, stats.compression
+        (0.125, 8.0)
     """
     return PackStats(
         fp32_bytes=sum(4 * math.prod(layer.shape) for layer in packed.layers.values()),
-        packed_bytes=sum(layer.packed.numel() for layer in packed.layers.values()),
+        packed_bytes=sum(layer.stored_bytes for layer in packed.layers.values()),
         other_bytes=sum(t.numel() * t.element_size() for t in packed.tensors.values()),
         file_bytes=file_bytes,
+        dense_bytes=sum(layer.packed.numel() for layer in packed.layers.values()),
     )
 
 
 def export_packed(
-    masked: MaskedCheckpoint | str | os.PathLike[str], out_path: str | os.PathLike[str]
+    masked: MaskedCheckpoint | str | os.PathLike[str],
+    out_path: str | os.PathLike[str],
+    sparse: bool = True,
 ) -> PackStats:
     """Write the packed file of a fully quantized masked checkpoint atomically.
+
+    Each layer is stored sparse (bitmap or gaps) where that is smaller than its dense rows;
+    ``sparse=False`` stores every layer's dense rows.
 
     Example:
         >>> import tempfile, pathlib
@@ -356,11 +393,11 @@ def export_packed(
         >>> folder = pathlib.Path(tempfile.mkdtemp())
         >>> save_masked(folder / "net.safetensors", net, sched, {"name": "mlp"})
         >>> stats = export_packed(folder / "net.safetensors", folder / "net.inq.safetensors")
-        >>> stats.ratio
-        0.125
-        >>> stats.as_dict()["packed_bytes"], stats.as_dict()["fp32_bytes"]
-        (1184, 9472)
+        >>> stats.dense_bytes, stats.fp32_bytes, stats.packed_bytes < stats.dense_bytes
+        (1184, 9472, True)
         >>> packed = load_packed(folder / "net.inq.safetensors")
+        >>> packed.layers["0.weight"].storage
+        'bitmap'
         >>> torch.equal(packed.state_dict()["0.weight"], net[0].weight)
         True
 
@@ -369,23 +406,23 @@ def export_packed(
             weight is off its level set (the message names the first such tensor).
     """
     ckpt = masked if isinstance(masked, MaskedCheckpoint) else load_masked(masked)
-    tensors, metadata = _pack(ckpt)
+    tensors, metadata = _pack(ckpt, sparse)
     write_safetensors(out_path, tensors, metadata)
     return pack_stats(_parse(tensors, metadata, out_path), os.path.getsize(out_path))
 
 
-def packed_from_masked(ckpt: MaskedCheckpoint) -> PackedFile:
+def packed_from_masked(ckpt: MaskedCheckpoint, sparse: bool = True) -> PackedFile:
     """The packed file of a fully quantized masked checkpoint, in memory (what
     :func:`export_packed` would write).
 
     Raises:
         ValueError: as :func:`export_packed`.
     """
-    tensors, metadata = _pack(ckpt)
+    tensors, metadata = _pack(ckpt, sparse)
     return _parse(tensors, metadata, "<memory>")
 
 
-def _pack(ckpt: MaskedCheckpoint) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _pack(ckpt: MaskedCheckpoint, sparse: bool) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     tensors = {k: v.contiguous() for k, v in ckpt.state.items() if k not in ckpt.masks}
     layers = {}
     for key in ckpt.masks:
@@ -394,7 +431,8 @@ def _pack(ckpt: MaskedCheckpoint) -> tuple[dict[str, torch.Tensor], dict[str, st
             raise ValueError(f"cannot pack {key!r}: {problem}")
         weight, n1 = ckpt.state[key], ckpt.n1[key]
         dtype = next(name for name, d in _DTYPES.items() if d == weight.dtype)
-        tensors[key + CODES_SUFFIX] = pack_codes(pow2_encode(weight, n1, ckpt.bits), ckpt.bits)
+        codes = pow2_encode(weight, n1, ckpt.bits)
+        dense = pack_codes(codes, ckpt.bits)
         layers[key] = {
             "module": key.rpartition(".")[0],
             "bits": ckpt.bits,
@@ -402,7 +440,19 @@ def _pack(ckpt: MaskedCheckpoint) -> tuple[dict[str, torch.Tensor], dict[str, st
             "shape": list(weight.shape),
             "width": code_width(ckpt.bits),
             "dtype": dtype,
+            "storage": "dense",
         }
+        small = encode_sparse(codes, ckpt.bits) if sparse else None
+        if small is not None and small.nbytes < dense.numel():
+            tensors[key + VALUES_SUFFIX], tensors[key + INDEX_SUFFIX] = small.values, small.index
+            layers[key].update(
+                storage=small.layout,
+                nonzero=small.nonzero,
+                gap_bits=small.gap_bits,
+                symbols=small.symbols,
+            )
+        else:
+            tensors[key + CODES_SUFFIX] = dense
     metadata = {
         "format": PACKED_FORMAT,
         "bits": str(ckpt.bits),
@@ -470,15 +520,37 @@ def _parse(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: obj
                 raise ValueError(f"{key!r}: bad width {info['width']} or shape {list(shape)}")
             if key in tensors:
                 raise ValueError(f"{key!r} is stored both packed and as a tensor")
+            storage = info.get("storage", "dense")  # inq-packed/1 and /2 are dense
+            sparse = None
+            if storage == "dense":
+                packed = tensors.pop(key + CODES_SUFFIX)
+            elif storage in LAYOUTS:
+                sparse = SparseCodes(
+                    layout=storage,
+                    values=tensors.pop(key + VALUES_SUFFIX),
+                    index=tensors.pop(key + INDEX_SUFFIX),
+                    nonzero=info["nonzero"],
+                    gap_bits=info["gap_bits"],
+                    symbols=info["symbols"],
+                )
+                try:
+                    codes = decode_sparse(sparse, bits, math.prod(shape))
+                except ValueError as err:
+                    raise ValueError(f"{key!r}: sparse codes: {err}") from None
+                packed = pack_codes(codes.reshape(shape), bits)
+            else:
+                raise ValueError(f"{key!r}: unknown storage {storage!r}")
             layers[key] = PackedLayer(
                 module=str(info["module"]),
-                packed=tensors.pop(key + CODES_SUFFIX),
+                packed=packed,
                 bits=bits,
                 n1=metadata_n1(info["n1"]),
                 shape=shape,
                 dtype=_DTYPES[info["dtype"]],
+                sparse=sparse,
             )
-        stray = [k for k in tensors if k.endswith(CODES_SUFFIX)]
+        suffixes = (CODES_SUFFIX, VALUES_SUFFIX, INDEX_SUFFIX)
+        stray = [k for k in tensors if k.endswith(suffixes)]
         if stray:
             raise ValueError(f"packed codes {stray} have no layer metadata")
         model = json.loads(metadata["model"])

@@ -19,7 +19,9 @@ from inq.export import load_masked, save_masked
 from inq.io import DIGEST_KEY, read_safetensors, write_safetensors
 from inq.packed import (
     CODES_SUFFIX,
+    INDEX_SUFFIX,
     PACKED_FORMAT,
+    VALUES_SUFFIX,
     code_width,
     codes_problem,
     decode_weight,
@@ -29,7 +31,8 @@ from inq.packed import (
     unpack_codes,
 )
 from inq.pow2 import pow2_decode, pow2_encode, pow2_quantize
-from inq.scheduler import FLOAT_CODE
+from inq.scheduler import FLOAT_CODE, INQScheduler
+from inq.sparse import encode_sparse
 
 shapes = st.lists(st.integers(1, 9), min_size=1, max_size=4).map(tuple)
 
@@ -129,7 +132,14 @@ def test_export_load_reproduces_the_masked_checkpoint(tmp_path: Path, bits: int)
     assert stats.file_bytes == (tmp_path / "m.inq.safetensors").stat().st_size
     with safe_open(tmp_path / "m.inq.safetensors", "pt") as f:  # plain safetensors, documented keys
         assert f.metadata()["format"] == PACKED_FORMAT
-        assert {"conv.weight" + CODES_SUFFIX, "conv.bias"} <= set(f.keys())
+        stored = {
+            key + suffix
+            for key, layer in packed.layers.items()
+            for suffix in (
+                (CODES_SUFFIX,) if layer.storage == "dense" else (VALUES_SUFFIX, INDEX_SUFFIX)
+            )
+        }
+        assert {*stored, "conv.bias"} <= set(f.keys())
 
 
 def test_half_precision_weights_round_trip(tmp_path: Path) -> None:
@@ -150,9 +160,10 @@ def test_size_ratio_of_realistic_layers(tmp_path: Path, bits: int, expected: flo
         nn.Conv2d(64, 128, 3), nn.Conv2d(128, 128, 3, groups=128), nn.Linear(512, 257)
     )
     save_masked(tmp_path / "m.safetensors", model, quantize(model, bits), {})
-    stats = export_packed(tmp_path / "m.safetensors", tmp_path / "p.safetensors")
+    stats = export_packed(tmp_path / "m.safetensors", tmp_path / "p.safetensors", sparse=False)
     assert stats.fp32_bytes == 4 * sum(m.weight.numel() for m in model)
     assert stats.ratio == pytest.approx(expected, rel=0.03)
+    assert stats.packed_bytes == stats.dense_bytes
     # the file is the packed codes plus the float biases plus a small header
     overhead = stats.file_bytes - stats.packed_bytes - stats.other_bytes
     assert 0 < overhead < 4096
@@ -182,7 +193,7 @@ def _edit_layer(field: str, value):
 @pytest.fixture
 def packed_file(tmp_path: Path) -> Path:
     path, _ = masked_file(tmp_path, bits=4)
-    export_packed(path, tmp_path / "p.inq.safetensors")
+    export_packed(path, tmp_path / "p.inq.safetensors", sparse=False)  # the dense rows
     return tmp_path / "p.inq.safetensors"
 
 
@@ -211,7 +222,7 @@ def _set_code(tensors, key: str, value: int) -> None:
         (None, _edit_layer("dtype", "int8"), "corrupt"),
         (None, lambda m: m.pop("layers"), "corrupt"),
         (None, lambda m: m.update(model="[1]"), "must be a JSON object"),
-        (None, lambda m: m.update(format="inq-packed/3"), "not an INQ packed file"),
+        (None, lambda m: m.update(format="inq-packed/9"), "not an INQ packed file"),
     ],
 )
 def test_tampered_files_fail_with_one_clear_error(packed_file, edit_tensors, edit_meta, match):
@@ -340,11 +351,11 @@ def test_files_of_format_1_still_load(tmp_path: Path, kind: str) -> None:
     """Files written before per-channel level sets (format /1: int n1, no level options)."""
     path, _ = masked_file(tmp_path, 4)
     if kind == "packed":
-        export_packed(path, tmp_path / "p.safetensors")
+        export_packed(path, tmp_path / "p.safetensors", sparse=False)
         path = tmp_path / "p.safetensors"
     tensors, metadata = read_safetensors(path)
     metadata = {k: v for k, v in metadata.items() if k not in ("n1_rule", "granularity", "sha256")}
-    metadata["format"] = metadata["format"].replace("/2", "/1")
+    metadata["format"] = metadata["format"][:-1] + "1"
     old = tmp_path / f"old_{kind}.safetensors"
     write_safetensors(old, tensors, metadata)
     if kind == "packed":
@@ -357,3 +368,102 @@ def test_files_of_format_1_still_load(tmp_path: Path, kind: str) -> None:
         assert (ckpt.n1_rule, ckpt.granularity) == ("max", "layer")
         assert ckpt.n1 == load_masked(path).n1
         assert ckpt.digest_problem is None
+
+
+# ---------------------------------------------------------------- sparse storage
+
+
+def _tensor_bytes_in_file(path: Path) -> dict[str, int]:
+    """Each tensor's byte length as the safetensors header records it (the file, measured)."""
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return {
+        k: v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k[0] != "_"
+    }
+
+
+@pytest.fixture(scope="module")
+def pruned_masked(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A pruned (conv 50 %, linear 92 %) and 5-bit quantized model."""
+    torch.manual_seed(3)
+    model = nn.Module()
+    model.conv, model.fc = nn.Conv2d(3, 16, 3), nn.Linear(256, 64)
+    sched = INQScheduler(model, bits=5, portions=(0.5, 1.0))
+    sched.prune({"conv": 0.5, "fc": 0.92})
+    while not sched.done:
+        sched.step()
+    path = tmp_path_factory.mktemp("pruned") / "m.safetensors"
+    save_masked(path, model, sched, {"name": "mixed"})
+    return path
+
+
+def test_sparse_layers_decode_to_the_masked_checkpoint_and_measure_smaller(
+    pruned_masked: Path, tmp_path: Path
+) -> None:
+    sparse_path, dense_path = tmp_path / "s.safetensors", tmp_path / "d.safetensors"
+    stats = export_packed(pruned_masked, sparse_path)
+    dense_stats = export_packed(pruned_masked, dense_path, sparse=False)
+    ckpt, packed = load_masked(pruned_masked), load_packed(sparse_path)
+    for key, value in ckpt.state.items():
+        assert torch.equal(packed.state_dict()[key], value), key
+    dense = load_packed(dense_path)
+    on_disk = _tensor_bytes_in_file(sparse_path)
+    for key, layer in packed.layers.items():
+        assert torch.equal(layer.packed, dense.layers[key].packed), key
+        best = encode_sparse(layer.codes(), 5)
+        chosen = "dense" if best.nbytes >= layer.packed.numel() else best.layout
+        assert layer.storage == chosen, key
+        suffixes = (CODES_SUFFIX,) if chosen == "dense" else (VALUES_SUFFIX, INDEX_SUFFIX)
+        assert layer.stored_bytes == sum(on_disk[key + suffix] for suffix in suffixes), key
+    assert packed.layers["fc.weight"].storage == "gaps"  # 92 % zeros: gaps beat a bitmap
+    assert stats.packed_bytes < dense_stats.packed_bytes == stats.dense_bytes
+    assert stats.compression == stats.fp32_bytes / stats.packed_bytes
+    assert stats.file_bytes < dense_stats.file_bytes
+
+
+def test_sparse_values_take_bits_minus_one_bits(pruned_masked: Path, tmp_path: Path) -> None:
+    export_packed(pruned_masked, tmp_path / "s.safetensors")
+    for key, layer in load_packed(tmp_path / "s.safetensors").layers.items():
+        if layer.sparse is not None:
+            nonzero = int((layer.codes() != 0).sum())
+            assert layer.sparse.nonzero == nonzero
+            assert layer.sparse.values.numel() == math.ceil(nonzero * 4 / 8), key
+
+
+@pytest.mark.parametrize(
+    ("edit_tensors", "edit_meta", "match"),
+    [
+        (lambda t: t.pop("fc.weight" + INDEX_SUFFIX), None, "corrupt"),
+        (
+            lambda t: t.update({"fc.weight" + VALUES_SUFFIX: torch.zeros(1, dtype=torch.uint8)}),
+            None,
+            r"'fc.weight': sparse codes",
+        ),
+        (None, _edit_layer("nonzero", 10**6), r"'fc.weight': sparse codes"),
+        (None, _edit_layer("symbols", 1), r"'fc.weight': sparse codes"),
+        (None, _edit_layer("storage", "zip"), "unknown storage 'zip'"),
+        (None, _edit_layer("storage", "dense"), "corrupt"),
+    ],
+)
+def test_tampered_sparse_layers_fail_with_one_clear_error(
+    pruned_masked: Path, tmp_path: Path, edit_tensors, edit_meta, match
+) -> None:
+    export_packed(pruned_masked, tmp_path / "s.safetensors")
+    bad = _rewrite(
+        tmp_path / "s.safetensors", tmp_path / "bad.safetensors", edit_tensors, edit_meta
+    )
+    with pytest.raises(ValueError, match=match):
+        load_packed(bad)
+
+
+def test_a_valid_looking_edit_of_sparse_values_fails_the_digest(
+    pruned_masked: Path, tmp_path: Path
+) -> None:
+    export_packed(pruned_masked, tmp_path / "s.safetensors")
+
+    def flip(tensors) -> None:
+        tensors["fc.weight" + VALUES_SUFFIX][0] ^= 1  # another sign: still a valid code
+
+    bad = _rewrite(tmp_path / "s.safetensors", tmp_path / "bad.safetensors", flip)
+    with pytest.raises(ValueError, match="sha256 digest"):
+        load_packed(bad)
