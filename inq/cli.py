@@ -36,12 +36,10 @@ from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.levels import describe_n1
 from inq.packed import (
     PackStats,
-    code_width,
     export_packed,
     load_packed,
     pack_stats,
     read_format,
-    row_bytes,
 )
 from inq.quant.integer import INT_FORMAT, IntegerModel, IntOp, load_integer, program_problems
 from inq.verify import verify_file
@@ -80,6 +78,12 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--data", nargs="*", default=[], metavar="NAME|KEY=VALUE",
                    help="with --onnx, for a file that records no data: the input size")  # fmt: skip
+    p.add_argument(
+        "--dense",
+        action="store_true",
+        help="store every layer as dense code rows (default: sparse, a bitmap or gaps, where "
+        "that is smaller)",
+    )
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -90,7 +94,7 @@ def _export(args: argparse.Namespace) -> int:
     output = Path(args.output or source.with_name(stem + PACKED_SUFFIX))
     if output.resolve() == source.resolve():
         raise ValueError(f"{output}: the output would replace the masked checkpoint; choose -o")
-    stats = export_packed(source, output)
+    stats = export_packed(source, output, sparse=not args.dense)
     print(f"{source} -> {output}")
     print(_sizes(stats))
     return 0
@@ -238,21 +242,27 @@ def _info(args: argparse.Namespace) -> int:
     print(_sizes(stats))
     width = max([len("tensor"), *(len(k) for k in packed.layers)])
     n1_width = max([4, *(len(describe_n1(layer.n1)) for layer in packed.layers.values())])
-    print(f"{'tensor':<{width}}  {'shape':<18}  bits  {'n1':>{n1_width}}  width   bytes")
+    print(
+        f"{'tensor':<{width}}  {'shape':<18}  bits  {'n1':>{n1_width}}   zeros  storage  "
+        f"{'dense B':>8}  {'stored B':>8}  {'x fp32':>7}"
+    )
     for key, layer in packed.layers.items():
         shape = "x".join(map(str, layer.shape))
-        size = layer.shape[0] * row_bytes(layer.k, layer.bits)
+        storage = layer.storage + (f"/{layer.sparse.gap_bits}" if layer.storage == "gaps" else "")
+        zeros = float((layer.codes() == 0).double().mean()) if layer.packed.numel() else 0.0
+        fp32 = 4 * math.prod(layer.shape)
         print(
             f"{key:<{width}}  {shape:<18}  {layer.bits:>4}  {describe_n1(layer.n1):>{n1_width}}  "
-            f"{code_width(layer.bits):>5}  {size:>6}"
+            f"{100 * zeros:>5.1f}%  {storage:<7}  {layer.packed.numel():>8}  "
+            f"{layer.stored_bytes:>8}  {fp32 / max(1, layer.stored_bytes):>6.1f}x"
         )
     return 0
 
 
 def _sizes(stats: PackStats) -> str:
     return (
-        f"quantized weights: fp32 {stats.fp32_bytes} B -> packed {stats.packed_bytes} B "
-        f"(ratio {stats.ratio:.4f}, {1 / stats.ratio if stats.ratio else 0:.2f}x smaller); "
+        f"quantized weights: fp32 {stats.fp32_bytes} B -> {stats.packed_bytes} B in the file "
+        f"(compression {stats.compression:.2f}x; dense rows {stats.dense_bytes} B); "
         f"other tensors {stats.other_bytes} B; file {stats.file_bytes} B"
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +49,7 @@ def test_export_verify_info(capsys, masked: Path, tmp_path: Path) -> None:
     packed = tmp_path / "mixed4.inq.safetensors"  # default: beside the source
     assert code == 0 and str(packed) in out
     stats = pack_stats(load_packed(packed), packed.stat().st_size)
-    assert f"ratio {stats.ratio:.4f}" in out
+    assert f"(compression {stats.compression:.2f}x; dense rows {stats.dense_bytes} B)" in out
 
     for path, kind in ((masked, "masked"), (packed, "packed")):
         code, out, err = run(capsys, "verify", path)
@@ -59,9 +60,17 @@ def test_export_verify_info(capsys, masked: Path, tmp_path: Path) -> None:
 
     code, out, _ = run(capsys, "info", packed)
     assert code == 0
-    assert f"fp32 {stats.fp32_bytes} B -> packed {stats.packed_bytes} B" in out
-    assert f"ratio {stats.ratio:.4f}" in out and "bits [4]" in out
-    assert "conv.weight       5x3x3x3                4" in out
+    assert f"fp32 {stats.fp32_bytes} B -> {stats.packed_bytes} B in the file" in out
+    assert f"compression {stats.compression:.2f}x" in out and "bits [4]" in out
+    layer = load_packed(packed).layers["conv.weight"]
+    sizes = f"{layer.packed.numel()} +{layer.stored_bytes} +{135 * 4 / layer.stored_bytes:.1f}x"
+    assert re.search(rf"conv.weight +5x3x3x3 +4 .* {layer.storage} +{sizes}", out)
+
+    code, out, _ = run(capsys, "export", masked, "--dense", "-o", tmp_path / "dense.safetensors")
+    assert code == 0 and re.search(r"-> (\d+) B in the file \(.*; dense rows \1 B\)", out)
+    assert {
+        layer.storage for layer in load_packed(tmp_path / "dense.safetensors").layers.values()
+    } == {"dense"}
 
 
 def test_export_to_a_named_output(capsys, masked: Path, tmp_path: Path) -> None:
