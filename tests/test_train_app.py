@@ -136,6 +136,8 @@ def test_multirun_gives_each_job_its_own_directory(tmp_path: Path) -> None:
         (["model.checkpoint=GARBAGE"], "inq-train: error: model.checkpoint: cannot read"),
         (["inq.include=[conv9]"], "inq-train: error: inq.include: include pattern 'conv9'"),
         (["quant.act_bits=9"], "inq-train: error: quant.act_bits: must be 2..8 or null"),
+        (["prune.layers=[head:0.9]"], "inq-train: error: prune.layers: pattern 'head' matches no"),
+        (["prune.schedule=exp"], "Could not override 'prune.schedule'"),
         (  # refused before any training: ReLU6 has no integer form here
             ["data=synthetic", "model=torchvision", "model.name=mobilenet_v2", "quant.act_bits=8"],
             "inq-train: error: quant.act_bits: no integer model of mobilenet_v2: the integer "
