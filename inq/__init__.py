@@ -6,6 +6,7 @@ Example:
     tensor([ 0.2500, -0.5000])
 """
 
+from inq import prune
 from inq.partition import grow_mask, quantized_count
 from inq.pow2 import pow2_decode, pow2_encode, pow2_levels, pow2_n1, pow2_n2, pow2_quantize
 from inq.scheduler import DEFAULT_PORTIONS, INQScheduler
@@ -20,6 +21,7 @@ __all__ = [
     "pow2_n1",
     "pow2_n2",
     "pow2_quantize",
+    "prune",
     "quantized_count",
 ]
 __version__ = "0.1.0"
