@@ -257,10 +257,16 @@ def test_integer_phase_writes_a_sound_integer_model_and_resumes_exactly(tmp_path
 
 
 def test_pruned_run_keeps_its_zeros_everywhere_and_resumes_exactly(tmp_path: Path) -> None:
+    import onnx
+    from onnx import numpy_helper
+
     from inq.cli import main
+    from inq.export_onnx import export_onnx
+    from inq.quant.integer import load_integer
     from inq.train.checkpoint import KILL_ENV
 
     prune = ("prune.sparsity=0.6", "prune.layers=[12:0.9]", "prune.steps=2", "prune.epochs=1")
+    prune += ("quant.act_bits=8", "quant.batches=1")  # the integer model keeps the zeros too
     settings = (*TINY, *prune, "trainer.checkpoint_every=3", "trainer.keep_checkpoints=null")
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     inq_train(*settings, f"hydra.run.dir={whole}")
@@ -269,7 +275,7 @@ def test_pruned_run_keeps_its_zeros_everywhere_and_resumes_exactly(tmp_path: Pat
         proc = inq_train(*settings, f"hydra.run.dir={killed}", *resume,
                          env={KILL_ENV: kill_at or ""}, check=kill_at is None)  # fmt: skip
         assert proc.returncode == (-9 if kill_at else 0), proc.stderr[-2000:]
-    for name in ("model_masked.safetensors", "model.inq.safetensors"):
+    for name in ("model_masked.safetensors", "model.inq.safetensors", "model.int.safetensors"):
         assert (killed / name).read_bytes() == (whole / name).read_bytes(), name
 
     summary = json.loads((whole / "summary.json").read_text())
@@ -281,13 +287,25 @@ def test_pruned_run_keeps_its_zeros_everywhere_and_resumes_exactly(tmp_path: Pat
     pruned_total = sum(layer["pruned"] for layer in layers.values())
     assert summary["pruned_fraction"] == pruned_total / sum(m.numel() for m in ckpt.masks.values())
     packed = load_packed(whole / "model.inq.safetensors")
+    export_onnx(packed, tmp_path / "m.onnx", (1, 8, 8))
+    onnx_weights = {
+        t.name: torch.from_numpy(numpy_helper.to_array(t).copy())
+        for t in onnx.load(tmp_path / "m.onnx").graph.initializer
+    }
+    int_model = load_integer(whole / "model.int.safetensors")
+    int_codes = {  # the integer model's conv/linear ops hold the packed codes
+        op.attrs["module"]: int_model.op_tensors(op.name)["codes"]
+        for op in int_model.ops
+        if "module" in op.attrs
+    }
     prune2 = torch.load(whole / "checkpoints" / "prune2.pt", weights_only=True)
     for name, layer in prune2["inq"]["layers"].items():
         pruned = layer["codes"] == 0  # before stage 1 the only frozen weights are the pruned
         assert int(pruned.sum()) == layer["pruned"] == layers[name]["pruned"]
-        key = f"{name}.weight"
-        for weight in (ckpt.state[key], packed.layers[key].weight()):
-            assert torch.equal(weight[pruned], torch.zeros(int(pruned.sum()))), key
+        key, zeros = f"{name}.weight", torch.zeros(int(pruned.sum()))
+        assert torch.equal(int_codes[name], packed.layers[key].packed), key
+        for weight in (ckpt.state[key], packed.layers[key].weight(), onnx_weights[key]):
+            assert torch.equal(weight.reshape(pruned.shape)[pruned], zeros), key
     assert main(["verify", str(whole / "model.inq.safetensors")]) == 0
     events = EventAccumulator(str(whole / "tb"), size_guidance={"scalars": 0})
     events.Reload()
