@@ -229,7 +229,8 @@ class INQScheduler:
         """Prune by magnitude: freeze the smallest ``|w|`` of each layer at exactly zero.
 
         After the call ``quantized_count(sparsity, N)`` of a layer's ``N`` weights are pruned
-        (the smallest first, ties to the lower flat index; pruned weights stay pruned). Call it
+        (the smallest first, ties to the lower flat index; pruned weights stay pruned; at least
+        one weight of a layer stays). Call it
         before the first :meth:`step`, once or with growing sparsity between rounds of retraining
         (iterative pruning); :meth:`step` then quantizes its portions of the remaining weights.
         Returns the pruned fraction of all target weights.
@@ -268,12 +269,14 @@ class INQScheduler:
             fraction = float(targets.get(layer.name, 0.0))
             if not 0.0 <= fraction < 1.0:
                 raise ValueError(f"prune(): sparsity of {layer.name!r} must lie in [0, 1)")
-            count = max(layer.pruned, quantized_count(fraction, layer.weight.numel()))
-            if layer.name in targets and count > quantized_count(fraction, layer.weight.numel()):
+            numel = layer.weight.numel()
+            want = min(quantized_count(fraction, numel), max(numel - 1, 0))  # one weight stays
+            if layer.name in targets and want < layer.pruned:
                 raise ValueError(
                     f"prune(): {layer.name!r} has {layer.pruned} weights pruned already, more "
                     f"than sparsity {fraction} asks for; pruning only grows"
                 )
+            count = max(want, layer.pruned)
             if not bool(torch.isfinite(layer.weight.detach()).all()):
                 raise ValueError(f"prune(): layer {layer.name!r} holds NaN or infinity")
             counts[layer.name] = count
@@ -323,7 +326,8 @@ class INQScheduler:
                 torch.where(layer.mask, values, layer.weight, out=layer.weight)
 
     def quantized_fraction(self, per_layer: bool = False) -> float | dict[str, float]:
-        """Fraction of target weights that are quantized: in total, or ``{name: fraction}``."""
+        """Fraction of target weights that are quantized (pruned ones included: frozen at the
+        zero code): in total, or ``{name: fraction}``."""
         if per_layer:
             return {layer.name: layer.count / layer.weight.numel() for layer in self._layers}
         total = sum(layer.weight.numel() for layer in self._layers)
@@ -394,14 +398,21 @@ class INQScheduler:
         for layer in self._layers:  # check everything before changing anything
             codes, n1 = saved[layer.name]["codes"], saved[layer.name]["n1"]
             pruned = saved[layer.name].get("pruned", 0)  # versions 1 and 2 knew no pruning
+            if not isinstance(pruned, int) or isinstance(pruned, bool):
+                raise ValueError(f"INQ state for {layer.name!r} has pruned={pruned!r}, not an int")
+            numel = layer.weight.numel()
+            expected = pruned  # frozen entries at this stage
+            if stage:
+                expected += quantized_count(self.portions[stage - 1], numel - pruned)
             if codes.shape != layer.weight.shape or codes.dtype != torch.uint8:
                 raise ValueError(f"INQ state for {layer.name!r} does not match the weight's shape")
             valid = (codes == FLOAT_CODE) | (codes == 0) | ((codes >= top) & (codes < 2 * top))
             frozen = int((codes != FLOAT_CODE).sum())
             if (
                 not bool(valid.all())
-                or not 0 <= pruned <= frozen
-                or (stage == 0 and (frozen != pruned or bool((codes > FLOAT_CODE).any())))
+                or not 0 <= pruned <= int((codes == 0).sum())
+                or frozen != expected
+                or (stage == 0 and bool((codes > FLOAT_CODE).any()))
                 or (n1 is None and stage > 0)
             ):
                 raise ValueError(f"INQ state for {layer.name!r} holds invalid codes (corrupt?)")

@@ -895,10 +895,11 @@ def test_prune_freezes_the_smallest_weights_at_exact_zero(numel: int, sparsity: 
     model = nn.Linear(numel, 1, bias=False)
     sched = INQScheduler(model, bits=4, portions=(0.5, 1.0))
     weight = model.weight.detach().clone()
-    assert sched.prune(sparsity) == quantized_count(sparsity, numel) / numel
+    expected = min(quantized_count(sparsity, numel), numel - 1)  # one weight always stays
+    assert sched.prune(sparsity) == expected / numel
     layer = sched.layers[0]
     pruned = layer.mask
-    assert layer.pruned == layer.count == int(pruned.sum()) == quantized_count(sparsity, numel)
+    assert layer.pruned == layer.count == int(pruned.sum()) == expected
     assert bool((layer.codes[pruned] == 0).all())
     assert torch.equal(model.weight.detach()[pruned], torch.zeros(layer.pruned))
     assert not bool(torch.signbit(model.weight.detach()[pruned]).any()), "-0.0 has no code"
@@ -916,10 +917,14 @@ def test_prune_breaks_ties_by_the_lower_flat_index() -> None:
     assert sched.layers[0].mask.tolist() == [[False, True, True, False, False, True]]
 
 
-def test_stages_count_the_remaining_weights_and_pruned_zeros_stay() -> None:
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"strategy": "random"}, {"strategy": "error", "n1_rule": "mse", "granularity": "channel"}],
+)
+def test_stages_count_the_remaining_weights_and_pruned_zeros_stay(options: dict) -> None:
     model = digits_net(seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
-    sched = INQScheduler(model, bits=5, portions=(0.3, 0.6, 1.0))
+    sched = INQScheduler(model, bits=5, portions=(0.3, 0.6, 1.0), **options)
     sched.attach(optimizer)
     sched.prune({"conv": 0.5, "fc": 0.8})
     pruned = {layer.name: layer.mask.clone() for layer in sched.layers}
@@ -973,6 +978,15 @@ def test_bad_pruning_raises(sparsity: object, error: type, message: str) -> None
     assert sched.pruned_fraction() == 0.0, "a refused prune() changed something"
 
 
+def test_pruning_keeps_one_weight_of_a_layer_where_rounding_would_take_all() -> None:
+    model = nn.Sequential(nn.Linear(10, 1, bias=False), nn.Linear(1, 16, bias=False))
+    sched = INQScheduler(model, bits=5)
+    assert quantized_count(0.96, 10) == 10
+    sched.prune(0.96)
+    assert [layer.pruned for layer in sched.layers] == [9, 15]
+    assert all(bool((layer.weight != 0).any()) for layer in sched.layers)
+
+
 def test_pruning_never_shrinks_and_stops_once_the_stages_start() -> None:
     sched = INQScheduler(digits_net(0))
     sched.prune(0.5)
@@ -1003,13 +1017,21 @@ def test_pruned_state_resumes_exactly_and_old_states_load_unpruned() -> None:
     assert fresh.pruned_fraction() == 0.0
 
 
-def test_load_state_dict_rejects_pruned_counts_that_do_not_match_the_codes() -> None:
+@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("pruned", [-10, +10, 3.7, True, "3"])
+def test_load_state_dict_rejects_pruned_counts_that_do_not_match_the_codes(
+    stage: int, pruned: object
+) -> None:
     sched = INQScheduler(digits_net(0))
     sched.prune(0.5)
+    for _ in range(stage):
+        sched.step()
     state = sched.state_dict()
-    state["layers"]["fc"]["pruned"] -= 1
-    with pytest.raises(ValueError, match="'fc' holds invalid codes"):
+    fc = state["layers"]["fc"]
+    fc["pruned"] = fc["pruned"] + pruned if type(pruned) is int else pruned
+    with pytest.raises(ValueError, match=r"'fc' (holds invalid codes|has pruned=)"):
         INQScheduler(digits_net(0)).load_state_dict(state)
+    assert INQScheduler(digits_net(0)).load_state_dict(sched.state_dict()) is None
 
 
 def test_ste_keeps_pruned_weights_at_zero() -> None:
