@@ -55,16 +55,17 @@ job() {  # job SEED BITS:SPARSITY[:FC_SPARSITY]
 mkdir -p "$out"
 start=$SECONDS
 echo "pruning study $dataset, seeds $seeds, ${JOBS:-1} at once -> $out"
+failed=0
 for seed in ${seeds//,/ }; do
   train "$seed" float inq.method=oneshot
   for spec in 5:0 5:0.5 5:0.7 5:0.8 5:0.85 5:0.9 5:0.93 5:0.95 5:0.7:0.95 5:0.8:0.95 \
     5:0.8:0.97 4:0 4:0.5 4:0.7 4:0.8 4:0.9 3:0 3:0.5 3:0.7 3:0.8 3:0.9; do
-    while (($(jobs -rp | wc -l) >= ${JOBS:-1})); do wait -n; done
+    while (($(jobs -rp | wc -l) >= ${JOBS:-1})); do wait -n || failed=$((failed + 1)); done
     job "$seed" "$spec" &
   done
 done
-wait
-echo "all jobs done in $((SECONDS - start)) s; runs in $out"
+while (($(jobs -rp | wc -l))); do wait -n || failed=$((failed + 1)); done
+echo "all jobs done in $((SECONDS - start)) s ($failed failed); runs in $out"
 update=()
 [[ -z ${UPDATE_RESULTS:-} ]] || update=(--update-results)
 python experiments/collect_prune.py "$out" --dataset "$dataset" "${update[@]}"

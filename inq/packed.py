@@ -13,8 +13,8 @@ A packed file is a ``.safetensors`` file, readable with the ``safetensors`` libr
   - ``"dense"``: the packed ``uint8`` rows above under ``"<weight key>.inq_codes"``;
   - ``"bitmap"`` or ``"gaps"`` (sparse, for pruned layers): the non-zero codes at ``bits - 1``
     bits each under ``"<weight key>.inq_values"`` and their positions, a bitmap or relative gaps,
-    under ``"<weight key>.inq_index"`` (:mod:`inq.sparse` defines both), chosen when smaller
-    than the dense rows;
+    under ``"<weight key>.inq_index"`` (:mod:`inq.sparse` defines both), chosen when that makes
+    the file smaller than the dense rows do;
 
 - every other tensor of the model's state (biases, norm layers, buffers) as it is;
 - string metadata: ``format`` (``"inq-packed/3"``), ``bits``, ``portions``, ``strategy``,
@@ -77,6 +77,10 @@ __all__ = [
 PACKED_FORMAT = "inq-packed/3"
 PACKED_FORMATS = ("inq-packed/1", "inq-packed/2", PACKED_FORMAT)  # what load_packed reads
 CODES_SUFFIX, VALUES_SUFFIX, INDEX_SUFFIX = ".inq_codes", ".inq_values", ".inq_index"
+# A sparse layer's second tensor and its counts lengthen the file's header by this much
+# (measured: 120-128 bytes); it is stored sparse only when that still saves bytes.
+SPARSE_HEADER_BYTES = 128
+_MAX_WEIGHTS = 2**31  # per layer, far above real ones: a tampered shape cannot exhaust memory
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -346,7 +350,7 @@ class PackStats:
 
     @property
     def compression(self) -> float:
-        return self.fp32_bytes / self.packed_bytes if self.packed_bytes else 0.0
+        return self.fp32_bytes / self.packed_bytes if self.packed_bytes else math.inf
 
     def as_dict(self) -> dict[str, float]:
         """The sizes, the ratio and the compression, for ``summary.json``."""
@@ -379,8 +383,9 @@ def export_packed(
 ) -> PackStats:
     """Write the packed file of a fully quantized masked checkpoint atomically.
 
-    Each layer is stored sparse (bitmap or gaps) where that is smaller than its dense rows;
-    ``sparse=False`` stores every layer's dense rows.
+    Each layer is stored sparse (bitmap or gaps) where that makes the file smaller than its
+    dense rows do (:data:`SPARSE_HEADER_BYTES` counted); ``sparse=False`` stores every layer's
+    dense rows.
 
     Example:
         >>> import tempfile, pathlib
@@ -393,12 +398,22 @@ def export_packed(
         >>> folder = pathlib.Path(tempfile.mkdtemp())
         >>> save_masked(folder / "net.safetensors", net, sched, {"name": "mlp"})
         >>> stats = export_packed(folder / "net.safetensors", folder / "net.inq.safetensors")
-        >>> stats.dense_bytes, stats.fp32_bytes, stats.packed_bytes < stats.dense_bytes
-        (1184, 9472, True)
+        >>> stats.packed_bytes, stats.fp32_bytes, stats.compression
+        (1184, 9472, 8.0)
         >>> packed = load_packed(folder / "net.inq.safetensors")
-        >>> packed.layers["0.weight"].storage
-        'bitmap'
         >>> torch.equal(packed.state_dict()["0.weight"], net[0].weight)
+        True
+
+        A pruned layer is stored sparse:
+
+        >>> sched = INQScheduler(net, bits=4, portions=(1.0,))
+        >>> _ = sched.prune({"0": 0.9})
+        >>> _ = sched.step()
+        >>> save_masked(folder / "net.safetensors", net, sched, {"name": "mlp"})
+        >>> stats = export_packed(folder / "net.safetensors", folder / "net.inq.safetensors")
+        >>> load_packed(folder / "net.inq.safetensors").layers["0.weight"].storage
+        'gaps'
+        >>> stats.packed_bytes < stats.dense_bytes
         True
 
     Raises:
@@ -443,7 +458,7 @@ def _pack(ckpt: MaskedCheckpoint, sparse: bool) -> tuple[dict[str, torch.Tensor]
             "storage": "dense",
         }
         small = encode_sparse(codes, ckpt.bits) if sparse else None
-        if small is not None and small.nbytes < dense.numel():
+        if small is not None and small.nbytes + SPARSE_HEADER_BYTES < dense.numel():
             tensors[key + VALUES_SUFFIX], tensors[key + INDEX_SUFFIX] = small.values, small.index
             layers[key].update(
                 storage=small.layout,
@@ -516,6 +531,7 @@ def _parse(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: obj
                 info["width"] != code_width(bits)
                 or not shape
                 or not all(isinstance(n, int) and n >= 0 for n in shape)
+                or math.prod(shape) > _MAX_WEIGHTS  # a sparse layer's data does not bound it
             ):
                 raise ValueError(f"{key!r}: bad width {info['width']} or shape {list(shape)}")
             if key in tensors:

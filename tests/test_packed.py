@@ -21,6 +21,7 @@ from inq.packed import (
     CODES_SUFFIX,
     INDEX_SUFFIX,
     PACKED_FORMAT,
+    SPARSE_HEADER_BYTES,
     VALUES_SUFFIX,
     code_width,
     codes_problem,
@@ -217,6 +218,7 @@ def _set_code(tensors, key: str, value: int) -> None:
         (None, _edit_layer("bits", 9), "bits must be an integer"),
         (None, _edit_layer("shape", []), "bad width 4 or shape"),
         (None, _edit_layer("shape", [3, 9]), r"'fc.weight'.*expected uint8 \[3, 5\]"),
+        (None, _edit_layer("shape", [2**21, 2**11]), "bad width 4 or shape"),
         (None, _edit_layer("n1", 200), "outside torch.float32"),
         (None, _edit_layer("n1", "x"), "expected an integer"),
         (None, _edit_layer("dtype", "int8"), "corrupt"),
@@ -411,7 +413,8 @@ def test_sparse_layers_decode_to_the_masked_checkpoint_and_measure_smaller(
     for key, layer in packed.layers.items():
         assert torch.equal(layer.packed, dense.layers[key].packed), key
         best = encode_sparse(layer.codes(), 5)
-        chosen = "dense" if best.nbytes >= layer.packed.numel() else best.layout
+        smaller = best.nbytes + SPARSE_HEADER_BYTES < layer.packed.numel()
+        chosen = best.layout if smaller else "dense"
         assert layer.storage == chosen, key
         suffixes = (CODES_SUFFIX,) if chosen == "dense" else (VALUES_SUFFIX, INDEX_SUFFIX)
         assert layer.stored_bytes == sum(on_disk[key + suffix] for suffix in suffixes), key

@@ -126,6 +126,7 @@ def test_a_value_of_the_wrong_type_is_refused(conf) -> None:
         ("prune.layers=[fc:1.5]", "prune.layers fc"),
         ("prune.layers=[fc]", "prune.layers"),
         ("prune.layers=[fc:x]", "prune.layers"),
+        ("prune.layers=[fc:0.9,fc:0.5]", "prune.layers"),
         ("prune.steps=0", "prune.steps"),
         ("prune.epochs=-1", "prune.epochs"),
         ("prune.lr=0", "prune.lr"),

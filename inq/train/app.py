@@ -224,7 +224,11 @@ def _train_phases(cfg: DictConfig, r: Trainer) -> None:
         if r.ste is not None:
             r.ste.finalize()  # snap the shadows: r.sched now holds every weight, exact
             r.ste = None
-        r.history[phase.name] = {"portion": r.sched.quantized_fraction(), **r.evaluate()}
+        r.history[phase.name] = {
+            "portion": r.sched.quantized_fraction(),
+            "pruned": r.sched.pruned_fraction(),
+            **r.evaluate(),
+        }
         r.timings[phase.name] = r.phase_seconds()
         r.progress = Progress(phase=p + 1, step=r.progress.step)
         r.clock = time.perf_counter()
@@ -669,8 +673,11 @@ def _zero_fraction(sched: INQScheduler) -> float:
 
 def _table(summary: dict[str, Any]) -> str:
     rows = [("float", summary["float"]), *summary["stages"].items()]
-    lines = [f"{'phase':<10} {'quantized':>9} {'val acc':>8}"]
-    lines += [f"{n:<10} {100 * m['portion']:>8.1f}% {100 * m['acc']:>7.2f}%" for n, m in rows]
+    pruned = any(m.get("pruned") for _, m in rows)  # a column only for runs that prune
+    lines = [f"{'phase':<10} {'quantized':>9}{'   pruned' if pruned else ''} {'val acc':>8}"]
+    for name, m in rows:
+        column = f" {100 * m.get('pruned', 0.0):>7.1f}%" if pruned else ""
+        lines.append(f"{name:<10} {100 * m['portion']:>8.1f}%{column} {100 * m['acc']:>7.2f}%")
     delta = 100 * (summary["final_acc"] - summary["float_acc"])
     if "integer" in summary:
         act, acc = f"{summary['integer']['act_bits']}-bit act", summary["integer"]["acc"]

@@ -17,10 +17,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from torch import nn
 
 from inq.io import atomic_path
+from inq.train.config import Config, to_dict
 from inq.train.errors import ConfigError
 
 __all__ = [
@@ -141,20 +143,24 @@ def resolve_resume(resume: str) -> Path:
 def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
     """Refuse to resume when a setting that shapes the weights changed.
 
+    A key the checkpoint lacks (it was saved before the key existed) counts as its default.
+
     Example:
         >>> check_compatible({"inq": {"bits": 5}}, {"inq": {"bits": 4}})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         inq.train.errors.ConfigError: trainer.resume: ... inq.bits=5 (now 4); resume ...
+        >>> check_compatible({"inq": {"bits": 5}}, {"inq": {"bits": 5}, "prune": {"steps": 3}})
 
     Raises:
         ConfigError: listing every changed key with its saved and current value.
     """
     old, new = _flatten(saved), _flatten(current)
+    defaults = _flatten(to_dict(OmegaConf.structured(Config)))
     changed = [
-        f"{k}={old.get(k)!r} (now {new.get(k)!r})"
+        f"{k}={old.get(k, defaults.get(k))!r} (now {new.get(k)!r})"
         for k in sorted(old.keys() | new.keys())
-        if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k)
+        if k not in RESUMABLE_CHANGES and old.get(k, defaults.get(k)) != new.get(k)
     ]
     if changed:
         raise ConfigError(

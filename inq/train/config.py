@@ -321,6 +321,8 @@ def prune_layers(cfg: DictConfig) -> dict[str, float]:
     overrides = {}
     for item in cfg.prune.get("layers") or ():
         glob, _, value = str(item).rpartition(":")
+        if glob in overrides:
+            raise ConfigError("prune.layers", f"{glob!r} is given twice")
         try:
             overrides[glob] = float(value)
         except ValueError:
