@@ -21,7 +21,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import defaultdict
@@ -31,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the sibling collector, also when loaded by path from the tests
-from collect_study import _relative, write_section  # noqa: E402
+from collect_study import _relative, sweep_parser, write_section  # noqa: E402
 
 # The INQ paper's Table 5 (AlexNet on ImageNet, dynamic network surgery + INQ, no Huffman
 # coding) and Deep Compression (Han et al. 2016) on the same network, as the issue quotes them.
@@ -226,15 +225,7 @@ def render(runs: Sequence[PruneRun], plot_path: Path, results: Path, dataset: st
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep", type=Path, help="directory holding the runs (any depth)")
-    parser.add_argument("--dataset", default="digits", help="digits (default), fashion_mnist")
-    parser.add_argument(
-        "--update-results",
-        action="store_true",
-        help="write the tracked experiments/RESULTS.md section and plot (default: into SWEEP)",
-    )
-    args = parser.parse_args(argv)
+    args = sweep_parser(__doc__.split("\n\n")[0]).parse_args(argv)
     folder = HERE if args.update_results else args.sweep
     results, plot_path = folder / "RESULTS.md", folder / f"prune_{args.dataset}.png"
     try:

@@ -406,9 +406,9 @@ def render(runs: Sequence[Run], plot_path: Path, results: Path, dataset: str = "
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def sweep_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every study collector takes: the sweep, the dataset, where to write."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("sweep", type=Path, help="directory holding the runs (any depth)")
     parser.add_argument("--dataset", default="digits", help="digits (default), fashion_mnist")
     parser.add_argument(
@@ -416,6 +416,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="write the tracked experiments/RESULTS.md section and plot (default: into SWEEP)",
     )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point; returns the exit status."""
+    parser = sweep_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, help="results file (overrides the default)")
     parser.add_argument("--plot", type=Path, help="plot file (overrides the default)")
     args = parser.parse_args(argv)

@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[1]
+from train_helpers import load_experiment
 
-
-def load_collector() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "collect_prune", ROOT / "experiments/collect_prune.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-collect = load_collector()
+collect = load_experiment("collect_prune")
 
 
 def fake_run(root: Path, name: str, bits: int, sparsity: float, acc: float, stored: int) -> None:

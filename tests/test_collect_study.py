@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from train_helpers import load_experiment
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_collector() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "collect_study", ROOT / "experiments/collect_study.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-collect = load_collector()
+collect = load_experiment("collect_study")
 FLOAT = {0: 0.90, 1: 0.92, 2: 0.94}  # per-seed float accuracy
 # (method, bits, strategy, portions) -> accuracy minus float, per seed
 RUNS = {

@@ -1,11 +1,14 @@
-"""Shared helpers of the inq-train tests: run the console script on tiny settings."""
+"""Shared helpers of the inq-train tests: run the console script on tiny settings, load the
+study scripts of ``experiments/``."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 INQ_TRAIN = Path(sys.executable).with_name("inq-train")
 # float pretraining + 4 stages of one epoch each, 8 steps per epoch: seconds on one CPU thread
@@ -38,3 +41,13 @@ def inq_train(
             f"inq-train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
     return proc
+
+
+def load_experiment(name: str) -> ModuleType:
+    """Import ``experiments/<name>.py`` (not a package) under ``name``."""
+    path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
