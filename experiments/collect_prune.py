@@ -1,14 +1,15 @@
 """Collect a pruning study's ``summary.json`` files into ``RESULTS.md`` and a plot (issue 15).
 
 Reads every ``summary.json`` under a sweep directory (``experiments/prune_study.sh``; keys used:
-``bits``, ``seed``, ``float_acc``, ``final_acc``, ``zero_fraction``, ``pruned_fraction``,
-``prune`` (the targets, absent without pruning) and ``packed``: the bytes the packed file holds
-for the quantized tensors, as measured when it was written) and writes
+``bits``, ``seed``, ``float_acc``, ``final_acc``, ``zero_fraction``, ``portions``,
+``retrain_epochs``, ``prune`` (settings and targets, absent without pruning) and ``packed``: the
+bytes the packed file holds for the quantized tensors and in all, as written) and writes
 
-- a table per run: bits, target sparsity, measured zero weights, fp32 and stored bytes of the
-  quantized tensors, the compression ratio (fp32 / stored), test accuracy and the change from the
-  float model the run started from; the goal check of the issue; the paper's Table 5 beside;
-- a PNG: accuracy against compression ratio, one line per bit-width.
+- a table per run: bits, target sparsity, retraining budget, measured zero weights, fp32 and
+  stored bytes of the quantized tensors, the compression ratio (fp32 / stored), the whole file's
+  ratio, test accuracy and the change from the float model the run started from; the goal check
+  of the issue; the paper's Table 5 beside;
+- a PNG: accuracy against compression ratio, one line per bit-width (and budget, and profile).
 
 Both go between the markers ``<!-- study:prune_<dataset>:start -->`` / ``...:end -->`` of
 ``OUT/RESULTS.md`` (default: the sweep directory; ``--update-results``: the tracked
@@ -59,6 +60,25 @@ class PruneRun:
     stored_bytes: int
     file_bytes: int
     path: Path
+    other_bytes: int = 0  # the model's other tensors (biases, BatchNorm) as stored
+    prune_epochs: tuple[int, int] = (0, 0)  # rounds, epochs each
+    inq_epochs: tuple[int, int] = (0, 0)  # stages, epochs each
+
+    @property
+    def budget(self) -> str:
+        """Retraining epochs: pruning rounds x epochs + INQ stages x epochs.
+
+        Example:
+            >>> PruneRun(5, 0, 0.8, {}, 0.8, 0.9, 0.9, 4, 1, 9, Path("."), 0, (3, 1), (4, 2)).budget
+            '3x1 + 4x2'
+        """
+        prune = f"{self.prune_epochs[0]}x{self.prune_epochs[1]} + " if self.prune_epochs[0] else ""
+        return prune + f"{self.inq_epochs[0]}x{self.inq_epochs[1]}"
+
+    @property
+    def file_compression(self) -> float:
+        """The whole model as fp32 / the whole packed file (header and float tensors included)."""
+        return (self.fp32_bytes + self.other_bytes) / self.file_bytes
 
     @property
     def compression(self) -> float:
@@ -97,7 +117,7 @@ def load_runs(root: Path) -> list[PruneRun]:
             s = json.loads(path.read_text())
             if s["method"] != "inq":
                 continue
-            prune = s.get("prune", {})
+            prune, stages = s.get("prune", {}), len(s["portions"])
             runs.append(
                 PruneRun(
                     bits=int(s["bits"]),
@@ -111,6 +131,9 @@ def load_runs(root: Path) -> list[PruneRun]:
                     stored_bytes=int(s["packed"]["packed_bytes"]),
                     file_bytes=int(s["packed"]["file_bytes"]),
                     path=path,
+                    other_bytes=int(s["packed"]["other_bytes"]),
+                    prune_epochs=(int(prune.get("steps", 0)), int(prune.get("epochs", 0))),
+                    inq_epochs=(stages, int(s["retrain_epochs"]) // stages),
                 )
             )
         except (KeyError, TypeError, ValueError) as err:
@@ -123,15 +146,15 @@ def load_runs(root: Path) -> list[PruneRun]:
 def results_table(runs: Sequence[PruneRun]) -> str:
     """One row per run: settings, measured sparsity and sizes, accuracy."""
     lines = [
-        "| bits | pruned (target) | zero weights | fp32 B | stored B | compression | file B "
-        "| test acc. % | vs float, points |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| bits | pruned (target) | epochs | zero weights | fp32 B | stored B | compression "
+        "| file B | file ratio | test acc. % | vs float, points |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         lines.append(
-            f"| {r.bits} | {r.label} | {100 * r.zero_fraction:.1f} % | {r.fp32_bytes} "
-            f"| {r.stored_bytes} | {r.compression:.1f}x | {r.file_bytes} "
-            f"| {100 * r.final_acc:.2f} | {r.delta:+.2f} |"
+            f"| {r.bits} | {r.label} | {r.budget} | {100 * r.zero_fraction:.1f} % "
+            f"| {r.fp32_bytes} | {r.stored_bytes} | **{r.compression:.1f}x** | {r.file_bytes} "
+            f"| {r.file_compression:.1f}x | {100 * r.final_acc:.2f} | {r.delta:+.2f} |"
         )
     return "\n".join(lines)
 
@@ -178,15 +201,18 @@ def plot(runs: Sequence[PruneRun], path: Path) -> None:
     for acc in floats:
         ax.axhline(100 * acc, color="0.3", ls="--", lw=1, label=f"float ({100 * acc:.2f} %)")
     lines: dict[str, list[PruneRun]] = defaultdict(list)
+    least = min(r.prune_epochs[1] * r.prune_epochs[0] for r in runs if r.prune_epochs[0])
     for r in runs:
         uniform = all(v == r.sparsity for k, v in r.targets.items() if k != "0")
-        lines[f"{r.bits} bits" + ("" if uniform else ", fc pruned harder")].append(r)
+        longer = r.prune_epochs[0] * r.prune_epochs[1] > least
+        name = f"{r.bits} bits" + ("" if uniform else ", fc pruned harder")
+        lines[name + (f", {r.budget} epochs" if longer else "")].append(r)
     for name, members in sorted(lines.items(), reverse=True):
         members.sort(key=lambda r: r.compression)
         ax.plot(
             [r.compression for r in members],
             [100 * r.final_acc for r in members],
-            "o-" if "harder" not in name else "s",
+            "o-" if "," not in name else "s--",
             label=name,
         )
     ax.set_xscale("log")
@@ -208,11 +234,14 @@ def render(runs: Sequence[PruneRun], plot_path: Path, results: Path, dataset: st
     return "\n\n".join(
         [
             f"Generated by `experiments/collect_prune.py` from {len(runs)} runs (seed "
-            f"{', '.join(map(str, seeds))}). *zero weights* counts pruned weights and those INQ "
-            "rounds to zero; *stored B* is what the packed file holds for the quantized tensors "
-            "(codes and position index, read back from the file), *file B* the whole file "
-            "(biases, BatchNorm, JSON header included); *vs float* is the change from the float "
-            "model the run started from.",
+            f"{', '.join(map(str, seeds))}). *epochs*: pruning rounds x retraining epochs + INQ "
+            "stages x epochs. *zero weights* counts pruned weights and those INQ rounds to zero. "
+            "*stored B*: the bytes of the quantized tensors' codes and position indexes in the "
+            "packed file (its tensor sizes, which the tests check against the file's own offsets); "
+            "*compression* = fp32 B / stored B, the paper's ratio. *file B*: the whole file, with "
+            "biases, BatchNorm and a JSON header of about 2-4 kB that these small models cannot "
+            "hide; *file ratio* = the model's fp32 bytes / file B. *vs float*: the change from the "
+            "float model the run started from.",
             results_table(runs),
             goal_check(runs, dataset),
             f"![accuracy vs compression]({link.as_posix()})",

@@ -7,6 +7,10 @@
 #       SEEDS    default 0
 #   JOBS=2 experiments/prune_study.sh ...   # run that many jobs at once (one CPU thread each)
 #   UPDATE_RESULTS=1 ...                    # also replace the dataset's section of RESULTS.md
+#   SPECS="5:0.85 5:0.9" ...                # other runs: BITS:SPARSITY[:FC_SPARSITY] each
+#   PRUNE_EPOCHS=3 INQ_EPOCHS=2 ...         # a longer retraining budget (default 1 and the
+#                                           # study config's inq.epochs)
+#   FLOAT=DIR/float_seed0 ...               # start from that run's float model (one seed)
 #
 # Per seed one float model is pretrained, and every job starts from its checkpoint: magnitude
 # pruning in 3 rounds (cubic schedule, PRUNE_EPOCHS of retraining each; the first conv, <1 % of
@@ -26,6 +30,10 @@ out=$(realpath -m "${2:-multirun/prune_$dataset/$(date +%Y-%m-%d_%H-%M-%S)}")
 [[ ! -e "$out" ]] || { echo "prune_study: $out exists; give a new folder" >&2; exit 2; }
 seeds=${3:-0}
 prune_epochs=${PRUNE_EPOCHS:-1}
+specs=${SPECS:-5:0 5:0.5 5:0.7 5:0.8 5:0.85 5:0.9 5:0.93 5:0.95 5:0.7:0.95 5:0.8:0.95 \
+5:0.8:0.97 4:0 4:0.5 4:0.7 4:0.8 4:0.9 3:0 3:0.5 3:0.7 3:0.8 3:0.9}
+inq_epochs=()
+[[ -z ${INQ_EPOCHS:-} ]] || inq_epochs=("inq.epochs=$INQ_EPOCHS")
 declare -A fc_layer=([digits]=12 [fashion_mnist]=15)  # the models' last (linear) layers
 declare -A schedule=(
   [5]="[0.5,0.75,0.875,1.0]"
@@ -46,10 +54,10 @@ job() {  # job SEED BITS:SPARSITY[:FC_SPARSITY]
   IFS=: read -r bits sparsity fc <<<"$2"
   layers="0:$(python -c "print(min($sparsity, 0.5))")" name="b${bits}_s$sparsity"
   [[ -z $fc ]] || { layers+=",${fc_layer[$dataset]}:$fc" name+="_fc$fc"; }
-  train "$seed" "$name" "model.checkpoint=$out/float_seed$seed/checkpoints/float.pt" \
+  train "$seed" "$name" "model.checkpoint=${FLOAT:-$out/float_seed$seed}/checkpoints/float.pt" \
     "inq.bits=$bits" "inq.portions=${schedule[$bits]}" inq.n1_rule=mse \
     "prune.sparsity=$sparsity" "prune.layers=[$layers]" prune.steps=3 \
-    "prune.epochs=$prune_epochs"
+    "prune.epochs=$prune_epochs" "${inq_epochs[@]}"
 }
 
 mkdir -p "$out"
@@ -57,9 +65,8 @@ start=$SECONDS
 echo "pruning study $dataset, seeds $seeds, ${JOBS:-1} at once -> $out"
 failed=0
 for seed in ${seeds//,/ }; do
-  train "$seed" float inq.method=oneshot
-  for spec in 5:0 5:0.5 5:0.7 5:0.8 5:0.85 5:0.9 5:0.93 5:0.95 5:0.7:0.95 5:0.8:0.95 \
-    5:0.8:0.97 4:0 4:0.5 4:0.7 4:0.8 4:0.9 3:0 3:0.5 3:0.7 3:0.8 3:0.9; do
+  [[ -n ${FLOAT:-} ]] || train "$seed" float inq.method=oneshot
+  for spec in $specs; do
     while (($(jobs -rp | wc -l) >= ${JOBS:-1})); do wait -n || failed=$((failed + 1)); done
     job "$seed" "$spec" &
   done

@@ -10,7 +10,9 @@ from train_helpers import load_experiment
 collect = load_experiment("collect_prune")
 
 
-def fake_run(root: Path, name: str, bits: int, sparsity: float, acc: float, stored: int) -> None:
+def fake_run(
+    root: Path, name: str, bits: int, sparsity: float, acc: float, stored: int, epochs: int = 1
+) -> None:
     run = root / name
     run.mkdir(parents=True)
     targets = {"0": min(sparsity, 0.5), "3": sparsity, "15": sparsity} if sparsity else None
@@ -22,8 +24,19 @@ def fake_run(root: Path, name: str, bits: int, sparsity: float, acc: float, stor
         "final_acc": acc,
         "zero_fraction": sparsity + 0.01,
         "pruned_fraction": sparsity,
-        "packed": {"fp32_bytes": 40_000, "packed_bytes": stored, "file_bytes": stored + 5000},
-        **({"prune": {"sparsity": sparsity, "targets": targets}} if targets else {}),
+        "portions": [0.5, 0.75, 0.875, 1.0],
+        "retrain_epochs": 8,
+        "packed": {
+            "fp32_bytes": 40_000,
+            "packed_bytes": stored,
+            "other_bytes": 1000,
+            "file_bytes": stored + 4000,
+        },
+        **(
+            {"prune": {"sparsity": sparsity, "targets": targets, "steps": 3, "epochs": epochs}}
+            if targets
+            else {}
+        ),
     }
     (run / "summary.json").write_text(json.dumps(summary))
 
@@ -35,6 +48,7 @@ def test_table_goal_plot_and_section(tmp_path: Path) -> None:
     fake_run(sweep, "p90", 5, 0.9, 0.8925, 1250)  # 32x, -0.75 points: meets the goal
     fake_run(sweep, "p95", 5, 0.95, 0.85, 800)  # 50x, too inaccurate
     fake_run(sweep, "b3", 3, 0.9, 0.88, 900)
+    fake_run(sweep, "long", 5, 0.85, 0.85, 900, epochs=3)  # a longer budget: its own line
     float_run = sweep / "float" / "summary.json"
     float_run.parent.mkdir()
     float_run.write_text(json.dumps({"method": "oneshot"}))  # the shared float run: left out
@@ -42,14 +56,15 @@ def test_table_goal_plot_and_section(tmp_path: Path) -> None:
 
     text = (sweep / "RESULTS.md").read_text()
     assert "<!-- study:prune_fashion_mnist:start -->" in text
-    assert "| 5 | 90 % (0: 50 %) | 91.0 % | 40000 | 1250 | 32.0x | 6250 | 89.25 | -0.75 |" in text
-    assert "| 5 | 0 % | 1.0 % | 40000 | 6250 | 6.4x | 11250 | 89.90 | -0.10 |" in text
+    row = "| 5 | 90 % (0: 50 %) | 3x1 + 4x2 | 91.0 % | 40000 | 1250 | **32.0x** | 5250 | 7.8x "
+    assert row + "| 89.25 | -0.75 |" in text
+    assert "| 5 | 0 % | 4x2 | 1.0 % | 40000 | 6250 | **6.4x** | 10250 | 4.0x | 89.90 |" in text
     assert "**Met** by 1 run(s); the most compressed: 90 % (0: 50 %) pruned, 32.0x" in text
     assert "| INQ paper: DNS + INQ | 5 | 53x" in text
     assert (sweep / "prune_fashion_mnist.png").stat().st_size > 10_000
     rows = [line for line in text.splitlines() if line.startswith("| 5 |")]
-    labels = [row.split("|")[2].strip() for row in rows]  # sorted by sparsity
-    assert labels == ["0 %", "80 % (0: 50 %)", "90 % (0: 50 %)", "95 % (0: 50 %)"]
+    labels = [row.split("|")[2].strip() for row in rows]  # sorted by zeros
+    assert labels == ["0 %", "80 % (0: 50 %)", "85 % (0: 50 %)", "90 % (0: 50 %)", "95 % (0: 50 %)"]
 
     (sweep / "p90").joinpath("summary.json").unlink()
     assert collect.main([str(sweep), "--dataset", "fashion_mnist"]) == 0
