@@ -56,14 +56,14 @@ def test_table_goal_plot_and_section(tmp_path: Path) -> None:
 
     text = (sweep / "RESULTS.md").read_text()
     assert "<!-- study:prune_fashion_mnist:start -->" in text
-    row = "| 5 | 90 % (0: 50 %) | 3x1 + 4x2 | 91.0 % | 40000 | 1250 | **32.0x** | 5250 | 7.8x "
+    row = "| 5 | 0 | 90 % (0: 50 %) | 3x1 + 4x2 | 91.0 % | 40000 | 1250 | **32.0x** | 5250 | 7.8x "
     assert row + "| 89.25 | -0.75 |" in text
-    assert "| 5 | 0 % | 4x2 | 1.0 % | 40000 | 6250 | **6.4x** | 10250 | 4.0x | 89.90 |" in text
+    assert "| 5 | 0 | 0 % | 4x2 | 1.0 % | 40000 | 6250 | **6.4x** | 10250 | 4.0x | 89.90 |" in text
     assert "**Met** by 1 run(s); the most compressed: 90 % (0: 50 %) pruned, 32.0x" in text
     assert "| INQ paper: DNS + INQ | 5 | 53x" in text
     assert (sweep / "prune_fashion_mnist.png").stat().st_size > 10_000
     rows = [line for line in text.splitlines() if line.startswith("| 5 |")]
-    labels = [row.split("|")[2].strip() for row in rows]  # sorted by zeros
+    labels = [row.split("|")[3].strip() for row in rows]  # sorted by zeros
     assert labels == ["0 %", "80 % (0: 50 %)", "85 % (0: 50 %)", "90 % (0: 50 %)", "95 % (0: 50 %)"]
 
     (sweep / "p90").joinpath("summary.json").unlink()
