@@ -71,18 +71,11 @@ def grow_mask(
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown partition strategy {strategy!r}; choose one of {STRATEGIES}")
-    if mask.shape != weight.shape or mask.dtype != torch.bool:
-        raise ValueError("mask must be a bool tensor with the weight's shape")
-    have = int(mask.sum())
-    if not have <= count <= weight.numel():
-        raise ValueError(f"count {count} outside [{have}, {weight.numel()}] (masks only grow)")
-    need = count - have
+    need = _needed(weight, mask, count)
     if need == 0:
         return mask.clone()
     if strategy in ("magnitude", "error"):
-        scores = weight.detach().abs().float()
-        if not bool(torch.isfinite(scores).all()):
-            raise ValueError("grow_mask: the weight holds NaN or infinity; cannot rank it")
+        scores = _magnitudes(weight, "grow_mask")
         if strategy == "error":
             if snapped is None or snapped.shape != weight.shape:
                 raise ValueError("grow_mask: strategy 'error' needs the snapped weights")
@@ -107,15 +100,29 @@ def prune_mask(weight: torch.Tensor, pruned: torch.Tensor, count: int) -> torch.
         ValueError: on mismatched shapes, a count outside ``[pruned.sum(), weight.numel()]``
             or NaN/infinite weights.
     """
-    if pruned.shape != weight.shape or pruned.dtype != torch.bool:
-        raise ValueError("pruned must be a bool tensor with the weight's shape")
-    have = int(pruned.sum())
+    need = _needed(weight, pruned, count)
+    if need == 0:
+        return pruned.clone()
+    scores = _magnitudes(weight, "prune_mask").neg_()  # exact: the smallest |w| scores highest
+    return pruned | _largest_free(scores, pruned, need)
+
+
+def _needed(weight: torch.Tensor, mask: torch.Tensor, count: int) -> int:
+    """How many entries a mask must gain to hold ``count`` (masks only grow)."""
+    if mask.shape != weight.shape or mask.dtype != torch.bool:
+        raise ValueError("mask must be a bool tensor with the weight's shape")
+    have = int(mask.sum())
     if not have <= count <= weight.numel():
         raise ValueError(f"count {count} outside [{have}, {weight.numel()}] (masks only grow)")
-    scores = weight.detach().abs().float().neg_()  # exact: the smallest |w| scores highest
+    return count - have
+
+
+def _magnitudes(weight: torch.Tensor, caller: str) -> torch.Tensor:
+    """``|w|`` in float32, a fresh tensor; refuses NaN and infinity, which cannot be ranked."""
+    scores = weight.detach().abs().float()
     if not bool(torch.isfinite(scores).all()):
-        raise ValueError("prune_mask: the weight holds NaN or infinity; cannot rank it")
-    return pruned | _largest_free(scores, pruned, count - have) if count > have else pruned.clone()
+        raise ValueError(f"{caller}: the weight holds NaN or infinity; cannot rank it")
+    return scores
 
 
 def _largest_free(scores: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tensor:

@@ -89,8 +89,9 @@ class Monitor:
             "inq/quantized_fraction": scheduler.quantized_fraction(),
         }
         values.update({f"inq/quantized_fraction/{k}": v for k, v in fractions.items()})
-        if scheduler.pruned_fraction():
-            values["prune/sparsity"] = scheduler.pruned_fraction()
+        pruned_total = scheduler.pruned_fraction()
+        if pruned_total:
+            values["prune/sparsity"] = pruned_total
             pruned = scheduler.pruned_fraction(per_layer=True)
             values.update({f"prune/sparsity/{k}": v for k, v in pruned.items()})
         for layer in scheduler.layers:
