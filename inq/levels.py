@@ -22,6 +22,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from inq.pow2 import N1, check_bits, max_rule_n1, pow2_n1, pow2_quantize
@@ -66,17 +68,25 @@ def select_n1(weight: torch.Tensor, bits: int, rule: str = "max", granularity: s
     Errors are sums of squares in float64 (relative rounding at most ``K * 2**-53`` for ``K``
     weights per level set), so "less error" is decided to that precision.
 
+    An empty weight, or an empty row, has no scale: its n1 is 0, as for all-zero weights.
+
+    Example:
+        >>> select_n1(torch.zeros(3, 0), bits=4, granularity="channel").tolist()
+        [0, 0, 0]
+
     Raises:
-        ValueError: on bad bits, rule or granularity, an empty or non-float weight, or NaN/inf.
+        ValueError: on bad bits, rule or granularity, a non-float or 0-d weight, or NaN/inf.
     """
     check_bits(bits)
     check_level_options(rule, granularity)
     if granularity == "layer" and rule == "max":
         return pow2_n1(weight)
-    if weight.numel() == 0 or weight.dim() == 0:
-        shape = list(weight.shape)
-        raise ValueError(f"select_n1 needs a non-empty tensor of rank >= 1, got shape {shape}")
-    rows = weight.detach().reshape(1 if granularity == "layer" else weight.shape[0], -1)
+    if weight.dim() == 0:
+        raise ValueError("select_n1 needs a tensor of rank >= 1, got a 0-d tensor")
+    count = 1 if granularity == "layer" else weight.shape[0]
+    # explicit widths: reshape(0, -1) of a [0, K] weight is ambiguous and raises
+    width = weight.numel() if granularity == "layer" else math.prod(weight.shape[1:])
+    rows = weight.detach().reshape(count, width)
     n1 = n1_rows_max(rows)
     if rule == "mse":
         n1 = _least_squares_n1(rows, n1, bits)
@@ -84,13 +94,13 @@ def select_n1(weight: torch.Tensor, bits: int, rule: str = "max", granularity: s
 
 
 def describe_n1(n1: N1 | None) -> str:
-    """n1 for a table: the int, or the range of a per-channel n1.
+    """n1 for a table: the int, or the range of a per-channel n1 ("-" for none, or no channel).
 
     Example:
         >>> describe_n1(-3), describe_n1(torch.tensor([-3, -5, -4])), describe_n1(None)
         ('-3', '-5..-3', '-')
     """
-    if n1 is None:
+    if n1 is None or (isinstance(n1, torch.Tensor) and n1.numel() == 0):
         return "-"
     if isinstance(n1, int):
         return str(n1)
@@ -100,15 +110,19 @@ def describe_n1(n1: N1 | None) -> str:
 
 def n1_rows_max(rows: torch.Tensor) -> torch.Tensor:
     """The paper's n1 of every row of a 2-d tensor (int32 ``[R]``, on ``rows``' device); 0 for an
-    all-zero row (:func:`inq.pow2.max_rule_n1` of the row maxima).
+    all-zero or empty row (:func:`inq.pow2.max_rule_n1` of the row maxima).
 
     Example:
         >>> n1_rows_max(torch.tensor([[0.1, -0.75], [0.74, 0.0], [0.0, 0.0]])).tolist()
         [0, -1, 0]
+        >>> n1_rows_max(torch.zeros(2, 0)).tolist()
+        [0, 0]
 
     Raises:
         ValueError: if a row holds NaN or infinity.
     """
+    if rows.shape[1] == 0:  # amax over an empty dim raises; an empty row's peak is 0
+        return torch.zeros(rows.shape[0], dtype=torch.int32, device=rows.device)
     peak = rows.abs().amax(dim=1).to(torch.float32)
     if not bool(torch.isfinite(peak).all()):
         raise ValueError("select_n1: the weight holds NaN or infinity; fix the model first")

@@ -79,8 +79,8 @@ def grow_mask(
         if strategy == "error":
             if snapped is None or snapped.shape != weight.shape:
                 raise ValueError("grow_mask: strategy 'error' needs the snapped weights")
-            error = (weight.detach().float() - snapped.float()).abs()
-            scores = error.max() - error  # >= 0; the smallest error scores highest
+            # negation is exact; ``error.max() - error`` would round tiny errors into ties
+            scores = (weight.detach().float() - snapped.float()).abs_().neg_()
     else:  # uniform keys from a CPU generator: the same draw on every device and process
         generator = torch.Generator().manual_seed(_seed_for(seed, key))
         scores = torch.rand(weight.shape, generator=generator).to(weight.device)

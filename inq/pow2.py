@@ -76,21 +76,23 @@ def pow2_n1(weight: torch.Tensor) -> int:
     """Largest exponent of a layer: ``floor(log2(4 * max|w| / 3))``, computed exactly.
 
     ``2**n1`` is the largest level, so every weight up to ``1.5 * 2**n1`` rounds to within the
-    level set. For an all-zero tensor there is no scale; it returns 0, and since zero always
-    rounds to zero the tensor stays zero whatever n1 is.
+    level set. An all-zero or empty tensor has no scale; it returns 0, and since zero always
+    rounds to zero (and an empty tensor has nothing to round) any n1 would do.
 
     Example:
         >>> pow2_n1(torch.tensor([0.1, -0.75, 0.2]))
         0
         >>> pow2_n1(torch.tensor([0.74]))
         -1
+        >>> pow2_n1(torch.zeros(0, 3))
+        0
 
     Raises:
-        ValueError: if the tensor is empty, not floating point, or holds NaN or infinity.
+        ValueError: if the tensor is not floating point, or holds NaN or infinity.
     """
     _check_float(weight)
     if weight.numel() == 0:
-        raise ValueError("pow2_n1 needs a non-empty tensor")
+        return 0
     peak = weight.detach().abs().max().to(torch.float32)  # exact for every supported dtype
     if not bool(torch.isfinite(peak)):
         raise ValueError("pow2_n1: the weight holds NaN or infinity; fix the model first")
@@ -184,18 +186,22 @@ def pow2_quantize_codes(weight: torch.Tensor, n1: N1, bits: int) -> torch.Tensor
 def check_quantizable(weight: torch.Tensor, n1: N1) -> None:
     """Raise unless :func:`pow2_quantize` can round ``weight`` with this ``n1``.
 
+    An empty ``weight`` (with an empty per-row ``n1`` if it has no rows) always passes: there is
+    nothing to round.
+
     Example:
+        >>> check_quantizable(torch.zeros(0), n1=torch.zeros(0, dtype=torch.int32))
         >>> check_quantizable(torch.tensor([0.5, float("nan")]), n1=0)
         Traceback (most recent call last):
         ...
         ValueError: pow2_quantize: the weight holds NaN or infinity
 
     Raises:
-        ValueError: on a non-float tensor, NaN/infinite weights, or an n1 whose level ``2**n1``
-            overflows the dtype.
+        ValueError: on a non-float tensor, a per-row n1 of the wrong shape, NaN/infinite
+            weights, or an n1 whose level ``2**n1`` overflows the dtype.
     """
     _check_float(weight)
-    check_top_level(n1 if isinstance(n1, int) else int(rows_n1(n1, weight).max()), weight.dtype)
+    check_top_level(rows_n1(n1, weight), weight.dtype)
     if not bool(torch.isfinite(weight).all()):
         raise ValueError("pow2_quantize: the weight holds NaN or infinity")
 
@@ -259,7 +265,7 @@ def decode_unchecked(codes: torch.Tensor, n1: N1, bits: int, dtype: torch.dtype)
         return torch.index_select(table, 0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
     check_bits(bits)
     n1 = rows_n1(n1, codes)
-    check_top_level(int(n1.max()) if n1.numel() else 0, dtype)
+    check_top_level(n1, dtype)
     return _code_values(codes.to(torch.int32), n1, bits).to(dtype)
 
 
@@ -332,14 +338,22 @@ def _check_float(t: torch.Tensor) -> None:
         raise ValueError(f"expected a float32, float16 or bfloat16 tensor, got {t.dtype}")
 
 
-def check_top_level(n1: int, dtype: torch.dtype) -> None:
-    """Raise ``ValueError`` if the top level ``2**n1`` overflows ``dtype``.
+def check_top_level(n1: N1, dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` if a top level ``2**n1`` overflows ``dtype``.
+
+    ``n1`` is an int or an integer tensor of any shape (every entry is checked; an empty one has
+    no level to check).
 
     Example:
         >>> check_top_level(15, torch.float16)
-        >>> check_top_level(16, torch.float16)
+        >>> check_top_level(torch.tensor([], dtype=torch.int32), torch.float16)
+        >>> check_top_level(torch.tensor([3, 16]), torch.float16)
         Traceback (most recent call last):
         ValueError: the largest level 2**16 overflows torch.float16
     """
-    if n1 > math.log2(torch.finfo(dtype).max):
+    limit = math.log2(torch.finfo(dtype).max)
+    if isinstance(n1, torch.Tensor):
+        if bool((n1 > limit).any()):  # false for an empty n1, so max() below sees an entry
+            raise ValueError(f"the largest level 2**{int(n1.max())} overflows {dtype}")
+    elif n1 > limit:
         raise ValueError(f"the largest level 2**{n1} overflows {dtype}")

@@ -292,11 +292,15 @@ class INQScheduler:
         return self.pruned_fraction()
 
     def pruned_fraction(self, per_layer: bool = False) -> float | dict[str, float]:
-        """Fraction of target weights pruned by :meth:`prune`: in total, or ``{name: fraction}``."""
+        """Fraction of target weights pruned by :meth:`prune`: in total, or ``{name: fraction}``
+        (0.0 for an empty layer)."""
         if per_layer:
-            return {layer.name: layer.pruned / layer.weight.numel() for layer in self._layers}
+            return {
+                layer.name: _share(layer.pruned, layer.weight.numel(), 0.0)
+                for layer in self._layers
+            }
         total = sum(layer.weight.numel() for layer in self._layers)
-        return sum(layer.pruned for layer in self._layers) / total
+        return _share(sum(layer.pruned for layer in self._layers), total, 0.0)
 
     def fix_level_sets(self) -> None:
         """Choose every layer's n1 from its current weights now, if not chosen yet.
@@ -327,11 +331,16 @@ class INQScheduler:
 
     def quantized_fraction(self, per_layer: bool = False) -> float | dict[str, float]:
         """Fraction of target weights that are quantized (pruned ones included: frozen at the
-        zero code): in total, or ``{name: fraction}``."""
+        zero code): in total, or ``{name: fraction}``. An empty layer, with no weight to count,
+        reports the portion reached (0.0 before the first stage)."""
+        reached = self.portions[self.stage - 1] if self.stage else 0.0
         if per_layer:
-            return {layer.name: layer.count / layer.weight.numel() for layer in self._layers}
+            return {
+                layer.name: _share(layer.count, layer.weight.numel(), reached)
+                for layer in self._layers
+            }
         total = sum(layer.weight.numel() for layer in self._layers)
-        return sum(layer.count for layer in self._layers) / total
+        return _share(sum(layer.count for layer in self._layers), total, reached)
 
     def detach(self, optimizer: torch.optim.Optimizer) -> None:
         """Stop enforcing after ``optimizer``'s steps (e.g. before replacing it); idempotent."""
@@ -503,6 +512,11 @@ class INQScheduler:
                     mask = layer.mask
                     for value in tensors:
                         value.masked_fill_(mask.to(value.device), 0)
+
+
+def _share(part: int, whole: int, empty: float) -> float:
+    """``part / whole``, or ``empty`` where ``whole`` is 0 (an empty layer has no share)."""
+    return part / whole if whole else empty
 
 
 def _as_patterns(patterns: str | Sequence[str] | None) -> list[str] | None:

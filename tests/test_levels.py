@@ -25,8 +25,9 @@ def squared_error(weight: torch.Tensor, n1: int, bits: int) -> float:
 
 @st.composite
 def weights(draw, rows: int | None = None) -> torch.Tensor:
-    """Trained-layer-like weights: Gaussian or heavy-tailed, scaled, with a few exact zeros."""
-    shape = (draw(st.integers(1, 6)) if rows is None else rows, draw(st.integers(1, 40)))
+    """Trained-layer-like weights: Gaussian or heavy-tailed, scaled, with a few exact zeros;
+    now and then empty (no row, or rows of no weight)."""
+    shape = (draw(st.integers(0, 6)) if rows is None else rows, draw(st.integers(0, 40)))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     w = torch.randn(shape, generator=g)
     if draw(st.booleans()):
@@ -96,8 +97,24 @@ def test_all_zero_rows_and_degenerate_inputs() -> None:
         select_n1(zero, 3, "least-squares")
     with pytest.raises(ValueError, match="granularity must be one of"):
         select_n1(zero, 3, "mse", "row")
-    with pytest.raises(ValueError, match="non-empty"):
-        select_n1(torch.zeros(0, 3), 3, "mse", "channel")
+    with pytest.raises(ValueError, match="rank >= 1"):
+        select_n1(torch.tensor(0.5), 3, "mse", "channel")
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (3, 0), (2, 0, 4)])
+@pytest.mark.parametrize("rule", ["max", "mse"])
+@pytest.mark.parametrize("bits", [2, 5])
+def test_empty_weights_and_rows_have_no_scale(shape: tuple[int, ...], rule: str, bits: int) -> None:
+    """An empty layer or row gets n1 = 0, as an all-zero one does (nothing to round)."""
+    weight = torch.zeros(shape)
+    assert select_n1(weight, bits, rule) == 0
+    per_row = select_n1(weight, bits, rule, "channel")
+    assert torch.equal(per_row, torch.zeros(shape[0], dtype=torch.int32))
+
+
+def test_rows_max_of_empty_rows() -> None:
+    assert torch.equal(n1_rows_max(torch.zeros(3, 0)), torch.zeros(3, dtype=torch.int32))
+    assert torch.equal(n1_rows_max(torch.zeros(0, 0)), torch.zeros(0, dtype=torch.int32))
 
 
 def test_mse_lowers_the_zero_share_of_a_ternary_layer() -> None:
@@ -110,5 +127,6 @@ def test_mse_lowers_the_zero_share_of_a_ternary_layer() -> None:
 
 
 def test_describe_n1() -> None:
+    assert describe_n1(torch.zeros(0, dtype=torch.int32)) == "-"  # per channel, no channel
     assert describe_n1(torch.tensor([2, 2])) == "2"
     assert describe_n1(torch.tensor([-1, 2])) == "-1..2"

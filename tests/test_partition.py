@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import inq
-from inq.partition import grow_mask, quantized_count
+from inq.partition import STRATEGIES, grow_mask, prune_mask, quantized_count
 
 ODD_SIZES = (1, 3, 7, 13, 101)
 SCHEDULES = (
@@ -124,6 +124,15 @@ def test_grow_mask_with_nothing_to_add_returns_a_copy() -> None:
     assert torch.equal(same, mask) and same is not mask
     same[0] = True
     assert not mask[0], "grow_mask returned a view of the caller's mask"
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (3, 0)])
+def test_empty_weights_grow_and_prune_to_empty_masks(strategy: str, shape: tuple[int, ...]) -> None:
+    weight = torch.zeros(shape)
+    grown = grow_mask(weight, empty_mask(weight), 0, strategy, snapped=weight)
+    assert torch.equal(grown, empty_mask(weight))
+    assert torch.equal(prune_mask(weight, empty_mask(weight), 0), empty_mask(weight))
 
 
 def test_grow_mask_does_not_modify_inputs() -> None:
@@ -280,6 +289,16 @@ def test_error_strategy_takes_the_smallest_rounding_errors_first(numel, seed, bi
         expected[free[: count - int(mask.sum())]] = True
         assert torch.equal(new, expected)
         mask = new
+
+
+def test_error_strategy_ranks_tiny_errors_exactly() -> None:
+    """An error of 2**-30 is not a tie with an error of 0, whatever the largest error is."""
+    weight = torch.tensor([2**-7 + 2**-30, 1.0, 0.74])  # 5 bits, n1 = 0: errors 2**-30, 0, 0.24
+    snapped = inq.pow2_quantize(weight, 0, 5)
+    first = grow_mask(weight, empty_mask(weight), 1, "error", snapped=snapped)
+    assert torch.equal(first, torch.tensor([False, True, False]))
+    second = grow_mask(weight, first, 2, "error", snapped=snapped)
+    assert torch.equal(second, torch.tensor([True, True, False]))
 
 
 def test_error_strategy_needs_the_snapped_weights() -> None:

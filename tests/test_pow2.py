@@ -7,11 +7,11 @@ from fractions import Fraction
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import inq
-from inq.pow2 import exp2
+from inq.pow2 import check_quantizable, check_top_level, exp2, pow2_quantize_codes, rows_n1
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ALL_BITS = tuple(range(2, 9))
@@ -289,8 +289,7 @@ def test_n1_examples_and_errors() -> None:
     assert inq.pow2_n1(torch.tensor([0.1, -0.75, 0.2])) == 0
     assert inq.pow2_n1(torch.tensor([0.74])) == -1
     assert inq.pow2_n1(torch.zeros(4)) == 0
-    with pytest.raises(ValueError, match="non-empty"):
-        inq.pow2_n1(torch.zeros(0))
+    assert inq.pow2_n1(torch.zeros(0)) == inq.pow2_n1(torch.zeros(3, 0)) == 0  # no scale
     with pytest.raises(ValueError, match="NaN or infinity"):
         inq.pow2_n1(torch.tensor([1.0, float("nan")]))
     with pytest.raises(ValueError, match="NaN or infinity"):
@@ -401,3 +400,67 @@ def test_quantize_then_encode_decode_reproduces_weights() -> None:
         for bits in ALL_BITS:
             q = inq.pow2_quantize(weight, n1, bits)
             assert torch.equal(inq.pow2_decode(inq.pow2_encode(q, n1, bits), n1, bits, dtype), q)
+
+
+# ---------------------------------------------------------------- empty selections
+
+
+@st.composite
+def rows_and_selection(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """A weight [O, K] (O or K may be 0), one n1 per row, a selection mask (often all False)
+    and a bit-width."""
+    shape = (draw(st.integers(0, 5)), draw(st.integers(0, 6)))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    weight = torch.randn(shape, generator=g) * 2.0 ** draw(st.integers(-8, 4))
+    n1 = torch.randint(-10, 6, shape[:1], generator=g, dtype=torch.int32)
+    mask = torch.rand(shape, generator=g) < draw(st.sampled_from([0.0, 0.5, 1.0]))
+    return weight, n1, mask, draw(st.integers(2, 8))
+
+
+NO_NEW_WEIGHT = (  # a stage that adds no weight of a per-channel layer
+    torch.tensor([[0.9, -0.3], [0.2, 0.05]]),
+    torch.tensor([0, -2], dtype=torch.int32),
+    torch.zeros(2, 2, dtype=torch.bool),
+    3,
+)
+
+
+@PROPERTY_SETTINGS
+@given(rows_and_selection())
+@example(NO_NEW_WEIGHT)
+def test_quantizing_a_selection_is_selecting_from_the_quantized_weight(
+    case: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int],
+) -> None:
+    """What the scheduler does at a stage: round only ``weight[new]``, each with its row's n1;
+    an empty selection gives empty codes, not an error."""
+    weight, n1, mask, bits = case
+    selected_n1 = rows_n1(n1, weight).expand(weight.shape)[mask]
+    codes = pow2_quantize_codes(weight[mask], selected_n1, bits)
+    assert torch.equal(codes, pow2_quantize_codes(weight, n1, bits)[mask])
+    values = inq.pow2_quantize(weight[mask], selected_n1, bits)
+    assert torch.equal(values, inq.pow2_quantize(weight, n1, bits)[mask])
+    assert torch.equal(inq.pow2_decode(codes, selected_n1, bits), values)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (3, 0), (2, 0, 3)])
+def test_empty_tensors_round_encode_and_decode_to_empty(
+    dtype: torch.dtype, shape: tuple[int, ...]
+) -> None:
+    weight = torch.zeros(shape, dtype=dtype)
+    for n1 in (-2, torch.full(shape[:1], -2, dtype=torch.int32)):
+        check_quantizable(weight, n1)
+        codes = pow2_quantize_codes(weight, n1, 5)
+        assert codes.dtype == torch.uint8 and codes.shape == shape
+        assert torch.equal(inq.pow2_quantize(weight, n1, 5), weight)
+        assert torch.equal(inq.pow2_encode(weight, n1, 5), codes)
+        assert torch.equal(inq.pow2_decode(codes, n1, 5, dtype), weight)
+
+
+def test_check_top_level_checks_every_n1_and_none_of_an_empty_one() -> None:
+    check_top_level(torch.tensor([], dtype=torch.int32), torch.float16)
+    check_top_level(torch.tensor([[15, -3]]), torch.float16)
+    with pytest.raises(ValueError, match=r"2\*\*17 overflows torch\.float16"):
+        check_top_level(torch.tensor([16, 3, 17]), torch.float16)
+    with pytest.raises(ValueError, match=r"2\*\*16 overflows"):
+        check_quantizable(torch.zeros(2, 0, dtype=torch.float16), torch.tensor([16, 0]))

@@ -659,11 +659,11 @@ def train_one_stage(
 
 
 def make_run(
-    seed: int, strategy: str, **levels: str
+    seed: int, strategy: str, **options: object
 ) -> tuple[DigitsNet, torch.optim.Optimizer, INQScheduler]:
     model = digits_net(seed, dropout=0.25)  # dropout makes the result depend on the RNG
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05)
-    sched = INQScheduler(model, bits=5, strategy=strategy, seed=11, **levels)
+    sched = INQScheduler(model, bits=5, strategy=strategy, seed=11, **options)
     sched.attach(optimizer)
     return model, optimizer, sched
 
@@ -681,6 +681,47 @@ def same_n1(a: object, b: object) -> bool:
     return a == b
 
 
+def checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, sched: INQScheduler) -> dict:
+    """What a training checkpoint holds, through ``torch.save`` and a ``weights_only`` load."""
+    buffer = io.BytesIO()
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "inq": sched.state_dict(),
+            "rng": torch.get_rng_state(),
+        },
+        buffer,
+    )
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def resume_and_finish(
+    saved: dict, strategy: str, **options: object
+) -> tuple[nn.Module, INQScheduler]:
+    """A fresh run (other initial weights) restored from ``saved`` and taken to the end."""
+    model, optimizer, sched = make_run(99, strategy, **options)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    sched.load_state_dict(saved["inq"])
+    assert sched.stage == saved["inq"]["stage"]
+    torch.set_rng_state(saved["rng"])
+    finish(model, optimizer, sched)
+    return model, sched
+
+
+def assert_same_run(
+    model: nn.Module, sched: INQScheduler, other: nn.Module, other_sched: INQScheduler
+) -> None:
+    for key, value in model.state_dict().items():
+        assert torch.equal(other.state_dict()[key], value), f"{key} differs after resume"
+    for original, restored in zip(sched.layers, other_sched.layers, strict=True):
+        assert same_n1(original.n1, restored.n1)
+        assert torch.equal(original.mask, restored.mask)
+        assert torch.equal(original.codes, restored.codes)
+
+
 @pytest.mark.parametrize(
     ("strategy", "levels"),
     [
@@ -695,35 +736,9 @@ def test_resume_from_state_dicts_is_bit_exact(strategy: str, levels: dict[str, s
     for _ in range(2):
         sched.step()
         train_one_stage(model, optimizer, digits_batches()[:3])
-
-    buffer = io.BytesIO()
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "inq": sched.state_dict(),
-            "rng": torch.get_rng_state(),
-        },
-        buffer,
-    )
+    saved = checkpoint(model, optimizer, sched)
     finish(model, optimizer, sched)  # the original run goes on
-
-    restored_model, restored_optimizer, restored_sched = make_run(99, strategy, **levels)
-    buffer.seek(0)
-    saved = torch.load(buffer, weights_only=True)
-    restored_model.load_state_dict(saved["model"])
-    restored_optimizer.load_state_dict(saved["optimizer"])
-    restored_sched.load_state_dict(saved["inq"])
-    assert restored_sched.stage == 2
-    torch.set_rng_state(saved["rng"])
-    finish(restored_model, restored_optimizer, restored_sched)
-
-    for key, value in model.state_dict().items():
-        assert torch.equal(restored_model.state_dict()[key], value), f"{key} differs after resume"
-    for original, restored in zip(sched.layers, restored_sched.layers, strict=True):
-        assert same_n1(original.n1, restored.n1)
-        assert torch.equal(original.mask, restored.mask)
-        assert torch.equal(original.codes, restored.codes)
+    assert_same_run(model, sched, *resume_and_finish(saved, strategy, **levels))
 
 
 def test_load_state_dict_writes_frozen_values_and_keeps_n1() -> None:
@@ -1046,3 +1061,99 @@ def test_ste_keeps_pruned_weights_at_zero() -> None:
     train_one_stage(model, optimizer, digits_batches()[:2])
     ste.finalize()
     assert torch.equal(model.fc.weight.detach()[pruned], torch.zeros(int(pruned.sum())))
+
+
+# ---------------------------------------------------------------- stages that add no weight
+
+# DigitsNet's conv has 54 weights (5 left after pruning 90 %): stage 2 adds none of them
+NO_NEW_WEIGHT_PORTIONS = (0.5, 0.501, 1.0)
+
+
+@pytest.mark.parametrize("granularity", ["channel", "layer"])
+@pytest.mark.parametrize("strategy", ["magnitude", "random", "error"])
+@pytest.mark.parametrize("n1_rule", ["max", "mse"])
+@pytest.mark.parametrize("sparsity", [0.0, 0.9])
+def test_a_stage_that_adds_no_weight_to_a_layer_leaves_it_as_it_is(
+    granularity: str, strategy: str, n1_rule: str, sparsity: float
+) -> None:
+    sched = INQScheduler(
+        digits_net(0),
+        bits=3,
+        portions=NO_NEW_WEIGHT_PORTIONS,
+        strategy=strategy,
+        n1_rule=n1_rule,
+        granularity=granularity,
+    )
+    sched.prune(sparsity)
+    sched.step()
+    conv = layer_by_name(sched, "conv")
+    codes, weight, count = conv.codes.clone(), conv.weight.detach().clone(), conv.count
+    assert sched.step() == 0.501
+    assert conv.count == count
+    assert torch.equal(conv.codes, codes) and torch.equal(conv.weight.detach(), weight)
+    for layer in sched.layers:  # fc may gain weights; every layer holds its exact count
+        remaining = layer.weight.numel() - layer.pruned
+        assert layer.count == int(layer.mask.sum())
+        assert layer.count == layer.pruned + quantized_count(0.501, remaining)
+    sched.step()
+    for layer in sched.layers:
+        assert torch.equal(inq.pow2_encode(layer.weight.detach(), layer.n1, 3), layer.codes)
+
+
+@pytest.mark.parametrize("saved_at", [1, 2])
+@pytest.mark.parametrize(("strategy", "sparsity"), [("magnitude", 0.0), ("random", 0.9)])
+def test_resume_through_a_stage_that_adds_no_weight_is_bit_exact(
+    saved_at: int, strategy: str, sparsity: float
+) -> None:
+    """Saved before the empty stage (the restored run takes it) or right after it."""
+    options = {"portions": NO_NEW_WEIGHT_PORTIONS, "granularity": "channel"}
+    model, optimizer, sched = make_run(seed=0, strategy=strategy, **options)
+    sched.prune(sparsity)
+    for _ in range(saved_at):
+        sched.step()
+        train_one_stage(model, optimizer, digits_batches()[:3])
+    saved = checkpoint(model, optimizer, sched)
+    finish(model, optimizer, sched)
+    assert_same_run(model, sched, *resume_and_finish(saved, strategy, **options))
+
+
+def with_empty_layers() -> nn.ModuleDict:
+    """One ordinary layer and two without weights: no output row, and rows of no weight."""
+    torch.manual_seed(0)
+    return nn.ModuleDict(
+        {"fc": nn.Linear(4, 3), "no_rows": nn.Linear(3, 0), "empty_rows": nn.Conv2d(0, 2, 3)}
+    )
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors is a no-op")
+@pytest.mark.parametrize("granularity", ["layer", "channel"])
+@pytest.mark.parametrize("n1_rule", ["max", "mse"])
+def test_empty_layers_go_through_pruning_every_stage_and_a_resume(
+    granularity: str, n1_rule: str
+) -> None:
+    options = {"bits": 4, "portions": (0.5, 1.0), "n1_rule": n1_rule, "granularity": granularity}
+    sched = INQScheduler(with_empty_layers(), **options)
+    assert sched.prune(0.5) == 0.5
+    assert sched.pruned_fraction(per_layer=True) == {"fc": 0.5, "no_rows": 0.0, "empty_rows": 0.0}
+    assert sched.step() == 0.5
+    # an empty layer has no weight to count: it reports the portion reached
+    assert sched.quantized_fraction(per_layer=True) == {
+        "fc": 0.75,
+        "no_rows": 0.5,
+        "empty_rows": 0.5,
+    }
+    buffer = io.BytesIO()
+    torch.save(sched.state_dict(), buffer)
+    buffer.seek(0)
+    restored = INQScheduler(with_empty_layers(), **options)
+    restored.load_state_dict(torch.load(buffer, weights_only=True))
+    for one in (sched, restored):
+        one.step()
+        assert one.done and one.quantized_fraction() == 1.0
+    for original, copy in zip(sched.layers, restored.layers, strict=True):
+        assert same_n1(original.n1, copy.n1) and torch.equal(original.codes, copy.codes)
+    no_rows, empty_rows = sched.layers[1:]
+    expected = {"layer": (0, 0), "channel": (torch.zeros(0), torch.zeros(2))}[granularity]
+    for layer, n1 in zip((no_rows, empty_rows), expected, strict=True):
+        assert same_n1(layer.n1, n1 if isinstance(n1, int) else n1.to(torch.int32))
+        assert layer.count == 0 and layer.codes.numel() == 0
