@@ -222,8 +222,7 @@ def convert_model(model: nn.Module, packed: PackedFile) -> nn.Module:
     Raises:
         ValueError: if the file's tensors do not match the model's state (keys or shapes).
     """
-    _check_matches(model, packed)
-    model.load_state_dict(packed.state_dict())
+    packed.load_into(model)
     for layer in packed.layers.values():
         module = model.get_submodule(layer.module)
         if type(module) is nn.Linear:
@@ -261,35 +260,3 @@ def from_packed(
 
         model = build_model(packed.model)
     return convert_model(model, packed).eval()
-
-
-def _check_matches(model: nn.Module, packed: PackedFile) -> None:
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    found: dict[str, tuple[int, ...]] = {k: tuple(v.shape) for k, v in packed.tensors.items()}
-    found.update({k: layer.shape for k, layer in packed.layers.items()})
-    problems = []
-    missing = [k for k in expected if k not in found]
-    unexpected = [k for k in found if k not in expected]
-    wrong = [
-        f"{k} {found[k]} vs {expected[k]}"
-        for k in expected
-        if found.get(k, expected[k]) != expected[k]
-    ]
-    misplaced = [
-        k
-        for k, layer in packed.layers.items()
-        if k != (f"{layer.module}.weight" if layer.module else "weight")
-    ]
-    for label, items in (
-        ("missing", missing),
-        ("unexpected", unexpected),
-        ("shape (file vs model)", wrong),
-        ("module name does not match", misplaced),
-    ):
-        if items:
-            problems.append(f"{label}: {', '.join(items[:5])}" + (" ..." if len(items) > 5 else ""))
-    if problems:
-        name = packed.model.get("name", type(model).__name__)
-        raise ValueError(
-            f"the packed file does not match the model {name!r}: " + "; ".join(problems)
-        )

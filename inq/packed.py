@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from inq.export import MASKED_FORMATS, MaskedCheckpoint, load_masked
 from inq.io import (
@@ -66,11 +67,15 @@ __all__ = [
     "export_packed",
     "load_packed",
     "masked_layer_problem",
+    "masked_problems",
+    "n1_problem",
     "pack_codes",
     "pack_stats",
     "packed_from_masked",
     "read_format",
     "row_bytes",
+    "state_problems",
+    "state_tensor_problem",
     "unpack_codes",
 ]
 
@@ -198,6 +203,93 @@ def codes_problem(codes: torch.Tensor, bits: int) -> str | None:
     )
 
 
+def n1_problem(n1: N1, rows: int, dtype: torch.dtype) -> str | None:
+    """Why ``n1`` (an int, or an int tensor with one per row of ``rows``) is not a valid top
+    exponent of a ``dtype`` weight, or None: the top level ``2**n1`` must be a non-zero finite
+    ``dtype`` value.
+
+    Example:
+        >>> n1_problem(-3, 4, torch.float32), n1_problem(torch.tensor([0, 1]), 2, torch.float16)
+        (None, None)
+        >>> n1_problem(200, 4, torch.float32)
+        'n1=200 puts the top level 2**n1 outside torch.float32 (-149..127)'
+        >>> n1_problem(torch.tensor([0, 1]), 3, torch.float32)
+        '2 per-row n1 values for 3 rows'
+    """
+    low, high = _exponent_range(dtype)
+    if isinstance(n1, torch.Tensor) and tuple(n1.shape) != (rows,):
+        return f"{n1.numel()} per-row n1 values for {rows} rows"
+    if isinstance(n1, int):
+        extremes: tuple[int, ...] = (n1,)
+    else:  # per row; no rows, nothing to check
+        extremes = (int(n1.min()), int(n1.max())) if n1.numel() else ()
+    for value in extremes:
+        if not low <= value <= high:
+            return f"n1={value} puts the top level 2**n1 outside {dtype} ({low}..{high})"
+    return None
+
+
+def state_tensor_problem(key: str, tensor: torch.Tensor) -> str | None:
+    """Why ``tensor``, stored as it is under ``key`` in a masked or packed file (a bias, a norm
+    layer's parameters or statistics, a buffer), cannot be a trained model's, or None.
+
+    Every float tensor must be finite; a norm layer's ``running_var`` is a non-negative float
+    tensor; ``num_batches_tracked`` is one non-negative integer.
+
+    Example:
+        >>> state_tensor_problem("bn.running_var", torch.tensor([1.0, 0.0])) is None
+        True
+        >>> state_tensor_problem("fc.bias", torch.tensor([0.5, float("nan")]))
+        '1 non-finite value(s) (first: nan at flat index 1)'
+        >>> state_tensor_problem("bn.running_var", torch.tensor([1.0, -0.5]))
+        'a variance cannot be negative: 1 negative value(s) (first: -0.5 at flat index 1)'
+        >>> state_tensor_problem("bn.num_batches_tracked", torch.tensor(-1))
+        'a count of batches cannot be negative, got -1'
+    """
+    name = key.rpartition(".")[2]
+    if tensor.is_floating_point():
+        bad = _first(~torch.isfinite(tensor), tensor)
+        if bad:
+            return f"{bad[0]} non-finite value(s) (first: {bad[1]} at flat index {bad[2]})"
+    if name == "running_var":
+        if not tensor.is_floating_point():
+            return f"a running variance must be a float tensor, got {tensor.dtype}"
+        bad = _first(tensor < 0, tensor)
+        if bad:
+            return (
+                f"a variance cannot be negative: {bad[0]} negative value(s) (first: {bad[1]} "
+                f"at flat index {bad[2]})"
+            )
+    if name == "num_batches_tracked":
+        if tensor.is_floating_point() or tensor.dtype == torch.bool:
+            return f"a count of batches must be an integer tensor, got {tensor.dtype}"
+        if tensor.numel() != 1:
+            return f"a count of batches must be one number, got shape {list(tensor.shape)}"
+        if int(tensor) < 0:
+            return f"a count of batches cannot be negative, got {int(tensor)}"
+    return None
+
+
+def state_problems(tensors: dict[str, torch.Tensor]) -> list[tuple[str, str]]:
+    """``(key, problem)`` for every tensor of ``tensors`` that :func:`state_tensor_problem`
+    refuses, in key order; empty if all are sound.
+
+    Example:
+        >>> state_problems({"b": torch.zeros(2), "a.running_var": torch.tensor([-1.0])})
+        [('a.running_var', 'a variance cannot be negative: 1 negative value(s) (first: -1.0 at flat index 0)')]
+    """  # noqa: E501
+    problems = ((key, state_tensor_problem(key, tensors[key])) for key in sorted(tensors))
+    return [(key, problem) for key, problem in problems if problem]
+
+
+def _first(bad: torch.Tensor, tensor: torch.Tensor) -> tuple[int, float, int] | None:
+    """``(count, first value, its flat index)`` of the entries ``bad`` marks, or None."""
+    if not bool(bad.any()):
+        return None
+    index = int(bad.flatten().nonzero()[0])
+    return int(bad.sum()), tensor.flatten()[index].item(), index
+
+
 def masked_layer_problem(ckpt: MaskedCheckpoint, key: str) -> str | None:
     """Why quantized weight ``key`` of a masked checkpoint is not exportable, or None.
 
@@ -241,6 +333,29 @@ def masked_layer_problem(ckpt: MaskedCheckpoint, key: str) -> str | None:
             f"{weight.flatten()[index].item()!r} at flat index {index})"
         )
     return None
+
+
+def masked_problems(ckpt: MaskedCheckpoint) -> list[tuple[str, str]]:
+    """``(key, problem)`` for what makes a masked checkpoint invalid besides its quantized
+    weights (those are :func:`masked_layer_problem`'s): each tensor stored as it is
+    (:func:`state_problems`), then a ``model`` or ``data`` description that is not a JSON object.
+
+    Example:
+        >>> w = torch.tensor([[0.5]])
+        >>> ckpt = MaskedCheckpoint({"w": w, "bn.running_var": torch.tensor([-1.0])},
+        ...                         {"w": torch.ones(1, 1, dtype=torch.bool)}, {"w": -1}, 3,
+        ...                         (1.0,), 1, "magnitude", model=[])
+        >>> for key, problem in masked_problems(ckpt):
+        ...     print(key, "-", problem)
+        bn.running_var - a variance cannot be negative: 1 negative value(s) (first: -1.0 at flat index 0)
+        model - must be a JSON object, got []
+    """  # noqa: E501
+    stored = {k: v for k, v in ckpt.state.items() if k not in ckpt.masks}
+    problems = state_problems(stored)
+    for name, value in (("model", ckpt.model), ("data", ckpt.data)):
+        if not isinstance(value, dict):
+            problems.append((name, f"must be a JSON object, got {value!r}"))
+    return problems
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -295,13 +410,9 @@ class PackedLayer:
                 f"packed codes are {self.packed.dtype} {list(self.packed.shape)}, expected "
                 f"uint8 {expected} for shape {list(self.shape)} at {self.bits} bits"
             )
-        low, high = _exponent_range(self.dtype)
-        n1 = self.n1
-        if isinstance(n1, torch.Tensor) and tuple(n1.shape) != (self.shape[0],):
-            return f"{n1.numel()} per-row n1 values for {self.shape[0]} rows"
-        for value in (n1,) if isinstance(n1, int) else (int(n1.min()), int(n1.max())):
-            if not low <= value <= high:
-                return f"n1={value} puts the top level 2**n1 outside {self.dtype} ({low}..{high})"
+        bad_n1 = n1_problem(self.n1, self.shape[0], self.dtype)
+        if bad_n1:
+            return bad_n1
         if code_width(self.bits) == 4 and self.k % 2 and bool((self.packed[:, -1] >> 4).any()):
             return "a padding nibble at the end of an odd-length row is not zero"
         return codes_problem(self.codes(), self.bits)
@@ -324,9 +435,66 @@ class PackedFile:
         """The data config the model was trained on (``{}`` if the file records none)."""
         return json.loads(self.metadata.get("data", "{}"))
 
+    def problems(self) -> list[tuple[str, str]]:
+        """``(key, problem)`` for everything that makes the file invalid: each quantized layer
+        (:meth:`PackedLayer.problem`), then each other tensor (:func:`state_problems`); empty
+        if it is sound. The digest is :attr:`digest_problem`'s.
+
+        Example:
+            >>> layer = PackedLayer("fc", torch.zeros(1, 1, dtype=torch.uint8), 4, 0, (1, 2),
+            ...                     torch.float32)
+            >>> PackedFile({"fc.weight": layer}, {"fc.bias": torch.zeros(1)}, {}, {}).problems()
+            []
+            >>> bad = PackedFile({"fc.weight": layer}, {"fc.bias": torch.tensor([float("inf")])},
+            ...                  {}, {})
+            >>> bad.problems()
+            [('fc.bias', '1 non-finite value(s) (first: inf at flat index 0)')]
+        """
+        layers = [(key, layer.problem()) for key, layer in self.layers.items()]
+        return [(key, p) for key, p in layers if p is not None] + state_problems(self.tensors)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full state dict with every quantized weight decoded."""
         return {**self.tensors, **{key: layer.weight() for key, layer in self.layers.items()}}
+
+    def load_into(self, model: nn.Module) -> None:
+        """Load the file's state, every quantized weight decoded, into ``model``.
+
+        Raises:
+            ValueError: if the file's tensors do not match the model's state (keys or shapes).
+        """
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        found: dict[str, tuple[int, ...]] = {k: tuple(v.shape) for k, v in self.tensors.items()}
+        found.update({k: layer.shape for k, layer in self.layers.items()})
+        problems = []
+        missing = [k for k in expected if k not in found]
+        unexpected = [k for k in found if k not in expected]
+        wrong = [
+            f"{k} {found[k]} vs {expected[k]}"
+            for k in expected
+            if found.get(k, expected[k]) != expected[k]
+        ]
+        misplaced = [
+            k
+            for k, layer in self.layers.items()
+            if k != (f"{layer.module}.weight" if layer.module else "weight")
+        ]
+        for label, items in (
+            ("missing", missing),
+            ("unexpected", unexpected),
+            ("shape (file vs model)", wrong),
+            ("module name does not match", misplaced),
+        ):
+            if items:
+                problems.append(
+                    f"{label}: {', '.join(items[:5])}" + (" ..." if len(items) > 5 else "")
+                )
+        if problems:
+            name = self.model.get("name", type(model).__name__)
+            raise ValueError(
+                f"the packed file does not match the model {name!r}: " + "; ".join(problems)
+            )
+        model.load_state_dict(self.state_dict())
 
 
 @dataclass(frozen=True)
@@ -422,8 +590,9 @@ def export_packed(
     """
     ckpt = masked if isinstance(masked, MaskedCheckpoint) else load_masked(masked)
     tensors, metadata = _pack(ckpt, sparse)
+    packed = _parse(tensors, metadata, out_path)  # first: never write a file that cannot load
     write_safetensors(out_path, tensors, metadata)
-    return pack_stats(_parse(tensors, metadata, out_path), os.path.getsize(out_path))
+    return pack_stats(packed, os.path.getsize(out_path))
 
 
 def packed_from_masked(ckpt: MaskedCheckpoint, sparse: bool = True) -> PackedFile:
@@ -438,6 +607,9 @@ def packed_from_masked(ckpt: MaskedCheckpoint, sparse: bool = True) -> PackedFil
 
 
 def _pack(ckpt: MaskedCheckpoint, sparse: bool) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    bad = masked_problems(ckpt)
+    if bad:
+        raise ValueError(f"cannot pack {bad[0][0]!r}: {bad[0][1]}")
     tensors = {k: v.contiguous() for k, v in ckpt.state.items() if k not in ckpt.masks}
     layers = {}
     for key in ckpt.masks:
@@ -496,12 +668,14 @@ def read_format(path: str | os.PathLike[str]) -> str | None:
 def load_packed(path: str | os.PathLike[str], validate: bool = True) -> PackedFile:
     """Read a file written by :func:`export_packed` (safetensors only, nothing is unpickled).
 
-    With ``validate`` (the default) every layer is checked (:meth:`PackedLayer.problem`), so
-    tampered codes fail here with the offending tensor's name rather than decode silently.
+    With ``validate`` (the default) the file is checked (:meth:`PackedFile.problems`: every
+    layer's codes, every other tensor finite, norm statistics in range, then the digest), so a
+    tampered file fails here with the offending tensor's name rather than load silently.
 
     Raises:
         ValueError: if the file is missing, truncated, not a safetensors file, not a packed INQ
-            file, has inconsistent metadata, or (with ``validate``) holds invalid codes.
+            file, has inconsistent metadata, or (with ``validate``) holds invalid codes or an
+            impossible tensor, or was modified after it was written.
     """
     fmt = read_format(path)
     if fmt not in PACKED_FORMATS:
@@ -511,10 +685,9 @@ def load_packed(path: str | os.PathLike[str], validate: bool = True) -> PackedFi
     packed = _parse(tensors, metadata, path)
     packed.digest_problem = digest_problem(tensors, metadata)
     if validate:
-        for key, layer in packed.layers.items():
-            problem = layer.problem()
-            if problem:
-                raise ValueError(f"{path}: {key!r}: {problem}")
+        problems = packed.problems()
+        if problems:
+            raise ValueError(f"{path}: {problems[0][0]!r}: {problems[0][1]}")
         if packed.digest_problem:
             raise ValueError(f"{path}: {packed.digest_problem}")
     return packed
@@ -570,8 +743,10 @@ def _parse(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: obj
         if stray:
             raise ValueError(f"packed codes {stray} have no layer metadata")
         model = json.loads(metadata["model"])
-        if not isinstance(model, dict):
-            raise TypeError(f"'model' must be a JSON object, got {model!r}")
+        data = json.loads(metadata.get("data", "{}"))
+        for name, value in (("model", model), ("data", data)):
+            if not isinstance(value, dict):
+                raise TypeError(f"{name!r} must be a JSON object, got {value!r}")
         return PackedFile(layers, tensors, model, dict(metadata))
     except (KeyError, ValueError, TypeError, AttributeError) as err:
         raise ValueError(f"{path}: corrupt INQ packed file metadata ({err!r})") from err

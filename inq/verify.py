@@ -1,7 +1,11 @@
-"""Verify an export: every quantized weight lies in its layer's level set, every mask is full.
+"""Verify an export: every quantized weight lies in its layer's level set, every mask is full,
+every other tensor is one a trained model can hold, and the contents match their digest.
 
-Works on masked checkpoints (:mod:`inq.export`) and packed files (:mod:`inq.packed`); the report
-names each offending tensor and says why, and counts the levels each layer uses.
+Works on masked checkpoints (:mod:`inq.export`) and packed files (:mod:`inq.packed`), which
+define what is valid (:func:`inq.packed.masked_layer_problem`, :func:`inq.packed.masked_problems`,
+:meth:`inq.packed.PackedFile.problems`); the report names each offending tensor and says why,
+and counts the levels each layer uses. A digest recomputed after an edit proves nothing about
+the contents: an impossible tensor fails whatever the digest says.
 """
 
 from __future__ import annotations
@@ -13,7 +17,15 @@ import torch
 
 from inq.export import MASKED_FORMATS, MaskedCheckpoint, load_masked
 from inq.levels import describe_n1
-from inq.packed import PACKED_FORMATS, PackedFile, load_packed, masked_layer_problem, read_format
+from inq.packed import (
+    PACKED_FORMATS,
+    PackedFile,
+    load_packed,
+    masked_layer_problem,
+    masked_problems,
+    read_format,
+    state_problems,
+)
 from inq.pow2 import N1, pow2_encode
 
 __all__ = ["LayerReport", "VerifyReport", "verify_file", "verify_masked", "verify_packed"]
@@ -39,16 +51,28 @@ class LayerReport:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """The per-layer result of verifying one file (``kind`` is ``"masked"`` or ``"packed"``)."""
+    """The result of verifying one file (``kind`` is ``"masked"`` or ``"packed"``): one report
+    per quantized layer, the digest's problem, and ``(key, problem)`` for every other tensor or
+    metadata entry that is invalid."""
 
     path: str
     kind: str
     layers: tuple[LayerReport, ...]
-    file_problem: str | None = None  # a problem of the file as a whole (its digest)
+    digest_problem: str | None = None
+    other_problems: tuple[tuple[str, str], ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.file_problem is None and all(layer.problem is None for layer in self.layers)
+
+    @property
+    def file_problem(self) -> str | None:
+        """The first problem outside the quantized layers: an invalid tensor or metadata entry
+        (``"'<key>': <why>"``), else the digest's; None if there is none."""
+        if self.other_problems:
+            key, problem = self.other_problems[0]
+            return f"{key!r}: {problem}"
+        return self.digest_problem
 
     @property
     def first_problem(self) -> LayerReport | None:
@@ -72,7 +96,8 @@ class VerifyReport:
 
 
 def verify_masked(ckpt: MaskedCheckpoint, path: str = "") -> VerifyReport:
-    """Check every quantized weight of a masked checkpoint (see :func:`masked_layer_problem`).
+    """Check every quantized weight of a masked checkpoint (see :func:`masked_layer_problem`),
+    its other tensors and descriptions (:func:`masked_problems`) and its digest.
 
     Example:
         >>> from torch import nn
@@ -87,6 +112,9 @@ def verify_masked(ckpt: MaskedCheckpoint, path: str = "") -> VerifyReport:
         >>> ckpt.state["weight"][0, 3] = 0.3
         >>> verify_masked(ckpt).first_problem.problem  # doctest: +ELLIPSIS
         '1 weight(s) off the 5-bit level set of n1=... (first: 0.30000001192092896 at flat index 3)'
+        >>> ckpt.state["bias"][1] = float("nan")
+        >>> verify_masked(ckpt).file_problem
+        "'bias': 1 non-finite value(s) (first: nan at flat index 1)"
     """
     reports = []
     for key in ckpt.masks:
@@ -94,11 +122,13 @@ def verify_masked(ckpt: MaskedCheckpoint, path: str = "") -> VerifyReport:
         weight = ckpt.state.get(key)
         codes = None if problem or weight is None else pow2_encode(weight, ckpt.n1[key], ckpt.bits)
         reports.append(_report(key, ckpt.bits, ckpt.n1[key], codes, problem))
-    return VerifyReport(path, "masked", tuple(reports), ckpt.digest_problem)
+    others = tuple(masked_problems(ckpt))
+    return VerifyReport(path, "masked", tuple(reports), ckpt.digest_problem, others)
 
 
 def verify_packed(packed: PackedFile, path: str = "") -> VerifyReport:
-    """Check every packed layer: layout, n1 range, and codes (0 or top bit set, in range).
+    """Check every packed layer (layout, n1 range, and codes: 0 or top bit set, in range), every
+    other tensor (:func:`inq.packed.state_problems`) and the digest.
 
     Example:
         >>> from inq.packed import PackedLayer, pack_codes
@@ -107,13 +137,17 @@ def verify_packed(packed: PackedFile, path: str = "") -> VerifyReport:
         >>> report = verify_packed(PackedFile({"fc.weight": layer}, {}, {}, {}))
         >>> report.ok, report.layers[0].levels_used
         (True, 4)
-    """
+        >>> bn = {"bn.running_var": torch.tensor([1.0, -2.0])}
+        >>> verify_packed(PackedFile({"fc.weight": layer}, bn, {}, {})).file_problem
+        "'bn.running_var': a variance cannot be negative: 1 negative value(s) (first: -2.0 at flat index 1)"
+    """  # noqa: E501
     reports = []
     for key, layer in packed.layers.items():
         problem = layer.problem()
         codes = None if problem else layer.codes()
         reports.append(_report(key, layer.bits, layer.n1, codes, problem))
-    return VerifyReport(path, "packed", tuple(reports), packed.digest_problem)
+    others = tuple(state_problems(packed.tensors))
+    return VerifyReport(path, "packed", tuple(reports), packed.digest_problem, others)
 
 
 def verify_file(path: str | os.PathLike[str]) -> VerifyReport:

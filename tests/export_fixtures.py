@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from inq.export import save_masked
 from inq.scheduler import INQScheduler
+
+if TYPE_CHECKING:
+    from inq.quant.integer import IntegerModel
 
 
 class MixedNet(nn.Module):
@@ -103,3 +107,38 @@ def packed_model(model: nn.Module, bits: int = 5, **levels: str) -> nn.Module:
     n1 = {f"{layer.name}.weight": layer.n1 for layer in sched.layers}
     ckpt = MaskedCheckpoint(state, masks, n1, bits, tuple(sched.portions), sched.stage, "magnitude")
     return convert_model(model, packed_from_masked(ckpt)).eval()
+
+
+class ResidualNet(nn.Module):
+    """A conv + BatchNorm branch added to a 1x1 conv, ReLU, global average pooling, Linear: every
+    integer op kind that carries requantization parameters (conv, add, avgpool, linear)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.skip = nn.Conv2d(2, 4, 1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.conv(x)) + self.skip(x))
+        return self.fc(self.pool(y).flatten(1))
+
+
+def residual_integer_model(seed: int = 0) -> IntegerModel:
+    """The integer model of a 5-bit :class:`ResidualNet` whose BatchNorm has negative scales
+    (so some conv multipliers are negative), calibrated on random inputs ``[N, 2, 4, 4]``, with
+    the descriptions ``inq calibrate`` records."""
+    from inq.quant.lower import Lowering
+
+    torch.manual_seed(seed)
+    net = ResidualNet()
+    with torch.no_grad():
+        net.bn.weight.copy_(torch.tensor([1.0, -0.5, 0.7, -1.2]))
+    lowering = Lowering(packed_model(net), act_bits=8)
+    lowering.calibrate([torch.randn(8, 2, 4, 4)])
+    info = {"model": {"name": "residual"}, "data": {}, "act_bits": 8, "input_bits": 8,
+            "calibration": "max", "pow2_scales": True, "calibration_batches": 1,
+            "finetune_epochs": 0, "weight_bits": [5]}  # fmt: skip
+    return lowering.integer_model(info)

@@ -470,3 +470,71 @@ def test_a_valid_looking_edit_of_sparse_values_fails_the_digest(
     bad = _rewrite(tmp_path / "s.safetensors", tmp_path / "bad.safetensors", flip)
     with pytest.raises(ValueError, match="sha256 digest"):
         load_packed(bad)
+
+
+# ------------------------------------------------- impossible files, re-signed with a new digest
+
+
+def _resign(src: Path, dst: Path, edit_tensors=None, edit_meta=None) -> Path:
+    """As :func:`_rewrite`, but with a digest recomputed over the edited contents."""
+    tensors, metadata = read_safetensors(src)
+    tensors = {k: v.clone() for k, v in tensors.items()}
+    if edit_tensors:
+        edit_tensors(tensors)
+    if edit_meta:
+        edit_meta(metadata)
+    write_safetensors(dst, tensors, metadata)
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("edit", "key", "problem"),
+    [
+        (_plant("bn.running_var", (0,), -1.0), "bn.running_var",
+         "a variance cannot be negative: 1 negative value(s) (first: -1.0 at flat index 0)"),
+        (_plant("bn.running_var", (3,), float("nan")), "bn.running_var",
+         "1 non-finite value(s) (first: nan at flat index 3)"),
+        (_plant("fc.bias", (2,), float("inf")), "fc.bias",
+         "1 non-finite value(s) (first: inf at flat index 2)"),
+        (lambda t: t.update({"bn.num_batches_tracked": torch.tensor(-1)}),
+         "bn.num_batches_tracked", "a count of batches cannot be negative, got -1"),
+        (lambda t: t.update({"bn.num_batches_tracked": torch.tensor([1, 2])}),
+         "bn.num_batches_tracked", "a count of batches must be one number, got shape [2]"),
+        (lambda t: t.update({"bn.running_var": torch.ones(5, dtype=torch.int32)}),
+         "bn.running_var", "a running variance must be a float tensor, got torch.int32"),
+    ],
+)  # fmt: skip
+def test_load_refuses_impossible_tensors_whatever_their_digest(
+    packed_file: Path, edit, key: str, problem: str
+) -> None:
+    bad = _resign(packed_file, packed_file.with_name("bad.safetensors"), edit)
+    with pytest.raises(ValueError) as err:
+        load_packed(bad)
+    assert str(err.value) == f"{bad}: {key!r}: {problem}"
+    loaded = load_packed(bad, validate=False)
+    assert loaded.digest_problem is None  # re-signed: only the checks catch it
+    assert loaded.problems() == [(key, problem)]
+
+
+def test_export_refuses_impossible_tensors_and_writes_nothing(tmp_path: Path) -> None:
+    path, _ = masked_file(tmp_path, 5)
+    bad = _resign(path, tmp_path / "bad.safetensors", _plant("bn.running_var", (1,), -2.0))
+    before = _files(tmp_path)
+    with pytest.raises(ValueError) as err:
+        export_packed(bad, tmp_path / "out.safetensors")
+    assert str(err.value) == (
+        "cannot pack 'bn.running_var': a variance cannot be negative: 1 negative value(s) "
+        "(first: -2.0 at flat index 1)"
+    )
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("value", ["[1]", '"digits"'])
+def test_the_data_description_must_be_a_json_object(packed_file: Path, value: str) -> None:
+    bad = _resign(packed_file, packed_file.with_name("bad.safetensors"), None,
+                  lambda m: m.update(data=value))  # fmt: skip
+    with pytest.raises(ValueError) as err:
+        load_packed(bad)
+    found = json.loads(value)
+    cause = TypeError(f"'data' must be a JSON object, got {found!r}")
+    assert str(err.value) == f"{bad}: corrupt INQ packed file metadata ({cause!r})"

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from export_fixtures import packed_model
+from export_fixtures import packed_model, residual_integer_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 from torch import nn
 
-from inq.io import read_safetensors, safetensors_bytes, write_safetensors
+from inq.io import DIGEST_KEY, read_safetensors, safetensors_bytes, write_safetensors
 from inq.kernels.int8 import shift_linear_int8_reference
 from inq.packed import pack_codes
 from inq.quant.integer import (
@@ -139,3 +142,106 @@ def test_program_problems_check_ranges_arity_and_the_int32_minimum() -> None:
     model.params["_0"].bias[0] = 0
     pool.inputs = []
     assert "takes 1 input(s)" in dict(program_problems(model))[pool.name]
+
+
+# ------------------------------------------------- impossible files, re-signed with a new digest
+
+Edit = Callable[[dict[str, torch.Tensor], dict[str, dict[str, Any]], dict[str, Any]], None]
+
+
+def resign(src: Path, dst: Path, edit: Edit) -> Path:
+    """``src`` with ``edit(tensors, attrs by op name, info)`` applied, written with a digest
+    recomputed over the edited contents (as a tool that edits files could)."""
+    tensors, metadata = read_safetensors(src)
+    tensors = {k: v.clone() for k, v in tensors.items()}
+    program = json.loads(metadata["program"])
+    skip = ("format", "program", DIGEST_KEY)
+    info = {k: json.loads(v) for k, v in metadata.items() if k not in skip}
+    edit(tensors, {op["name"]: op["attrs"] for op in program}, info)
+    new = {"format": metadata["format"], "program": json.dumps(program)}
+    write_safetensors(dst, tensors, new | {k: json.dumps(v) for k, v in info.items()})
+    return dst
+
+
+def _set(where: str, key: str, value: Any) -> Edit:
+    """An edit of op ``where``'s attribute ``key``, or (``where="info"``) of the descriptions."""
+
+    def edit(tensors, attrs, info) -> None:
+        (info if where == "info" else attrs[where])[key] = value
+
+    return edit
+
+
+def _channel(op: str, field: str, channel: int, value: int) -> Edit:
+    def edit(tensors, attrs, info) -> None:
+        tensors[f"{op}.{field}"][channel] = value
+
+    return edit
+
+
+def _denormalise(tensors, attrs, info) -> None:  # 1 >> 4 written as 2 >> 5: the same factor
+    tensors["skip.multiplier"][0], tensors["skip.shift"][0] = 2, 5
+
+
+def _denormalise_add(tensors, attrs, info) -> None:  # [1, 2] >> 0 written as [2, 4] >> 1
+    attrs["add"].update(multipliers=[2, 4], shift=1)
+
+
+@pytest.fixture(scope="module")
+def residual_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = residual_integer_model()
+    assert program_problems(model) == []  # negative conv multipliers (BatchNorm) are valid
+    assert int(model.op_tensors("conv")["multiplier"].min()) < 0
+    path = tmp_path_factory.mktemp("int") / "residual.int.safetensors"
+    save_integer(path, model)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "where", "problem"),
+    [
+        (_set("add", "multipliers", [-1, 2]), "add",
+         "multipliers must be two integers from 1 to 2**31 - 1, got [-1, 2]"),
+        (_set("pool", "multiplier", -1), "pool",
+         "multiplier must be an integer from 1 to 2**31 - 1, got -1"),
+        (_set("pool", "multiplier", 2**31), "pool",
+         "multiplier must be an integer from 1 to 2**31 - 1, got 2147483648"),
+        (_set("info", "act_bits", 9), "act_bits", "must be an integer from 2 to 8, got 9"),
+        (_set("info", "input_bits", 1), "input_bits", "must be an integer from 2 to 8, got 1"),
+        (_set("info", "act_bits", 4), "conv",
+         "range -128..127 is not act_bits=4's (-8..7 or 0..15)"),
+        (_set("info", "model", [1]), "model", "must be a JSON object, got [1]"),
+        (_set("info", "data", "digits"), "data", "must be a JSON object, got 'digits'"),
+        (_set("info", "weight_bits", [4]), "conv",
+         "bits=5 is not among the file's weight_bits [4]"),
+        (_set("input", "scale", float("inf")), "input", "scale inf must be a finite number > 0"),
+        (_set("fc", "scale", True), "fc", "scale must be a number, got True"),
+        (_set("add", "shift", 1.5), "add", "shift must be an integer from 0 to 62, got 1.5"),
+        (_set("add", "hi", 511), "add", "range 0..511 is not act_bits=8's (-128..127 or 0..255)"),
+        (_set("conv", "lo", -(2**31)), "conv",
+         "range -2147483648..127 is not act_bits=8's (-128..127 or 0..255)"),
+        (_set("flatten", "scale", 0.5), "flatten", "scale 0.5 is not its input's 0.00390625"),
+        (_set("conv", "stride", [0, 1]), "conv", "stride must be two integers >= 1, got [0, 1]"),
+        (_set("conv", "groups", 3), "conv", "groups=3 does not divide the 4 output channels"),
+        (_set("conv", "n1", 500), "conv",
+         "n1=500 puts the top level 2**n1 outside torch.float32 (-149..127)"),
+        (_set("pool", "input_size", [0, 4]), "pool",
+         "input_size must be two integers >= 1, got [0, 4]"),
+        (_denormalise_add, "add", "multipliers [2, 4] >> 1 are not normalised (all even)"),
+        (_channel("conv", "multiplier", 1, -(2**31)), "conv",
+         "channel 1: multiplier -2**31 is out of range"),
+        (_denormalise, "skip",
+         "channel 0: multiplier 2 >> 5 is not normalised (even with a non-zero shift)"),
+    ],
+)  # fmt: skip
+def test_impossible_files_fail_whatever_their_digest(
+    residual_file: Path, tmp_path: Path, edit: Edit, where: str, problem: str
+) -> None:
+    bad = resign(residual_file, tmp_path / "bad.int.safetensors", edit)
+    kind = "metadata" if where in ("act_bits", "input_bits", "model", "data") else "op"
+    with pytest.raises(ValueError) as err:
+        load_integer(bad)
+    assert str(err.value) == f"{bad}: {kind} {where!r}: {problem}"
+    model = load_integer(bad, validate=False)
+    assert model.digest_problem is None  # the digest was recomputed: only the checks catch it
+    assert program_problems(model)[0] == (where, problem)  # what `inq verify` reports

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from export_fixtures import masked_file
+from export_fixtures import masked_file, residual_integer_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from inq.cli import main
 from inq.export import MASK_SUFFIX
+from inq.io import read_safetensors, write_safetensors
 from inq.packed import CODES_SUFFIX, PackedFile, PackedLayer, export_packed, pack_codes
+from inq.quant.integer import save_integer
 from inq.verify import verify_file, verify_packed
 
 
@@ -122,3 +127,129 @@ def test_verify_names_an_off_level_weight_of_a_per_channel_layer(tmp_path: Path)
     problem = report.first_problem.problem
     assert "off the 3-bit level sets of its channels (first: channel 4, n1=" in problem
     assert f"flat index {4 * 3 * 3 * 3 + 2}" in problem
+
+
+# ------------------------------------------------- impossible files, re-signed with a new digest
+
+Edit = Callable[[dict[str, torch.Tensor], dict[str, str]], None]
+
+
+def _resign(src: Path, edit: Edit) -> Path:
+    """``src`` with ``edit(tensors, metadata)`` applied, written with a digest recomputed over
+    the edited contents (as a tool that edits files could)."""
+    tensors, metadata = read_safetensors(src)
+    tensors = {k: v.clone() for k, v in tensors.items()}
+    edit(tensors, metadata)
+    dst = src.with_name("resigned.safetensors")
+    write_safetensors(dst, tensors, metadata)
+    return dst
+
+
+def _put(key: str, index: int | None, value: float) -> Edit:
+    def edit(tensors, metadata) -> None:
+        if index is None:
+            tensors[key] = torch.tensor(value, dtype=torch.int64)
+        else:
+            tensors[key][index] = value
+
+    return edit
+
+
+IMPOSSIBLE_TENSORS = [
+    (_put("bn.running_var", 2, -0.25), "bn.running_var",
+     "a variance cannot be negative: 1 negative value(s) (first: -0.25 at flat index 2)"),
+    (_put("bn.running_var", 1, float("nan")), "bn.running_var",
+     "1 non-finite value(s) (first: nan at flat index 1)"),
+    (_put("bn.running_mean", 0, float("-inf")), "bn.running_mean",
+     "1 non-finite value(s) (first: -inf at flat index 0)"),
+    (_put("conv.bias", 4, float("inf")), "conv.bias",
+     "1 non-finite value(s) (first: inf at flat index 4)"),
+    (_put("bn.weight", 3, float("nan")), "bn.weight",
+     "1 non-finite value(s) (first: nan at flat index 3)"),
+    (_put("bn.num_batches_tracked", None, -3), "bn.num_batches_tracked",
+     "a count of batches cannot be negative, got -3"),
+    (lambda t, m: t.update({"bn.num_batches_tracked": torch.tensor(2.0)}),
+     "bn.num_batches_tracked", "a count of batches must be an integer tensor, got torch.float32"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["masked", "packed"])
+@pytest.mark.parametrize(("edit", "key", "problem"), IMPOSSIBLE_TENSORS)
+def test_impossible_tensors_fail_whatever_their_digest(
+    masked: Path, tmp_path: Path, kind: str, edit: Edit, key: str, problem: str
+) -> None:
+    path = masked
+    if kind == "packed":
+        path = tmp_path / "p.safetensors"
+        export_packed(masked, path)
+    report = verify_file(_resign(path, edit))
+    assert not report.ok
+    assert report.digest_problem is None and all(layer.problem is None for layer in report.layers)
+    assert report.other_problems == ((key, problem),)
+    assert report.file_problem == f"{key!r}: {problem}"
+
+
+def test_a_masked_checkpoint_needs_json_object_descriptions(masked: Path) -> None:
+    def edit(tensors, metadata) -> None:
+        metadata["model"], metadata["data"] = "[1]", '"digits"'
+
+    report = verify_file(_resign(masked, edit))
+    assert not report.ok and report.digest_problem is None
+    assert report.other_problems == (
+        ("model", "must be a JSON object, got [1]"),
+        ("data", "must be a JSON object, got 'digits'"),
+    )
+
+
+def _verify_error(capsys: pytest.CaptureFixture[str], path: Path) -> str:
+    """``inq verify PATH``'s one error line (it must fail)."""
+    assert main(["verify", str(path)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1
+    return lines[0]
+
+
+@pytest.mark.parametrize("kind", ["masked", "packed"])
+def test_inq_verify_names_an_impossible_tensor(
+    capsys: pytest.CaptureFixture[str], masked: Path, tmp_path: Path, kind: str
+) -> None:
+    path = masked
+    if kind == "packed":
+        path = tmp_path / "p.safetensors"
+        export_packed(masked, path)
+    edit, key, problem = IMPOSSIBLE_TENSORS[0]
+    bad = _resign(path, edit)
+    assert _verify_error(capsys, bad) == f"inq verify: {bad}: {key!r}: {problem}"
+
+
+@pytest.mark.parametrize(
+    ("where", "key", "value", "problem"),
+    [
+        (None, "act_bits", 9, "metadata 'act_bits': must be an integer from 2 to 8, got 9"),
+        ("add", "multipliers", [-1, 2],
+         "op 'add': multipliers must be two integers from 1 to 2**31 - 1, got [-1, 2]"),
+        ("pool", "multiplier", -1,
+         "op 'pool': multiplier must be an integer from 1 to 2**31 - 1, got -1"),
+    ],
+)  # fmt: skip
+def test_inq_verify_refuses_an_impossible_integer_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, where, key, value, problem: str
+) -> None:
+    """``problem`` as loading words it; ``inq verify`` names the key or op the same way."""
+    path = tmp_path / "m.int.safetensors"
+    save_integer(path, residual_integer_model())
+
+    def edit(tensors, metadata) -> None:
+        if where is None:
+            metadata[key] = json.dumps(value)
+        else:
+            program = json.loads(metadata["program"])
+            next(op for op in program if op["name"] == where)["attrs"][key] = value
+            metadata["program"] = json.dumps(program)
+
+    bad = _resign(path, edit)
+    line = _verify_error(capsys, bad)
+    assert line.startswith(f"inq verify: {bad}: ")
+    assert line.endswith(problem.partition(" ")[2])  # after "op"/"metadata"
+    assert main(["eval", str(bad), "--data", "digits"]) == 1
+    assert capsys.readouterr().err == f"inq eval: error: {bad}: {problem}\n"

@@ -17,7 +17,15 @@ of two. Ops (``IntOp.op``):
 happen: :func:`program_problems` checks, from the codes and the value ranges, that every int32
 accumulator (bias included) stays below ``2**31`` and that the int64 products do too; the file
 is refused otherwise. Multipliers are stored normalised (odd unless the shift is 0), so a
-requantization by a power of two is a pure shift.
+requantization by a power of two is a pure shift; those of ``add`` and ``avgpool`` are positive
+(ratios of scales), a conv/linear channel's takes the sign of its BatchNorm scale.
+
+:func:`program_problems` is what makes a file valid, whatever its digest says: besides the
+overflow bounds, every attribute has its type and range (bits 2..8, scales finite and > 0,
+every value a 2..8-bit activation range, ``act_bits``/``input_bits`` where the file records
+them, except an int32 conv/linear at the end; shifts 0..62, multipliers within int32, geometry
+a convolution can have) and the file's descriptions theirs (``act_bits`` 2..8, ``model`` and
+``data`` JSON objects, ...).
 
 The file (``inq calibrate``) is safetensors with integer tensors only: per op ``<op>.codes``
 (packed, :mod:`inq.packed`), ``<op>.bias``, ``<op>.multiplier``, ``<op>.shift`` (int32); the
@@ -38,6 +46,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,10 +55,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import inq.kernels  # noqa: F401  (registers torch.ops.inq.*)
-from inq.io import DIGEST_KEY, digest_problem, read_safetensors, write_safetensors
+from inq.io import DIGEST_KEY, digest_problem, metadata_n1, read_safetensors, write_safetensors
 from inq.kernels.int8 import max_frac_bits
-from inq.packed import codes_problem, read_format, row_bytes, unpack_codes
-from inq.pow2 import check_bits
+from inq.packed import codes_problem, n1_problem, read_format, row_bytes, unpack_codes
+from inq.pow2 import MAX_BITS, MIN_BITS
 
 __all__ = [
     "INT_FORMAT",
@@ -57,6 +66,7 @@ __all__ = [
     "IntegerModel",
     "accumulator_bound",
     "load_integer",
+    "problem_line",
     "program_problems",
     "requantize",
     "save_integer",
@@ -275,14 +285,30 @@ _RUN = {
 
 
 def program_problems(model: IntegerModel) -> list[tuple[str, str]]:
-    """``(op name, problem)`` for everything wrong with a model: unknown ops or inputs, non-integer
-    or misshapen tensors, invalid codes, and any possible int32/int64 overflow. Empty if sound.
+    """``(where, problem)`` for everything that makes a model invalid, empty if it is sound.
+
+    ``where`` is a key of ``model.info`` (the file's descriptions: ``act_bits`` not in 2..8,
+    ``model`` not a JSON object, ...; these come first) or an op's name: an unknown op or input,
+    an attribute of the wrong type or out of range (bits, scales, ranges, multipliers, shifts,
+    geometry), non-integer or misshapen tensors, invalid codes, and any possible int32/int64
+    overflow. :func:`problem_line` says which.
+
+    Example:
+        >>> ops = [IntOp("x", "input", [], {"scale": 0.5, "lo": -128, "hi": 127}),
+        ...        IntOp("r", "relu", ["x"], {"scale": 0.5, "lo": 0, "hi": 127})]
+        >>> program_problems(IntegerModel(ops, {}, {"act_bits": 8}))
+        []
+        >>> ops[1].attrs["lo"] = -1
+        >>> for where, problem in program_problems(IntegerModel(ops, {}, {"act_bits": 9})):
+        ...     print(where, "-", problem)
+        act_bits - must be an integer from 2 to 8, got 9
+        r - range -1..127 is not its input's 0..127
     """
-    problems: list[tuple[str, str]] = []
+    problems = _info_problems(model.info)
     seen: dict[str, IntOp] = {}
     for op in model.ops:
         try:
-            problem = _op_problem(op, model.op_tensors(op.name), seen)
+            problem = _op_problem(op, model.op_tensors(op.name), seen, model)
         except (KeyError, TypeError, ValueError) as err:
             problem = f"malformed op ({err!r})"
         if problem:
@@ -291,7 +317,193 @@ def program_problems(model: IntegerModel) -> list[tuple[str, str]]:
     return problems
 
 
-def _op_problem(op: IntOp, t: dict[str, Tensor], seen: dict[str, IntOp]) -> str | None:
+def problem_line(model: IntegerModel, where: str, problem: str) -> str:
+    """One line for a problem of :func:`program_problems`: ``op '<name>': ...`` or
+    ``metadata '<key>': ...``.
+
+    Example:
+        >>> model = IntegerModel([IntOp("x", "input", [], {})], {})
+        >>> problem_line(model, "x", "bad"), problem_line(model, "act_bits", "bad")
+        ("op 'x': bad", "metadata 'act_bits': bad")
+    """
+    kind = "op" if any(op.name == where for op in model.ops) else "metadata"
+    return f"{kind} {where!r}: {problem}"
+
+
+def _is_int(value: object, low: int = INT32_MIN, high: int = INT32_MAX) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_ints(value: object, count: int, low: int, high: int = INT32_MAX) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == count
+        and all(_is_int(v, low, high) for v in value)
+    )
+
+
+def _is_bits(value: object) -> bool:
+    return _is_int(value, MIN_BITS, MAX_BITS)
+
+
+def _is_bits_list(value: object) -> bool:
+    return isinstance(value, list) and all(_is_bits(b) for b in value)
+
+
+_Rule = tuple[Callable[[Any], bool], str]  # a test of one value, and what it requires
+_BITS: _Rule = (_is_bits, f"an integer from {MIN_BITS} to {MAX_BITS}")
+_COUNT: _Rule = (lambda v: _is_int(v, 1), "an integer >= 1")
+_SHIFT: _Rule = (lambda v: _is_int(v, 0, MAX_SHIFT), f"an integer from 0 to {MAX_SHIFT}")
+_POSITIVE_PAIR: _Rule = (lambda v: _is_ints(v, 2, 1), "two integers >= 1")
+_PAIR: _Rule = (lambda v: _is_ints(v, 2, 0), "two integers >= 0")
+_DIM: _Rule = (lambda v: _is_int(v, -4, 3), "an integer from -4 to 3")
+
+# What the file's descriptions must be, where present (inq.train.quantize writes them).
+_INFO: dict[str, _Rule] = {
+    "act_bits": _BITS,
+    "input_bits": _BITS,
+    "weight_bits": (_is_bits_list, f"a list of integers from {MIN_BITS} to {MAX_BITS}"),
+    "model": (lambda v: isinstance(v, dict), "a JSON object"),
+    "data": (lambda v: isinstance(v, dict), "a JSON object"),
+    "calibration": (lambda v: isinstance(v, str), "a string"),
+    "pow2_scales": (lambda v: isinstance(v, bool), "true or false"),
+    "calibration_batches": _COUNT,
+    "finetune_epochs": (lambda v: _is_int(v, 0), "an integer >= 0"),
+}
+
+# The attributes of each op kind besides scale/lo/hi, and their ranges (cross-checks below).
+_ATTRS: dict[str, dict[str, _Rule]] = {
+    "conv": {
+        "bits": _BITS,
+        "frac": (lambda v: _is_int(v, 0), "an integer >= 0"),
+        "weight_shape": (lambda v: _is_ints(v, 4, 1), "four integers >= 1"),
+        "stride": _POSITIVE_PAIR,
+        "padding": _PAIR,
+        "dilation": _POSITIVE_PAIR,
+        "groups": _COUNT,
+    },
+    "linear": {
+        "bits": _BITS,
+        "frac": (lambda v: _is_int(v, 0), "an integer >= 0"),
+        "in_features": _COUNT,
+        "out_features": _COUNT,
+    },
+    "add": {
+        "multipliers": (lambda v: _is_ints(v, 2, 1), "two integers from 1 to 2**31 - 1"),
+        "shift": _SHIFT,
+    },
+    "avgpool": {
+        "multiplier": (lambda v: _is_int(v, 1), "an integer from 1 to 2**31 - 1"),
+        "shift": _SHIFT,
+        "kernel": (lambda v: v is None or _is_ints(v, 2, 1), "null or two integers >= 1"),
+    },
+    "maxpool": {
+        "kernel": _POSITIVE_PAIR,
+        "stride": _POSITIVE_PAIR,
+        "padding": _PAIR,
+        "dilation": _POSITIVE_PAIR,
+        "ceil_mode": (lambda v: isinstance(v, bool), "true or false"),
+    },
+    "flatten": {"start_dim": _DIM, "end_dim": _DIM},
+    "slice": {
+        "index": (
+            lambda v: isinstance(v, list) and all(s is None or _is_slice(s) for s in v),
+            "a list of null (...) or [start, stop, step] (integers or null, step >= 1)",
+        )
+    },
+    "pad": {
+        "pad": (
+            lambda v: isinstance(v, list) and len(v) in (2, 4, 6, 8) and all(map(_is_int, v)),
+            "2, 4, 6 or 8 integers",
+        )
+    },
+}
+
+
+def _is_slice(value: object) -> bool:
+    if not isinstance(value, list) or len(value) != 3:
+        return False
+    start, stop, step = value
+    return all(v is None or _is_int(v) for v in (start, stop)) and (
+        step is None or _is_int(step, 1)
+    )
+
+
+def _info_problems(info: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        (key, f"must be {requirement}, got {info[key]!r}")
+        for key, (test, requirement) in _INFO.items()
+        if key in info and not test(info[key])
+    ]
+
+
+def _attrs_problem(op: IntOp) -> str | None:
+    """Why an op's attributes have the wrong types or ranges, or None."""
+    a = op.attrs
+    scale = a.get("scale")
+    if isinstance(scale, bool) or not isinstance(scale, int | float):
+        return f"scale must be a number, got {scale!r}"
+    if not (math.isfinite(scale) and scale > 0):
+        return f"scale {scale} must be a finite number > 0"
+    lo, hi = a.get("lo"), a.get("hi")
+    if not (_is_int(lo) and _is_int(hi) and lo <= hi):
+        return f"range {lo!r}..{hi!r} must be integers lo <= hi within int32"
+    for key, (test, requirement) in _ATTRS.get(op.op, {}).items():
+        if not test(a.get(key)):
+            return f"{key} must be {requirement}, got {a.get(key)!r}"
+    if op.op == "conv" and a["weight_shape"][0] % a["groups"]:
+        return f"groups={a['groups']} does not divide the {a['weight_shape'][0]} output channels"
+    if op.op == "avgpool":
+        key = "input_size" if a["kernel"] is None else "stride"  # a global pool has no stride
+        if not _is_ints(a.get(key), 2, 1):
+            return f"{key} must be two integers >= 1, got {a.get(key)!r}"
+    if op.op == "maxpool":
+        reach = [(k - 1) * d + 1 for k, d in zip(a["kernel"], a["dilation"], strict=True)]
+        if any(2 * p > r for p, r in zip(a["padding"], reach, strict=True)):
+            return f"padding {a['padding']} exceeds half the (dilated) kernel {reach}"
+    return _multiplier_problem(op)
+
+
+def _multiplier_problem(op: IntOp) -> str | None:
+    """Multipliers are normalised: one is odd unless the shift is 0 (see the module docstring)."""
+    if op.op not in ("add", "avgpool"):
+        return None
+    a = op.attrs
+    multipliers = a["multipliers"] if op.op == "add" else [a["multiplier"]]
+    if a["shift"] and all(m % 2 == 0 for m in multipliers):
+        return f"multipliers {multipliers} >> {a['shift']} are not normalised (all even)"
+    return None
+
+
+def _range_problem(op: IntOp, last: bool, info: dict[str, Any]) -> str | None:
+    """A value an op creates is a ``bits``-bit activation (``input_bits`` for the input,
+    ``act_bits`` otherwise, any of 2..8 if the file records none); only a conv/linear that
+    ends the program keeps int32 (its lower end 0 after a ReLU)."""
+    lo, hi = _value_range(op)
+    if last and op.op in _WEIGHT_OPS and hi == INT32_MAX and lo in (0, INT32_MIN):
+        return None
+    key = "input_bits" if op.op == "input" else "act_bits"
+    recorded = info.get(key)
+    widths = [recorded] if _is_bits(recorded) else range(MIN_BITS, MAX_BITS + 1)
+    if any((lo, hi) in (_act_range(b, True), _act_range(b, False)) for b in widths):
+        return None
+    if _is_bits(recorded):
+        signed, unsigned = _act_range(recorded, True), _act_range(recorded, False)
+        return (
+            f"range {lo}..{hi} is not {key}={recorded}'s ({signed[0]}..{signed[1]} or "
+            f"{unsigned[0]}..{unsigned[1]})"
+        )
+    return f"range {lo}..{hi} is not an activation range of {MIN_BITS} to {MAX_BITS} bits"
+
+
+def _act_range(bits: int, signed: bool) -> tuple[int, int]:
+    """As :func:`inq.quant.observers.act_range`."""
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+
+
+def _op_problem(
+    op: IntOp, t: dict[str, Tensor], seen: dict[str, IntOp], model: IntegerModel
+) -> str | None:
     if op.op not in _RUN:
         return f"unknown op {op.op!r}"
     if op.name in seen:
@@ -302,29 +514,34 @@ def _op_problem(op: IntOp, t: dict[str, Tensor], seen: dict[str, IntOp]) -> str 
     floats = [k for k, v in t.items() if v.is_floating_point()]
     if floats:
         return f"tensors {floats} are not integer"
+    bad = _attrs_problem(op)
+    if bad:
+        return bad
     a = op.attrs
-    if not a["scale"] > 0 or not INT32_MIN <= a["lo"] <= a["hi"] <= INT32_MAX:
-        return f"scale {a['scale']} or range {a['lo']}..{a['hi']} is invalid"
     arity = {"input": 0, "add": 2}.get(op.op, 1)
     if len(op.inputs) != arity or (op.op == "input") != (not seen):
         return f"{op.op} takes {arity} input(s), and only the first op is the input"
     ins = [seen[i] for i in op.inputs]
-    if op.op in _WEIGHT_OPS:
-        return _weight_op_problem(op, t, ins[0])
-    if op.op in _PASS_THROUGH:  # the range is the input's (a ReLU cuts it at 0)
+    if op.op in _PASS_THROUGH:  # the range is the input's (a ReLU cuts it at 0), and the scale
         lo, hi = _value_range(ins[0])
         expected = (max(lo, 0), hi) if op.op == "relu" else (lo, hi)
         if _value_range(op) != expected:
             return f"range {a['lo']}..{a['hi']} is not its input's {expected[0]}..{expected[1]}"
+        if a["scale"] != ins[0].attrs["scale"]:
+            return f"scale {a['scale']!r} is not its input's {ins[0].attrs['scale']!r}"
+        return None
+    bad = _range_problem(op, op is model.ops[-1], model.info)
+    if bad:
+        return bad
+    if op.op in _WEIGHT_OPS:
+        return _weight_op_problem(op, t, ins[0], model.info)
     if op.op in ("add", "avgpool"):
         multipliers = a["multipliers"] if op.op == "add" else [a["multiplier"]]
-        if not 0 <= a["shift"] <= MAX_SHIFT or any(abs(m) >= 1 << 31 for m in multipliers):
-            return f"shift {a['shift']} or multipliers {multipliers} out of range"
         if op.op == "add":
-            peak = sum(_magnitude(x) * abs(m) for x, m in zip(ins, multipliers, strict=True))
+            peak = sum(_magnitude(x) * m for x, m in zip(ins, multipliers, strict=True))
         else:
             window = a["kernel"] if a["kernel"] is not None else a["input_size"]
-            peak = math.prod(window) * _magnitude(ins[0]) * abs(multipliers[0])
+            peak = math.prod(window) * _magnitude(ins[0]) * multipliers[0]
         if peak >= 1 << MAX_SHIFT:
             return "the int64 products can overflow"
     return None
@@ -337,9 +554,14 @@ def _magnitude(op: IntOp) -> int:
     return max(abs(int(op.attrs["lo"])), abs(int(op.attrs["hi"])))
 
 
-def _weight_op_problem(op: IntOp, t: dict[str, Tensor], source: IntOp) -> str | None:
+def _weight_op_problem(
+    op: IntOp, t: dict[str, Tensor], source: IntOp, info: dict[str, Any]
+) -> str | None:
     a = op.attrs
-    bits = check_bits(a["bits"])
+    bits = a["bits"]
+    weight_bits = info.get("weight_bits")
+    if _is_bits_list(weight_bits) and bits not in weight_bits:
+        return f"bits={bits} is not among the file's weight_bits {weight_bits}"
     out_channels = a["weight_shape"][0] if op.op == "conv" else a["out_features"]
     k = math.prod(a["weight_shape"][1:]) if op.op == "conv" else a["in_features"]
     expected = {
@@ -353,8 +575,11 @@ def _weight_op_problem(op: IntOp, t: dict[str, Tensor], source: IntOp) -> str | 
             found = "missing" if key not in t else f"{t[key].dtype} {list(t[key].shape)}"
             return f"{key} must be {dtype} {shape}, found {found}"
     n1 = a.get("n1")
-    if not (isinstance(n1, int) or (isinstance(n1, list) and len(n1) == out_channels)):
+    if not (_is_int(n1) or _is_ints(n1, out_channels, INT32_MIN)):
         return f"n1 must be an int or {out_channels} ints (one per output channel), got {n1!r}"
+    bad = n1_problem(metadata_n1(n1), out_channels, torch.float32)  # ONNX decodes to float32
+    if bad:
+        return bad
     codes = unpack_codes(t["codes"], bits, k)
     bad = codes_problem(codes, bits)
     if bad:
@@ -374,8 +599,27 @@ def _weight_op_problem(op: IntOp, t: dict[str, Tensor], source: IntOp) -> str | 
     shift, multiplier = t["shift"].to(torch.int64), t["multiplier"].to(torch.int64)
     if bool(((shift < 0) | (shift > MAX_SHIFT)).any()):
         return f"shifts must lie in 0..{MAX_SHIFT}"
+    bad = _channel_multiplier_problem(multiplier, shift)
+    if bad:
+        return bad
     if int((bound * multiplier.abs()).max()) >= 1 << MAX_SHIFT:
         return "(accumulator + bias) * multiplier can overflow int64"
+    return None
+
+
+def _channel_multiplier_problem(multiplier: Tensor, shift: Tensor) -> str | None:
+    """Per channel, ``|multiplier| < 2**31`` (a BatchNorm's negative scale makes it negative),
+    odd unless the shift is 0 (normalised: 0 only with shift 0)."""
+    wide = multiplier == INT32_MIN
+    if bool(wide.any()):
+        return f"channel {int(wide.nonzero()[0])}: multiplier -2**31 is out of range"
+    loose = (multiplier % 2 == 0) & (shift != 0)
+    if bool(loose.any()):
+        c = int(loose.nonzero()[0])
+        return (
+            f"channel {c}: multiplier {int(multiplier[c])} >> {int(shift[c])} is not normalised "
+            "(even with a non-zero shift)"
+        )
     return None
 
 
@@ -394,8 +638,7 @@ def save_integer(path: str | os.PathLike[str], model: IntegerModel) -> None:
     """
     problems = program_problems(model)
     if problems:
-        name, problem = problems[0]
-        raise ValueError(f"the integer model is unsound at op {name!r}: {problem}")
+        raise ValueError(f"the integer model is unsound at {problem_line(model, *problems[0])}")
     metadata = {
         "format": INT_FORMAT,
         "program": json.dumps([op.as_json() for op in model.ops]),
@@ -438,6 +681,5 @@ def load_integer(path: str | os.PathLike[str], validate: bool = True) -> Integer
             raise ValueError(f"{path}: {model.digest_problem}")
         problems = program_problems(model)
         if problems:
-            name, problem = problems[0]
-            raise ValueError(f"{path}: op {name!r}: {problem}")
+            raise ValueError(f"{path}: {problem_line(model, *problems[0])}")
     return model
