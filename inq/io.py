@@ -4,12 +4,16 @@ byte-reproducible safetensors files."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import re
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -17,8 +21,11 @@ from safetensors.torch import load_file
 
 __all__ = [
     "DIGEST_KEY",
+    "LOCK_NAME",
+    "DirBusy",
     "atomic_path",
     "digest_problem",
+    "lock_dir",
     "metadata_int",
     "metadata_n1",
     "n1_json",
@@ -27,6 +34,7 @@ __all__ = [
     "write_safetensors",
 ]
 
+LOCK_NAME = ".lock"  # in a directory one process at a time works in (an inq-train run)
 DIGEST_KEY = "sha256"  # metadata entry: digest of every tensor and the rest of the metadata
 _SAFETENSORS_DTYPES = {
     torch.float64: "F64",
@@ -46,6 +54,9 @@ _SAFETENSORS_DTYPES = {
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success fsync it and rename it over ``path``.
 
+    The temporary file is named ``.<name>.<host>-<pid>.<random>.tmp``; one that a killed writer
+    left behind (its process gone) is deleted by the next write to the same ``path``.
+
     Example:
         >>> import tempfile, pathlib
         >>> target = pathlib.Path(tempfile.mkdtemp()) / "x.txt"
@@ -56,7 +67,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    _remove_abandoned(target)
+    fd, name = tempfile.mkstemp(
+        prefix=f".{target.name}.{_HOST}-{os.getpid()}.", suffix=".tmp", dir=target.parent
+    )
     os.close(fd)
     tmp = Path(name)
     try:
@@ -67,8 +81,90 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, target)
+    except OSError as err:
+        err.filename = err.filename or str(target)  # a failed write() names no file
+        raise
     finally:
         tmp.unlink(missing_ok=True)
+
+
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+
+
+def _remove_abandoned(target: Path) -> None:
+    """Delete the temporaries of writes to ``target`` whose process (on this host) is gone."""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.{re.escape(_HOST)}-(\d+)\.[^.]+\.tmp")
+    for candidate in target.parent.glob(f".{glob_escape(target.name)}.{_HOST}-*.tmp"):
+        match = pattern.fullmatch(candidate.name)
+        if match and not _alive(int(match.group(1))):
+            candidate.unlink(missing_ok=True)
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with the glob wildcards ``*?[`` escaped.
+
+    Example:
+        >>> glob_escape("a[1]*.pt")
+        'a[[]1][*].pt'
+    """
+    return re.sub(r"([*?[])", r"[\1]", name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+class DirBusy(ValueError):
+    """Another process holds the lock of a directory (see :func:`lock_dir`)."""
+
+    def __init__(self, folder: Path, pid: str) -> None:
+        super().__init__(f"{folder}: another process (pid {pid}) is working there; wait for it")
+        self.folder, self.pid = folder, pid
+
+
+def lock_dir(folder: str | os.PathLike[str]) -> TextIO:
+    """Take the advisory lock of ``folder`` (``fcntl.flock`` on ``folder/.lock``, holding this
+    process's pid) without waiting; close the returned file to release it. The kernel drops
+    the lock when the process dies, however it dies.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> lock = lock_dir(folder)
+        >>> lock_dir(folder)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        inq.io.DirBusy: ...: another process (pid ...) is working there; wait for it
+        >>> lock.close()
+
+    Raises:
+        DirBusy: if another process holds it.
+        OSError: if the folder cannot be created or locked.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = open(folder / LOCK_NAME, "a+")  # noqa: SIM115 (the caller holds it)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        pid = lock.read().strip() or "?"
+        lock.close()
+        raise DirBusy(folder, pid) from None
+    except OSError:
+        lock.close()
+        raise
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
 
 
 def _umask() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,35 @@ from inq.scheduler import INQScheduler
 
 class BodyFailed(Exception):
     pass
+
+
+def test_a_killed_writers_temporary_goes_with_the_next_write(tmp_path: Path) -> None:
+    """A SIGKILL leaves ``.<name>.<host>-<pid>.*.tmp``; the next write to that file deletes it
+    once its process is gone, and never a live writer's or another file's."""
+    target = tmp_path / "model.inq.safetensors"
+    script = (
+        "import os, signal, sys; from inq.io import atomic_path\n"
+        "with atomic_path(sys.argv[1]) as tmp:\n"
+        "    tmp.write_bytes(b'half'); os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", script, str(target)], check=False)
+    assert killed.returncode == -9
+    (left,) = tmp_path.glob(".model.inq.safetensors.*.tmp")
+    live = left.with_name(re.sub(r"-\d+\.", f"-{os.getpid()}.", left.name, count=1))
+    live.write_bytes(b"a write in progress")
+    other = tmp_path / left.name.replace("model.inq", "other")
+    other.write_bytes(b"another file's")
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(b"whole")
+    assert target.read_bytes() == b"whole"
+    assert not left.exists() and live.exists() and other.exists()
+
+
+def test_a_failed_write_names_its_file(tmp_path: Path) -> None:
+    target = tmp_path / "x.bin"
+    with pytest.raises(OSError) as err, atomic_path(target):
+        raise OSError(28, "No space left on device")
+    assert err.value.filename == str(target) and not list(tmp_path.iterdir())
 
 
 def test_writes_the_new_file_and_leaves_no_temporary(tmp_path: Path) -> None:

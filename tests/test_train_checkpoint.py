@@ -7,19 +7,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from train_helpers import TINY, inq_train
 
 from inq.train.checkpoint import (
     KILL_ENV,
-    check_compatible,
     get_rng_state,
     load_checkpoint,
     load_float_weights,
     resolve_resume,
+    resumed_config,
     set_rng_state,
 )
+from inq.train.config import Config, SGDConfig, to_dict
 from inq.train.errors import ConfigError
 from inq.train.models import build_model
 
@@ -126,9 +128,14 @@ def test_checkpoint_loads_weights_only_and_names_bad_files(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match=r"^trainer\.resume: no checkpoint at"):
         resolve_resume(str(tmp_path))
     bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(ConfigError, match=r"^trainer\.resume: cannot read checkpoint"):
-        load_checkpoint(bad)
+    # text, a text file whose pickle-like bytes broke PyTorch's unpickler (IndexError), noise
+    noise = torch.randint(0, 256, (3000,), generator=torch.Generator().manual_seed(0))
+    contents = [b"not a checkpoint", b"root:x:0:0:root:/root:/bin/bash\n"]
+    for content in [*contents, bytes(noise.to(torch.uint8).tolist())]:
+        bad.write_bytes(content)
+        with pytest.raises(ConfigError, match=r"^trainer\.resume: cannot read checkpoint") as err:
+            load_checkpoint(bad)
+        assert "weights_only" not in str(err.value)  # never the advice to unpickle code
     torch.save({"format": "something else"}, bad)
     with pytest.raises(ConfigError, match="not an inq-train checkpoint"):
         load_checkpoint(bad)
@@ -157,15 +164,34 @@ def test_rng_state_round_trips() -> None:
     assert torch.equal(torch.rand(3), first)
 
 
-def test_resumable_changes_are_allowed() -> None:
-    saved = {"trainer": {"resume": None, "log_every": 10}}
-    check_compatible(saved, {"trainer": {"resume": "run/", "log_every": 1}})
+def _config(**changes: object) -> OmegaConf:
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), {"optim": SGDConfig()})
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key.replace("__", "."), value)
+    return cfg
 
 
-def test_the_integer_phase_settings_may_change_on_resume() -> None:
-    """They act after the weights are final (issue 13): a resume may redo that phase."""
-    from inq.train.checkpoint import check_compatible
+def test_a_resume_takes_the_recorded_config_and_only_allowed_changes() -> None:
+    recorded = to_dict(_config(inq__epochs=2, inq__bits=4, trainer__float_epochs=3))
+    current = _config(trainer__resume="run/", trainer__log_every=1, quant__act_bits=8)
+    given = ["trainer.resume", "trainer.log_every", "quant.act_bits"]
+    cfg, changes = resumed_config(recorded, current, given)
+    assert (cfg.inq.epochs, cfg.inq.bits, cfg.trainer.float_epochs) == (2, 4, 3)
+    assert (cfg.trainer.resume, cfg.trainer.log_every, cfg.quant.act_bits) == ("run/", 1, 8)
+    assert changes == {
+        "quant.act_bits": (None, 8),  # the integer phase may be redone with other settings
+        "trainer.log_every": (10, 1),
+        "trainer.resume": (None, "run/"),
+    }
+    # a given group (inq=lowbit) stands for its keys; equal values change nothing
+    cfg, changes = resumed_config(recorded, _config(inq__epochs=2, inq__bits=4), ["inq"])
+    assert changes == {} and cfg.inq.bits == 4
+    with pytest.raises(ConfigError, match=r"inq\.bits=4 \(given 5\), inq\.epochs=2 \(given 6\)"):
+        resumed_config(recorded, _config(), ["inq"])
 
-    check_compatible(
-        {"quant": {"act_bits": None, "epochs": 0}}, {"quant": {"act_bits": 8, "epochs": 2}}
-    )
+
+def test_a_recording_from_before_a_key_existed_takes_its_default() -> None:
+    recorded = to_dict(_config())
+    del recorded["prune"]  # saved before pruning existed
+    cfg, changes = resumed_config(recorded, _config(prune__steps=3), None)
+    assert changes == {} and cfg.prune.sparsity == 0.0

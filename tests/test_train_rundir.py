@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import errno
 import json
-import os
+import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,13 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from hydra import compose, initialize_config_module
 from train_helpers import INQ_TRAIN, TINY, inq_train
 
-from inq.train.app import run
-from inq.train.config import register
-from inq.train.rundir import LOCK_NAME, RunDir, RunStopped, describe_os_error, holds_run
+from inq.train.checkpoint import KILL_ENV
+from inq.train.rundir import LOCK_NAME, RunDir, describe_os_error, holds_run
 
 pytestmark = pytest.mark.slow
 
@@ -151,29 +149,71 @@ def test_a_signal_stops_the_run_with_how_to_resume(
     RunDir(run_dir, "x").release()  # unlocked
 
 
-def test_a_full_disk_stops_the_run_with_one_message(tmp_path: Path, monkeypatch) -> None:
-    register()
-    with initialize_config_module("inq.conf", version_base="1.3"):
-        cfg = compose("config", overrides=[*TINY])
-    real_save = torch.save
-    saves = []
+def test_a_full_disk_stops_the_run_with_one_message(tmp_path: Path) -> None:
+    """A real failed write: a file size limit (what a full disk does to ``write``) cuts the
+    first checkpoint; torch.save itself would report it as a RuntimeError, a traceback."""
 
-    def save(obj, f, *args, **kwargs):
-        saves.append(f)
-        if len(saves) == 3:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
-        return real_save(obj, f, *args, **kwargs)
+    def limit_files() -> None:  # Python ignores SIGXFSZ: the write fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
 
-    monkeypatch.setattr(torch, "save", save)
-    with pytest.raises(RunStopped) as stop:
-        run(cfg, tmp_path)
-    assert str(stop.value).startswith(f"cannot write {saves[2]}: disk full (No space left")
-    assert f"continue from the last checkpoint with: inq-train trainer.resume={tmp_path}" in str(
-        stop.value
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [str(INQ_TRAIN), *TINY, f"hydra.run.dir={run_dir}"],
+        capture_output=True, text=True, timeout=300, preexec_fn=limit_files,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"inq-train: cannot write {run_dir}/checkpoints/latest.pt: file too large (a file size "
+        "limit, ulimit -f) (File too large); no checkpoint was saved yet: start the run again"
     )
-    assert not list(tmp_path.rglob("*.tmp"))  # the cut save left no temporary file
-    assert holds_run(tmp_path)
-    RunDir(tmp_path, "x").release()  # unlocked
+    assert not run_dir.exists()  # nothing of the start stays
+
+
+def test_resume_takes_the_runs_own_config(tmp_path: Path) -> None:
+    """``trainer.resume=DIR`` alone, as the stop message prints it, continues a run that was
+    started with overrides; a change that shapes the weights is refused."""
+    run_dir, whole = tmp_path / "run", tmp_path / "whole"
+    settings = (*TINY, "inq.bits=4", "inq.portions=[0.5,1.0]")
+    inq_train(*settings, f"hydra.run.dir={whole}")
+    killed = inq_train(*settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:11"},
+                       check=False)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    refused = inq_train(f"trainer.resume={run_dir}", "inq.bits=5", check=False)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "inq.bits=4 (given 5); leave them out" in refused.stderr.splitlines()[-1]
+    inq_train(f"trainer.resume={run_dir}", "trainer.log_every=3", cwd=tmp_path)
+    assert not (tmp_path / "outputs").exists()  # Hydra's default directory is dropped
+    log = (run_dir / "app.log").read_text()
+    assert "changed on resume: trainer.log_every=3 (was 2)" in log
+    for name in ("model_masked.safetensors", "model.inq.safetensors"):
+        assert (run_dir / name).read_bytes() == (whole / name).read_bytes(), name
+
+
+def test_a_run_killed_before_its_first_checkpoint_leaves_a_usable_directory(
+    tmp_path: Path,
+) -> None:
+    """Resumed, it starts again from its recorded config; or a new run takes the directory."""
+    whole, run_dir = tmp_path / "whole", tmp_path / "run"
+    settings = (*TINY, "inq.bits=3")
+    inq_train(*settings, f"hydra.run.dir={whole}")
+    for then in (("trainer.resume=" + str(run_dir),), (*TINY, f"hydra.run.dir={run_dir}")):
+        killed = inq_train(*settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:2"},
+                           check=False)  # fmt: skip
+        assert killed.returncode == -signal.SIGKILL
+        assert holds_run(run_dir) and not (run_dir / "checkpoints" / "latest.pt").exists()
+        inq_train(*then)
+        bits = json.loads((run_dir / "summary.json").read_text())["bits"]
+        if then[0].startswith("trainer.resume"):
+            assert bits == 3  # the recorded config, not the defaults
+            for name in ("model_masked.safetensors", "model.inq.safetensors"):
+                assert (run_dir / name).read_bytes() == (whole / name).read_bytes(), name
+            log = (run_dir / "app.log").read_text()
+            assert "starting the run again from its recorded config" in log
+            shutil.rmtree(run_dir)
+        else:
+            assert bits == 5  # a new run with its own settings
+            assert "cleared the start of a run that stopped" in (run_dir / "app.log").read_text()
 
 
 def test_os_errors_are_named() -> None:

@@ -27,6 +27,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Collection
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,8 +38,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -77,7 +80,14 @@ from inq.train.loop import (
 from inq.train.models import build_model
 from inq.train.monitor import Monitor
 from inq.train.quantize import QuantSettings, RealOutput, quantize
-from inq.train.rundir import RunDir, RunStopped, holds_run, remove_if_empty, stop_signals
+from inq.train.rundir import (
+    RunDir,
+    RunStopped,
+    holds_run,
+    remove_if_empty,
+    saved_nothing,
+    stop_signals,
+)
 
 __all__ = ["export_artifacts", "main", "run"]
 
@@ -100,13 +110,16 @@ def run(
     out_dir: Path,
     dir_chosen: bool = True,
     hydra_files: dict[str, str] | None = None,
+    given: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) a whole INQ training described by ``cfg``; returns the summary.
 
     ``out_dir`` is the run directory (Hydra's); ``dir_chosen`` says the user picked it (False for
     Hydra's timestamped default, which a resumed run discards for the killed run's directory).
     ``hydra_files`` (``{relative path: text}``) are written into a new run's directory once it
-    is known to hold no other run.
+    is known to hold no other run. A resumed run goes on with the config it recorded; of
+    ``cfg``, only the keys in ``given`` (the command line's; ``None``: all) that may change
+    (:data:`inq.train.checkpoint.RESUMABLE_CHANGES`) apply.
 
     Raises:
         ConfigError: on any bad input, naming the config key to fix.
@@ -123,20 +136,21 @@ def run(
         torch.set_num_threads(cfg.trainer.num_threads)
     if not env.main:
         log.setLevel(logging.WARNING)
-    owner, resume_path, continues, problem = None, None, False, None
+    claim, problem = None, None
     if env.main:
         try:
-            owner, resume_path, continues = _claim(cfg, out_dir, dir_chosen)
+            claim = _claim(cfg, out_dir, dir_chosen)
         except ConfigError as err:
             problem = err
-    home = owner.path if owner else out_dir
-    problem, home, resume_path, continues = share((problem, home, resume_path, continues))
-    if problem is not None or home != out_dir:
+    owner, note = (claim.owner, claim.note) if claim else (None, None)
+    shared = (claim.home, claim.resume_path, claim.continues, claim.recorded) if claim else None
+    problem, shared = share((problem, shared))
+    if problem is not None or shared[0] != out_dir:
         _remove_unused(out_dir, dir_chosen)
     if problem is not None:
         teardown()
         raise problem
-    out_dir = home
+    out_dir, resume_path, continues, recorded = shared
     try:
         with stop_signals():
             if owner is not None:
@@ -147,7 +161,14 @@ def run(
                         with atomic_path(out_dir / name) as tmp:
                             tmp.write_text(text)
                 owner.start_log()
-            return _train(cfg, out_dir, env, resume_path)
+                if note:
+                    log.info("%s: %s", out_dir, note)
+            saved = ckpt.load_checkpoint(resume_path) if resume_path is not None else None
+            if saved is not None:
+                recorded = json.loads(saved["config"])
+            if recorded is not None:
+                cfg = _resumed(recorded, cfg, given, saved)
+            return _train(cfg, out_dir, env, saved)
     except BaseException as err:
         if owner is not None:  # a new run that stopped before its first checkpoint leaves nothing
             owner.release(discard=not continues)
@@ -168,41 +189,99 @@ def _remove_unused(out_dir: Path, dir_chosen: bool) -> None:
         remove_if_empty(out_dir.parent.parent)
 
 
-def _claim(cfg: DictConfig, hydra_dir: Path, dir_chosen: bool) -> tuple[RunDir, Path | None, bool]:
+@dataclass(frozen=True)
+class _Claim:
+    """The directory a run owns and how it goes on there."""
+
+    owner: RunDir
+    resume_path: Path | None = None  # the checkpoint it resumes from
+    continues: bool = False  # in its own directory, which a failed start must not delete
+    recorded: dict[str, Any] | None = None  # the config of a run started again from nothing
+    note: str | None = None  # what was done to the directory, for the run's log
+
+    @property
+    def home(self) -> Path:
+        return self.owner.path
+
+
+def _claim(cfg: DictConfig, hydra_dir: Path, dir_chosen: bool) -> _Claim:
     """Own the directory the run writes to: a resumed run's own, else ``hydra_dir``, which must
-    hold no run; returns the owner, the checkpoint to resume from and whether the run goes on
-    in the directory it was saved in."""
-    resume_path = ckpt.resolve_resume(cfg.trainer.resume) if cfg.trainer.resume else None
+    hold no run; the start of a run that saved nothing (:func:`saved_nothing`) is cleared, and
+    ``trainer.resume`` of one starts it again from its recorded config."""
+    resume = Path(cfg.trainer.resume).expanduser() if cfg.trainer.resume else None
+    if resume is not None and resume.is_dir() and saved_nothing(resume):
+        _check_same_dir(resume, hydra_dir, dir_chosen)
+        return _restart(RunDir(resume, "trainer.resume"))
+    resume_path = ckpt.resolve_resume(str(resume)) if resume is not None else None
     home = resume_path.parent.parent if resume_path is not None else hydra_dir
     if resume_path is not None and resume_path.parent.name == "checkpoints" and holds_run(home):
-        if home.resolve() != hydra_dir.resolve() and dir_chosen:
-            raise ConfigError(
-                "hydra.run.dir",
-                f"trainer.resume continues the run in {home}, not in {hydra_dir}: leave "
-                f"hydra.run.dir out or set it to {home}",
-            )
-        return RunDir(home, "trainer.resume"), resume_path, True
+        _check_same_dir(home, hydra_dir, dir_chosen)
+        return _Claim(RunDir(home, "trainer.resume"), resume_path, continues=True)
     owner = RunDir(hydra_dir, "hydra.run.dir")  # a new run (perhaps from a loose checkpoint)
-    if holds_run(hydra_dir):
+    note = None
+    if saved_nothing(hydra_dir):
+        owner.clear_start()
+        note = "cleared the start of a run that stopped before its first checkpoint"
+    elif holds_run(hydra_dir):
         owner.release()
         raise ConfigError(
             "hydra.run.dir",
             f"{hydra_dir} already holds a run: continue it with trainer.resume={hydra_dir}, or "
             "choose another directory",
         )
-    return owner, resume_path, False
+    return _Claim(owner, resume_path, note=note)
 
 
-def _train(cfg: DictConfig, out_dir: Path, env: Dist, resume_path: Path | None) -> dict[str, Any]:
-    saved = None
-    if resume_path is not None:
-        saved = ckpt.load_checkpoint(resume_path)
-        ckpt.check_compatible(json.loads(saved["config"]), to_dict(cfg))
-        if saved["world_size"] != env.world_size:
-            raise ConfigError(
-                "trainer.resume", f"saved by {saved['world_size']} processes, not {env.world_size}"
-            )
-        log.info("resuming %s at step %d", resume_path, saved["progress"]["step"])
+def _check_same_dir(home: Path, hydra_dir: Path, dir_chosen: bool) -> None:
+    if home.resolve() != hydra_dir.resolve() and dir_chosen:
+        raise ConfigError(
+            "hydra.run.dir",
+            f"trainer.resume continues the run in {home}, not in {hydra_dir}: leave "
+            f"hydra.run.dir out or set it to {home}",
+        )
+
+
+def _restart(owner: RunDir) -> _Claim:
+    """Start a run that stopped before its first checkpoint again, from the config it recorded."""
+    try:
+        recorded = to_dict(OmegaConf.load(owner.path / RECORDED_CONFIG))
+    except (OSError, ValueError, OmegaConfBaseException) as err:
+        owner.release()
+        raise ConfigError(
+            "trainer.resume",
+            f"{owner.path} holds no checkpoint (its run stopped before saving one) and its "
+            f"{RECORDED_CONFIG} cannot be read ({err}); start a new run there",
+        ) from None
+    owner.clear_start(keep_config=True)
+    note = "no checkpoint was saved; starting the run again from its recorded config"
+    return _Claim(owner, continues=True, recorded=recorded, note=note)
+
+
+def _resumed(
+    recorded: dict[str, Any],
+    cfg: DictConfig,
+    given: Collection[str] | None,
+    saved: dict[str, Any] | None,
+) -> DictConfig:
+    """The run's recorded config with the allowed changes ``given`` makes; checked and logged."""
+    cfg, changes = ckpt.resumed_config(recorded, cfg, given)
+    validate(cfg)
+    if saved is not None:
+        log.info("resuming at step %d", saved["progress"]["step"])
+    changed = [f"{k}={new!r} (was {old!r})" for k, (old, new) in changes.items()]
+    changed = [c for c in changed if not c.startswith("trainer.resume=")]
+    if changed:
+        log.info("changed on resume: %s", ", ".join(changed))
+    return cfg
+
+
+def _train(
+    cfg: DictConfig, out_dir: Path, env: Dist, saved: dict[str, Any] | None
+) -> dict[str, Any]:
+    if saved is not None and saved["world_size"] != env.world_size:
+        raise ConfigError(
+            "trainer.resume", f"saved by {saved['world_size']} processes, not {env.world_size}"
+        )
     r = Trainer(cfg, out_dir, env, saved)
     with logging_redirect_tqdm() if not r.quiet else nullcontext():  # log lines between bars
         _train_phases(cfg, r)
@@ -303,8 +382,13 @@ class Trainer:
             self.ste = STEQuantizer(self.model, self.sched)
             log.info("STE: %d-bit forward, float shadow weights", self.sched.bits)
         elif phase.stage > self.sched.stage:
-            portion = self.sched.step()
-            log.info("stage %d: %.1f %% of the weights quantized", phase.stage, 100 * portion)
+            self.sched.step()
+            pruned = self.sched.pruned_fraction()
+            log.info(
+                "stage %d: %.1f %% of the weights quantized%s",
+                phase.stage, 100 * self.sched.quantized_fraction(),
+                f" ({100 * pruned:.1f} % pruned to zero)" if pruned else "",
+            )  # fmt: skip
             ckpt.kill_point("stage", phase.stage)
             self.tb.inq_state(self.progress.step, self.sched, histograms=True)
         elif phase.prune:
@@ -691,6 +775,7 @@ def _table(summary: dict[str, Any]) -> str:
 
 
 PACKED_NAME, INTEGER_NAME = "model.inq.safetensors", "model.int.safetensors"
+RECORDED_CONFIG = ".hydra/config.yaml"  # the config a run started with (see _hydra_app)
 HYDRA_DEFAULT_RUN_DIR = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
 
 
@@ -703,12 +788,14 @@ def _hydra_app(cfg: DictConfig) -> float:
     )
     # what Hydra writes itself when output_subdir is set (conf/config.yaml turns that off)
     files = {
-        ".hydra/config.yaml": OmegaConf.to_yaml(cfg),
+        RECORDED_CONFIG: OmegaConf.to_yaml(cfg),
         ".hydra/hydra.yaml": OmegaConf.to_yaml({"hydra": hydra_cfg}),
         ".hydra/overrides.yaml": OmegaConf.to_yaml(hydra_cfg.overrides.task),
     }
+    overrides = list(hydra_cfg.overrides.task)
     try:
-        return run(cfg, Path(hydra_cfg.runtime.output_dir), chosen, files)["final_acc"]
+        given = [o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)]
+        return run(cfg, Path(hydra_cfg.runtime.output_dir), chosen, files, given)["final_acc"]
     except ConfigError as err:
         sys.exit(f"inq-train: error: {err}")
     except RunStopped as stop:
@@ -720,3 +807,7 @@ def main() -> None:
     """Console entry point of ``inq-train`` (all arguments are Hydra overrides)."""
     register()
     _hydra_app()
+
+
+if __name__ == "__main__":  # python -m inq.train.app: where the console script is not installed
+    main()

@@ -6,18 +6,19 @@ A checkpoint is a plain dict of tensors, numbers and strings (no pickled code), 
 
 from __future__ import annotations
 
+import io
 import os
-import pickle
 import random
 import shutil
 import signal
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from safetensors.torch import load_file
 from torch import nn
 
@@ -28,7 +29,6 @@ from inq.train.errors import ConfigError
 __all__ = [
     "FORMAT",
     "KILL_ENV",
-    "check_compatible",
     "check_finite",
     "get_rng_state",
     "kill_point",
@@ -36,6 +36,7 @@ __all__ = [
     "load_checkpoint",
     "load_float_weights",
     "resolve_resume",
+    "resumed_config",
     "save_checkpoint",
     "set_rng_state",
 ]
@@ -77,8 +78,10 @@ def save_checkpoint(path: Path, state: Mapping[str, Any]) -> None:
         >>> load_checkpoint(file)["step"]
         3
     """
+    buffer = io.BytesIO()  # torch.save reports a full disk as a RuntimeError; Python, OSError
+    torch.save(dict(state), buffer)
     with atomic_path(path) as tmp:
-        torch.save(dict(state), tmp)
+        tmp.write_bytes(buffer.getbuffer())
 
 
 def link_checkpoint(source: Path, path: Path) -> None:
@@ -99,10 +102,7 @@ def load_checkpoint(path: Path, key: str = "trainer.resume") -> dict[str, Any]:
     Raises:
         ConfigError: naming ``key`` if the file is missing, unreadable or not an inq-train one.
     """
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:
-        raise ConfigError(key, f"cannot read checkpoint {path} ({err})") from err
+    state = _torch_load(path, key)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ConfigError(key, f"{path} is not an inq-train checkpoint")
     check_finite(state.get("model", {}), key, path)
@@ -140,35 +140,63 @@ def resolve_resume(resume: str) -> Path:
     return path
 
 
-def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
-    """Refuse to resume when a setting that shapes the weights changed.
+def resumed_config(
+    recorded: Mapping[str, Any], current: DictConfig, given: Collection[str] | None = None
+) -> tuple[DictConfig, dict[str, tuple[Any, Any]]]:
+    """The config a resumed run goes on with: the one the run recorded, with the settings given
+    now that may change (:data:`RESUMABLE_CHANGES`); returns it and ``{key: (old, new)}``.
 
-    A key the checkpoint lacks (it was saved before the key existed) counts as its default.
+    ``given`` names what the user set on the command line (dotted keys, or config groups such as
+    ``inq``, which stand for every key under them); every other key keeps its recorded value.
+    ``None`` counts every key of ``current`` as given (a caller that builds the whole config). A
+    key the recording lacks (it was made before the key existed) counts as its default.
 
     Example:
-        >>> check_compatible({"inq": {"bits": 5}}, {"inq": {"bits": 4}})  # doctest: +ELLIPSIS
+        >>> current = OmegaConf.merge(OmegaConf.structured(Config), {"optim": {"lr": 0.1}})
+        >>> current.inq.epochs, current.trainer.log_every = 6, 1  # 6: the default
+        >>> recorded = {"inq": {"epochs": 2}, "optim": {"lr": 0.1}}
+        >>> cfg, changes = resumed_config(recorded, current, given=["trainer.log_every"])
+        >>> cfg.inq.epochs, changes
+        (2, {'trainer.log_every': (10, 1)})
+        >>> resumed_config(recorded, current, given=["inq.epochs"])  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        inq.train.errors.ConfigError: trainer.resume: ... inq.bits=5 (now 4); resume ...
-        >>> check_compatible({"inq": {"bits": 5}}, {"inq": {"bits": 5}, "prune": {"steps": 3}})
+        inq.train.errors.ConfigError: trainer.resume: ... inq.epochs=2 (given 6); ...
 
     Raises:
-        ConfigError: listing every changed key with its saved and current value.
+        ConfigError: naming every given key that would change the weights.
     """
-    old, new = _flatten(saved), _flatten(current)
+    old, new = _flatten(recorded), _flatten(to_dict(current))
     defaults = _flatten(to_dict(OmegaConf.structured(Config)))
-    changed = [
-        f"{k}={old.get(k, defaults.get(k))!r} (now {new.get(k)!r})"
-        for k in sorted(old.keys() | new.keys())
-        if k not in RESUMABLE_CHANGES and old.get(k, defaults.get(k)) != new.get(k)
-    ]
-    if changed:
+
+    def is_given(key: str) -> bool:
+        return given is None or any(key == g or key.startswith(f"{g}.") for g in given)
+
+    changes, refused = {}, []
+    for key in sorted(new):
+        before = old.get(key, defaults.get(key))
+        if not is_given(key) or before == new[key]:
+            continue
+        if key in RESUMABLE_CHANGES:
+            changes[key] = (before, new[key])
+        else:
+            refused.append(f"{key}={before!r} (given {new[key]!r})")
+    if refused:
         raise ConfigError(
             "trainer.resume",
-            "the checkpoint was made with a different config: "
-            + ", ".join(changed)
-            + "; resume with the original settings or start a new run",
+            "these settings shape the weights and cannot change when a run resumes: "
+            + ", ".join(refused)
+            + "; leave them out to continue with the run's own, or start a new run",
         )
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), recorded)
+        for key, (_, value) in changes.items():
+            OmegaConf.update(cfg, key, value)
+    except OmegaConfBaseException as err:
+        raise ConfigError(
+            "trainer.resume", f"the run's recorded config does not fit: {str(err).splitlines()[0]}"
+        ) from None
+    return cfg, changes
 
 
 def get_rng_state() -> dict[str, Any]:
@@ -206,13 +234,13 @@ def load_float_weights(model: nn.Module, path: str) -> None:
     file = Path(path).expanduser()
     if not file.is_file():
         raise ConfigError("model.checkpoint", f"{file} does not exist")
-    try:
-        if file.suffix == ".safetensors":
+    if file.suffix == ".safetensors":
+        try:
             state = load_file(file)
-        else:
-            state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:  # any parse failure of a user-supplied file is the same user error
-        raise ConfigError("model.checkpoint", f"cannot read {file} ({err})") from err
+        except Exception as err:  # any parse failure of a user's file is the same user error
+            raise ConfigError("model.checkpoint", f"cannot read {file} ({err})") from err
+    else:
+        state = _torch_load(file, "model.checkpoint")
     if isinstance(state, dict) and state.get("format") == FORMAT:
         state = state["model"]
     if not isinstance(state, dict):
@@ -231,6 +259,20 @@ def kill_point(event: str, count: int) -> None:
     resume."""
     if os.environ.get(KILL_ENV) == f"{event}:{count}":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _torch_load(path: Path, key: str) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU; any failure is one :class:`ConfigError`
+    (never PyTorch's advice to load with ``weights_only=False``: that would run the file's code).
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as err:
+        raise ConfigError(key, f"cannot read {path}: {err.strerror or err}") from None
+    except Exception:  # any parse failure of a user's file is the same user error
+        raise ConfigError(
+            key, f"cannot read checkpoint {path}: not a file written by torch.save, or damaged"
+        ) from None
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,7 +1,10 @@
 """The run directory: one process at a time, never a second run over a first one's files.
 
 A directory holds a run once anything of one is in it (:data:`RUN_FILES`); only
-``trainer.resume`` continues such a run. A process owns its directory through an advisory lock
+``trainer.resume`` continues such a run. A run killed before its first checkpoint leaves only
+its start (:data:`START_FILES`): nothing worth keeping, so the next process that owns the
+directory (a new run, or ``trainer.resume``, which starts it again from its recorded config)
+clears it. A process owns its directory through an advisory lock
 (``fcntl.flock`` on :data:`LOCK_NAME`), which the kernel drops when the process dies, however it
 dies, so a killed run never leaves the directory locked. The owner also writes ``app.log`` (one
 per run, appended to by every resumed process) and removes temporary files of saves that a kill
@@ -11,9 +14,7 @@ cut short.
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
-import os
 import shutil
 import signal
 from collections.abc import Iterator
@@ -21,23 +22,28 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
 
+from inq.io import LOCK_NAME, DirBusy, lock_dir
 from inq.train.errors import ConfigError
 
 __all__ = [
     "LOCK_NAME",
     "LOG_NAME",
+    "RESULT_FILES",
     "RUN_FILES",
+    "START_FILES",
     "RunDir",
     "RunStopped",
     "describe_os_error",
     "holds_run",
     "remove_if_empty",
+    "saved_nothing",
     "stop_signals",
 ]
 
-LOCK_NAME = ".lock"
 LOG_NAME = "app.log"
-RUN_FILES = (".hydra", LOG_NAME, "checkpoints", "tb", "summary.json", "model_masked.safetensors")
+START_FILES = (".hydra", LOG_NAME, "tb", "checkpoints")  # a run's start, before it saves
+RESULT_FILES = ("checkpoints/latest.pt", "summary.json", "model_masked.safetensors")
+RUN_FILES = START_FILES + RESULT_FILES
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 
@@ -51,6 +57,24 @@ def holds_run(path: Path) -> bool:
         (False, None, True)
     """
     return any((path / name).exists() for name in RUN_FILES)
+
+
+def saved_nothing(path: Path) -> bool:
+    """True if ``path`` holds only the start of a run (:data:`START_FILES`): one that stopped
+    before its first checkpoint.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> (folder / "app.log").touch()
+        >>> saved_nothing(folder), (folder / "summary.json").touch(), saved_nothing(folder)
+        (True, None, False)
+    """
+    return holds_run(path) and not _holds_results(path)
+
+
+def _holds_results(path: Path) -> bool:
+    return any((path / name).exists() for name in RESULT_FILES)
 
 
 class RunDir:
@@ -71,26 +95,13 @@ class RunDir:
         self.path, self.key = path, key
         self.log_handler: logging.Handler | None = None
         try:
-            path.mkdir(parents=True, exist_ok=True)
-            self.lock = open(path / LOCK_NAME, "a+")  # noqa: SIM115 (held until release)
+            self.lock = lock_dir(path)
+        except DirBusy as busy:
+            raise ConfigError(
+                key, f"another inq-train process (pid {busy.pid}) is running in {path}; wait for it"
+            ) from None
         except OSError as err:
             raise ConfigError(key, f"cannot write to {path}: {describe_os_error(err)}") from None
-        try:
-            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if not isinstance(err, BlockingIOError):
-                self.lock.close()
-                raise ConfigError(key, f"cannot lock {path}: {describe_os_error(err)}") from None
-            self.lock.seek(0)
-            pid = self.lock.read().strip() or "?"
-            self.lock.close()
-            raise ConfigError(
-                key, f"another inq-train process (pid {pid}) is running in {path}; wait for it"
-            ) from None
-        self.lock.seek(0)
-        self.lock.truncate()
-        self.lock.write(f"{os.getpid()}\n")
-        self.lock.flush()
 
     def remove_temporaries(self) -> list[Path]:
         """Delete the ``.<name>.*.tmp`` files of saves a kill cut short, in the run directory
@@ -100,6 +111,15 @@ class RunDir:
         for p in found:
             p.unlink()
         return found
+
+    def clear_start(self, keep_config: bool = False) -> None:
+        """Delete the start of a run that saved nothing (:func:`saved_nothing`); with
+        ``keep_config``, its ``.hydra/`` (the config a restart takes) and ``app.log`` stay."""
+        for name in ("tb", "checkpoints"):  # checkpoints/: temporaries of a first save cut short
+            shutil.rmtree(self.path / name, ignore_errors=True)
+        if not keep_config:
+            shutil.rmtree(self.path / ".hydra", ignore_errors=True)
+            (self.path / LOG_NAME).unlink(missing_ok=True)
 
     def start_log(self) -> None:
         """Append this process's log records to the run's ``app.log``."""
@@ -117,11 +137,9 @@ class RunDir:
             logging.getLogger().removeHandler(self.log_handler)
             self.log_handler.close()
             self.log_handler = None
-        if discard and not (self.path / "checkpoints").exists():
-            for name in (".hydra", "tb"):
-                shutil.rmtree(self.path / name, ignore_errors=True)
-            for name in (LOG_NAME, LOCK_NAME):
-                (self.path / name).unlink(missing_ok=True)
+        if discard and not _holds_results(self.path):
+            self.clear_start()
+            (self.path / LOCK_NAME).unlink(missing_ok=True)
             remove_if_empty(self.path)
         self.lock.close()  # closing the file drops the lock
 
@@ -138,6 +156,7 @@ _WRITE_FAILURES = {  # errno: what a user calls it
     errno.EROFS: "read-only file system",
     errno.EACCES: "permission denied",
     errno.EPERM: "permission denied",
+    errno.EFBIG: "file too large (a file size limit, ulimit -f)",
 }
 
 
