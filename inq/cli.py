@@ -23,15 +23,19 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 import torch
 
 from inq.export import MASKED_FORMAT, MASKED_FORMATS
 from inq.export_onnx import is_onnx
+from inq.io import LOCK_NAME, lock_dir
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.levels import describe_n1
 from inq.packed import (
@@ -41,7 +45,14 @@ from inq.packed import (
     pack_stats,
     read_format,
 )
-from inq.quant.integer import INT_FORMAT, IntegerModel, IntOp, load_integer, program_problems
+from inq.quant.integer import (
+    INT_FORMAT,
+    IntegerModel,
+    IntOp,
+    load_integer,
+    problem_line,
+    program_problems,
+)
 from inq.verify import verify_file
 
 __all__ = ["COMMANDS", "Command", "main"]
@@ -84,6 +95,60 @@ def _export_args(p: argparse.ArgumentParser) -> None:
         help="store every layer as dense code rows (default: sparse, a bitmap or gaps, where "
         "that is smaller)",
     )
+    _force_arg(p)
+
+
+def _force_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing output file (never one an inq-train run wrote for itself)",
+    )
+
+
+@contextmanager
+def writing(output: Path, source: Path, force: bool = False) -> Iterator[None]:
+    """Checks, before any work, that ``output`` may be written from ``source``, and holds an
+    inq-train run directory's lock while the block writes into it.
+
+    Example:
+        >>> with writing(Path("."), Path("model.inq.safetensors")):
+        ...     pass
+        Traceback (most recent call last):
+        ...
+        ValueError: -o .: a directory; name the file to write
+
+    Raises:
+        ValueError: ``output`` is a directory or ``source`` itself, exists (without ``force``),
+            is a file its run recorded in ``summary.json``, or its run directory is in use.
+    """
+    if output.is_dir():
+        raise ValueError(f"-o {output}: a directory; name the file to write")
+    if output.exists() and output.resolve() == source.resolve():
+        raise ValueError(f"{output}: the output would replace the file it is made from; choose -o")
+    folder = output.parent
+    lock = lock_dir(folder) if (folder / LOCK_NAME).exists() else None  # an inq-train run
+    try:
+        if output.exists() and not force:
+            raise ValueError(f"{output} exists; choose another -o, or --force to replace it")
+        if output.exists() and output.resolve() in _run_files(folder):
+            raise ValueError(
+                f"{output} belongs to the run in {folder} (its summary.json describes it); "
+                "write elsewhere with -o"
+            )
+        yield
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _run_files(folder: Path) -> set[Path]:
+    """The files an inq-train run in ``folder`` recorded as its results."""
+    try:
+        files = json.loads((folder / "summary.json").read_text()).get("files", {})
+        return {Path(path).resolve() for path in files.values()}
+    except (OSError, ValueError, AttributeError):  # no run, or no readable summary
+        return set()
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -92,9 +157,8 @@ def _export(args: argparse.Namespace) -> int:
     source = find_masked(args.source)
     stem = "model" if source.name == RUN_MASKED_NAME else source.name.removesuffix(".safetensors")
     output = Path(args.output or source.with_name(stem + PACKED_SUFFIX))
-    if output.resolve() == source.resolve():
-        raise ValueError(f"{output}: the output would replace the masked checkpoint; choose -o")
-    stats = export_packed(source, output, sparse=not args.dense)
+    with writing(output, source, args.force):
+        stats = export_packed(source, output, sparse=not args.dense)
     print(f"{source} -> {output}")
     print(_sizes(stats))
     return 0
@@ -106,21 +170,24 @@ def _export_onnx(args: argparse.Namespace) -> int:
     from inq.train.data import input_shape
     from inq.train.quantize import load_source
 
-    if not args.output or not args.output.endswith(".onnx"):
+    if not args.output:
         raise ValueError("--onnx needs -o FILE.onnx")
-    source = Path(args.source)
-    if source.is_file() and read_format(source) == INT_FORMAT:  # the integer model: Q/DQ
-        int_model = load_integer(source)
-        data = eval_data_config(int_model.info.get("data", {}), args.data)
-        int_model.info["data"] = data
-        stats = export_qdq(int_model, args.output, input_shape(data))
-        read, what = source, "Q/DQ graph of the integer model"
-    else:
-        packed, read = load_source(source)
-        data = eval_data_config(packed.data, args.data)
-        packed.metadata["data"] = json.dumps(data)  # the file records what it was exported for
-        stats = export_onnx(packed, args.output, input_shape(data))
-        what = "float activations, every quantized weight an exact initializer"
+    if not is_onnx(args.output):
+        raise ValueError(f"-o {args.output}: an ONNX file's name ends in .onnx")
+    source, output = Path(args.source), Path(args.output)
+    with writing(output, source, args.force):
+        if source.is_file() and read_format(source) == INT_FORMAT:  # the integer model: Q/DQ
+            int_model = load_integer(source)
+            data = eval_data_config(int_model.info.get("data", {}), args.data)
+            int_model.info["data"] = data
+            stats = export_qdq(int_model, output, input_shape(data))
+            read, what = source, "Q/DQ graph of the integer model"
+        else:
+            packed, read = load_source(source)
+            data = eval_data_config(packed.data, args.data)
+            packed.metadata["data"] = json.dumps(data)  # the file records what it was made for
+            stats = export_onnx(packed, output, input_shape(data))
+            what = "float activations, every quantized weight an exact initializer"
     print(
         f"{read} -> {args.output}: ONNX opset {stats['opset']}, dynamic batch, "
         f"{stats['nodes']} nodes, {stats['initializers']} initializers, {stats['bytes']} B; {what}"
@@ -209,7 +276,7 @@ def _verify_integer(path: str) -> int:
         print(f"{op.name:<{width}}  {op.op:<8}  {status}")
     problem = next(iter(problems.items()), None)
     if problem is not None:
-        print(f"inq verify: {path}: op {problem[0]!r}: {problem[1]}", file=sys.stderr)
+        print(f"inq verify: {path}: {problem_line(model, *problem)}", file=sys.stderr)
         return 1
     if model.digest_problem:
         print(f"inq verify: {path}: {model.digest_problem}", file=sys.stderr)
@@ -395,16 +462,17 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
                    help="any activation scale, not only powers of two (requantizations then "
                    "need multipliers)")  # fmt: skip
     p.add_argument("-o", "--output", help=f"integer model (default: <source stem>{INT_SUFFIX})")
+    _force_arg(p)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
     from inq.quant.integer import save_integer
-    from inq.quant.observers import act_range
     from inq.train.config import eval_data_config
     from inq.train.quantize import QuantSettings, load_source, quantize
 
-    act_range(args.act_bits, signed=True)  # refuses bad bits before any work
-    act_range(args.input_bits, signed=True)
+    for flag, bits in (("--act-bits", args.act_bits), ("--input-bits", args.input_bits)):
+        if not 2 <= bits <= 8:  # before any work
+            raise ValueError(f"{flag} {bits}: from 2 to 8")
     if args.batches < 1 or args.epochs < 0:
         raise ValueError("--batches must be >= 1 and --epochs >= 0")
     device = eval_device(args.device)
@@ -418,8 +486,6 @@ def _calibrate(args: argparse.Namespace) -> int:
         )
     )
     output = Path(args.output or default)
-    if output.exists() and output.resolve() == read.resolve():
-        raise ValueError(f"{output}: the output would replace the source; choose -o")
     data = eval_data_config(packed.data, args.data)
     settings = QuantSettings(
         act_bits=args.act_bits,
@@ -429,8 +495,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         input_bits=args.input_bits,
     )
-    int_model, report = quantize(packed, data, settings, device)
-    save_integer(output, int_model)
+    with writing(output, read, args.force):
+        int_model, report = quantize(packed, data, settings, device)
+        save_integer(output, int_model)
     tuned = (
         f", fine-tuned {args.epochs} epochs in {report['finetune_s']:.1f} s" if args.epochs else ""
     )
@@ -515,11 +582,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         1
     """
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # unwind: no half-written files stay
     try:
         return args.run(args)
     except (ValueError, OSError) as err:
         print(f"inq {args.command}: error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"inq {args.command}: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

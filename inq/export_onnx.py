@@ -71,14 +71,14 @@ def export_onnx(
     description unless ``model`` (the float architecture) is given.
 
     Raises:
-        ValueError: if the onnx extra is missing, the exporter cannot express a layer, or the
-            export changed a quantized weight.
+        ValueError: if the onnx extra is missing, the file does not fit the model, the exporter
+            cannot express a layer, or the export changed a quantized weight.
     """
     onnx, _ = _modules()
     from inq.train.models import build_model  # the model zoo rebuilds the architecture
 
     model = build_model(packed.model) if model is None else model
-    model.load_state_dict(packed.state_dict())
+    packed.load_into(model)
     model.eval()
     example = torch.zeros(2, *input_shape)
     with contextlib.redirect_stdout(io.StringIO()):  # the exporter narrates its passes
@@ -309,9 +309,24 @@ class OnnxModel(nn.Module):
         props = {p.key: p.value for p in proto.metadata_props}
         self.model: dict[str, Any] = json.loads(props.get("inq_model", "{}"))
         self.data: dict[str, Any] = json.loads(props.get("inq_data", "{}"))
-        self.input = self.session.get_inputs()[0].name
+        graph_input = self.session.get_inputs()[0]
+        self.input, self.input_shape = graph_input.name, graph_input.shape
 
     def forward(self, x: Tensor) -> Tensor:
+        """Logits of ``x``.
+
+        Raises:
+            ValueError: if ``x`` does not fit the graph's input (a fixed dimension differs).
+        """
+        fixed = [d if isinstance(d, int) else None for d in self.input_shape]
+        fits = len(fixed) == x.dim() and all(
+            d in (None, n) for d, n in zip(fixed, x.shape, strict=True)
+        )
+        if not fits:
+            wanted = [d if d is not None else "N" for d in fixed]
+            raise ValueError(
+                f"the ONNX model takes inputs of shape {wanted}, the data gives {list(x.shape)}"
+            )
         out = self.session.run(None, {self.input: x.detach().cpu().float().numpy()})[0]
         return torch.from_numpy(out)
 

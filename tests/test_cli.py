@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +17,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from train_helpers import TINY, inq_train
 
+import inq.cli
 from inq.cli import COMMANDS, main
 from inq.export import MASK_SUFFIX
+from inq.io import LOCK_NAME, atomic_path, lock_dir
 from inq.packed import load_packed, pack_stats
 
 
@@ -100,7 +104,7 @@ def test_export_a_run_directory(capsys, tmp_path: Path) -> None:
 def test_export_never_overwrites_its_source(capsys, masked: Path) -> None:
     before = masked.read_bytes()
     code, _, err = run(capsys, "export", masked, "-o", masked)
-    assert code == 1 and "would replace the masked checkpoint" in err
+    assert code == 1 and "would replace the file it is made from" in err
     assert masked.read_bytes() == before
 
 
@@ -300,9 +304,85 @@ def test_calibrate_bad_input_is_one_line(capsys, tmp_path: Path) -> None:
         (["calibrate", tmp_path / "none.safetensors", "--data", "digits"], "no such file"),
         (["calibrate", tmp_path, "--data", "digits"], "not a finished run"),
         (["calibrate", masked, "--data", "synthetic"], "unknown model 'mixed'"),
-        (["calibrate", masked, "--data", "synthetic", "--act-bits", "9"], "activation bits"),
+        (["calibrate", masked, "--data", "synthetic", "--act-bits", "9"], "--act-bits 9: from 2"),
+        (["calibrate", masked, "--data", "synthetic", "--input-bits", "1"], "--input-bits 1: "),
+        (["calibrate", masked, "--data", "synthetic", "-o", tmp_path], "a directory; name the"),
         (["calibrate", masked, "--data", "synthetic", "--batches", "0"], "--batches must be"),
     ):
         code, _, err = run(capsys, *argv)
         assert code == 1 and message in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_no_output_is_replaced_silently(capsys, tmp_path: Path) -> None:
+    """An existing file is replaced only with --force, never a file a run recorded as its own,
+    and never while another process (inq-train) works in the run's directory."""
+    masked, _ = digits_run(tmp_path, epochs=1)
+    packed = tmp_path / "d.inq.safetensors"
+    text = tmp_path / "notes.txt"
+    text.write_text("keep me")
+    assert run(capsys, "export", masked, "-o", packed)[0] == 0
+    before = packed.read_bytes()
+    for argv in (
+        ["export", masked, "-o", packed],
+        ["export", masked, "--onnx", "-o", tmp_path / "m.onnx", "--data", "digits"],
+        ["calibrate", packed, "-o", text, "--batches", "1", "--data", "digits"],
+    ):
+        if argv[2] == "--onnx":  # a first time, then again
+            assert run(capsys, *argv)[0] == 0
+        code, _, err = run(capsys, *argv)
+        assert code == 1 and err.endswith("exists; choose another -o, or --force to replace it\n")
+    assert packed.read_bytes() == before and text.read_text() == "keep me"
+    assert run(capsys, "export", masked, "-o", packed, "--force", "--dense")[0] == 0
+    assert packed.read_bytes() != before  # dense rows now: replaced, as asked
+
+    run_dir = tmp_path / "run"  # an inq-train run: its lock file and its summary
+    run_dir.mkdir()
+    (run_dir / LOCK_NAME).touch()
+    int_file = run_dir / "model.int.safetensors"
+    (run_dir / "summary.json").write_text(json.dumps({"files": {"integer": str(int_file)}}))
+    calibrate = ("calibrate", packed, "--data", "digits", "--batches", "1", "-o")
+    assert run(capsys, *calibrate, int_file)[0] == 0
+    before = int_file.read_bytes()
+    code, _, err = run(capsys, *calibrate, int_file, "--force", "--act-bits", "2")
+    assert code == 1 and "belongs to the run in" in err and int_file.read_bytes() == before
+    lock = lock_dir(run_dir)  # a process at work there
+    try:
+        code, _, err = run(capsys, *calibrate, run_dir / "x.int.safetensors")
+        assert code == 1 and f"another process (pid {os.getpid()}) is working there" in err
+    finally:
+        lock.close()
+    assert not (run_dir / "x.int.safetensors").exists()
+
+
+def test_sigterm_during_a_write_leaves_no_temporary_file(capsys, tmp_path: Path, monkeypatch):
+    masked, _ = masked_file(tmp_path)
+    out = tmp_path / "out.inq.safetensors"
+
+    def killed_while_writing(source, output, sparse=True):
+        with atomic_path(output) as tmp:
+            tmp.write_bytes(b"half a file")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(inq.cli, "export_packed", killed_while_writing)
+    code, _, err = run(capsys, "export", masked, "-o", out)
+    assert code == 130 and err == "inq export: interrupted; nothing was written\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [masked.name]
+
+
+def test_eval_refuses_data_settings_it_cannot_honour(capsys, tmp_path: Path) -> None:
+    masked, _ = digits_run(tmp_path, epochs=1)
+    packed = tmp_path / "d.inq.safetensors"
+    assert run(capsys, "export", masked, "-o", packed)[0] == 0
+    onnx_file = tmp_path / "d.onnx"
+    code, _, err = run(capsys, "export", masked, "--onnx", "-o", tmp_path / "d.txt")
+    assert code == 1 and "-o " in err and "an ONNX file's name ends in .onnx" in err
+    assert run(capsys, "export", packed, "--onnx", "-o", onnx_file, "--data", "digits")[0] == 0
+    for file, setting, message in (
+        (packed, "eval_batch_size=0", "--data eval_batch_size: must be > 0, got 0"),
+        (packed, "image_size=16", "data.image_size: digits images are 8x8, not 16"),
+        (onnx_file, "batch_size=-1", "--data batch_size: must be > 0, got -1"),
+    ):
+        code, _, err = run(capsys, "eval", file, "--data", "digits", setting)
+        assert code == 1 and err.strip().endswith(message), err
         assert len(err.strip().splitlines()) == 1

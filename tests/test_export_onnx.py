@@ -3,6 +3,7 @@ Runtime as the packed model in PyTorch, and one message for what ONNX cannot exp
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from torch import nn
 from inq.cli import main
 from inq.export import load_masked
 from inq.export_onnx import OPSET, OnnxModel, export_onnx
+from inq.io import DIGEST_KEY, read_safetensors, write_safetensors
 from inq.nn import from_packed
 from inq.packed import pack_codes, packed_from_masked
 from inq.train.data import build_datasets
@@ -89,8 +91,10 @@ def test_a_layer_onnx_cannot_express_is_one_message(tmp_path: Path) -> None:
 
 def test_export_needs_an_onnx_output(capsys, digits) -> None:
     masked, _ = digits
-    assert main(["export", str(masked), "--onnx", "-o", "m.safetensors"]) == 1
+    assert main(["export", str(masked), "--onnx"]) == 1
     assert "--onnx needs -o FILE.onnx" in capsys.readouterr().err
+    assert main(["export", str(masked), "--onnx", "-o", "m.safetensors"]) == 1
+    assert "-o m.safetensors: an ONNX file's name ends in .onnx" in capsys.readouterr().err
 
 
 def _accuracy(model: nn.Module) -> float:
@@ -118,3 +122,26 @@ def test_qdq_graph_keeps_the_integer_models_accuracy(tmp_path: Path, capsys, bit
     assert len(weights) == (4 if bits <= 4 else 0)  # int8 codes only where +-2**3 fits
     # the issue's goal: within 0.5 points of the integer model (one image of 450 is 0.22)
     assert abs(_accuracy(OnnxModel(qdq)) - _accuracy(RealOutput(int_model))) <= 0.005
+
+
+def test_a_file_that_does_not_fit_its_model_or_data_is_one_message(
+    capsys, digits, tmp_path: Path
+) -> None:
+    """A packed file whose model description was edited and re-signed: export refuses it as
+    eval does; an ONNX graph refuses images of another shape before ONNX Runtime sees them."""
+    masked, onnx_file = digits
+    packed = tmp_path / "d.inq.safetensors"
+    assert main(["export", str(masked), "-o", str(packed)]) == 0
+    tensors, metadata = read_safetensors(packed)
+    model = json.loads(metadata["model"])
+    metadata["model"] = json.dumps({**model, "width": model.get("width", 16) * 2})
+    write_safetensors(packed, tensors, {k: v for k, v in metadata.items() if k != DIGEST_KEY})
+    capsys.readouterr()
+    for argv in (["export", packed, "--onnx", "-o", tmp_path / "x.onnx"], ["eval", packed]):
+        assert main([str(a) for a in [*argv, "--data", "digits"]]) == 1
+        err = capsys.readouterr().err
+        assert "the packed file does not match the model 'digits_cnn'" in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.onnx").exists()
+    with pytest.raises(ValueError, match=r"takes inputs of shape \['N', 1, 8, 8\], the data"):
+        OnnxModel(onnx_file)(torch.zeros(2, 1, 16, 16))

@@ -156,6 +156,23 @@ def test_idx_datasets_read_every_image_and_label(tmp_path: Path, name: str, comp
     assert torch.equal(image[0], (raw[3].float() / 255 - mean) / std)
 
 
+def test_evaluation_needs_only_the_test_split(tmp_path: Path) -> None:
+    idx_folder(tmp_path)
+    for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+        (tmp_path / f"{stem}.gz").unlink()
+    cfg = {"name": "fashion_mnist", "root": str(tmp_path), "eval_batch_size": 2}
+    assert [len(y) for _, y in build_eval_loader(cfg)] == [2, 2, 1]
+    with pytest.raises(ConfigError, match=r"has no train-images-idx3-ubyte\.gz"):
+        build_datasets(cfg)  # training does need it
+
+
+def test_a_size_or_channel_count_the_images_contradict_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^data\.image_size: digits images are 8x8, not 16$"):
+        build_datasets({"name": "digits", "image_size": 16})
+    with pytest.raises(ConfigError, match=r"^data\.in_channels: digits images have 1 channel"):
+        build_eval_loader({"name": "digits", "in_channels": 3})
+
+
 def test_idx_files_that_are_absent_or_bad_give_one_clear_message(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^data\.root: .*mnist needs a local directory"):
         build_datasets({"name": "mnist", "root": None})

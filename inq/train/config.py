@@ -245,7 +245,6 @@ def validate(cfg: DictConfig) -> None:
         "trainer.eval_every": cfg.trainer.eval_every,
         "trainer.checkpoint_every": cfg.trainer.checkpoint_every,
         "trainer.keep_checkpoints": cfg.trainer.keep_checkpoints or 0,
-        "data.num_workers": cfg.data.num_workers,
         "quant.epochs": cfg.quant.epochs,
         "prune.epochs": cfg.prune.epochs,
         "trainer.num_threads": cfg.trainer.num_threads,
@@ -255,27 +254,19 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(key, f"must be >= 0, got {value}")
     if cfg.trainer.seed >= 2**32:  # numpy's and torch's seeding limit
         raise ConfigError("trainer.seed", f"must be < 2**32, got {cfg.trainer.seed}")
+    _check_data(cfg.data, "data.")
     positive = {
-        "data.batch_size": cfg.data.batch_size,
-        "data.eval_batch_size": cfg.data.eval_batch_size,
-        "data.num_classes": cfg.data.num_classes,
         "trainer.log_every": cfg.trainer.log_every,
         "optim.lr": cfg.optim.lr,
         "quant.batches": cfg.quant.batches,
         "quant.lr": cfg.quant.lr,
         "prune.steps": cfg.prune.steps,
     }
-    sizes = {
-        "data.train_size": cfg.data.train_size,
-        "data.val_size": cfg.data.val_size,
-        "data.image_size": cfg.data.image_size,
-        "data.in_channels": cfg.data.in_channels,
-        "model.width": cfg.model.width,
-    }
-    positive.update({k: v for k, v in sizes.items() if v is not None})
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(key, f"must be > 0, got {value}")
+    if cfg.model.width <= 0:
+        raise ConfigError("model.width", f"must be > 0, got {cfg.model.width}")
     _check_optimizer(cfg.optim)
     if cfg.quant.act_bits is not None and not 2 <= cfg.quant.act_bits <= 8:
         raise ConfigError("quant.act_bits", f"must be 2..8 or null, got {cfg.quant.act_bits}")
@@ -306,6 +297,18 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("lr.min_factor", f"must lie in [0, 1], got {cfg.lr.min_factor}")
     if any(not 0.0 < m < 1.0 for m in cfg.lr.milestones):
         raise ConfigError("lr.milestones", f"fractions of a stage, in (0, 1): {cfg.lr.milestones}")
+
+
+def _check_data(data: Mapping[str, Any], prefix: str) -> None:
+    """The ranges of the ``data`` settings; ``prefix`` names them (``data.`` or ``--data ``)."""
+    if data["num_workers"] < 0:
+        raise ConfigError(f"{prefix}num_workers", f"must be >= 0, got {data['num_workers']}")
+    positive = ("batch_size", "eval_batch_size", "num_classes", "in_channels", "image_size")
+    optional = ("train_size", "val_size")
+    for key in positive + optional:
+        value = data[key]
+        if (value is not None or key in positive) and value <= 0:
+            raise ConfigError(f"{prefix}{key}", f"must be > 0, got {value}")
 
 
 def prune_layers(cfg: DictConfig) -> dict[str, float]:
@@ -411,6 +414,7 @@ def eval_data_config(recorded: Mapping[str, Any], words: Sequence[str]) -> dict[
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(settings))
     except OmegaConfBaseException as err:
         raise ConfigError("--data", str(err).splitlines()[0]) from None
+    _check_data(cfg, "--data ")
     return to_dict(cfg)
 
 

@@ -75,6 +75,14 @@ def build_datasets(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
     Raises:
         ConfigError: unknown ``data.name``, or a missing or unreadable ``data.root``.
     """
+    train, val = _build(cfg, with_train=True)
+    assert train is not None
+    return _cap(train, cfg.get("train_size")), val
+
+
+def _build(cfg: Mapping[str, Any], with_train: bool) -> tuple[Dataset | None, Dataset]:
+    """(train, validation) of ``cfg["name"]``; the training split only ``with_train`` where it
+    is read from files (evaluation needs none), the validation split capped to ``val_size``."""
     name = str(cfg["name"])
     builders = {
         "digits": _digits,
@@ -87,17 +95,17 @@ def build_datasets(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
     }
     if name not in builders:
         raise ConfigError("data.name", f"unknown dataset {name!r}; choose one of {DATASETS}")
-    train, val = builders[name](cfg)
+    train, val = builders[name](cfg, with_train)
     _check_fits(cfg, val)
-    return _cap(train, cfg.get("train_size")), _cap(val, cfg.get("val_size"))
+    return train, _cap(val, cfg.get("val_size"))
 
 
 _CLASSES = {"digits": 10, "fashion_mnist": 10, "mnist": 10, "cifar10": 10, "cifar100": 100}
 
 
 def _check_fits(cfg: Mapping[str, Any], dataset: Dataset) -> None:
-    """Refuse ``data.num_classes``/``data.in_channels`` that the images or labels contradict
-    (they size the model, which would fail deep inside its first step)."""
+    """Refuse ``data.num_classes``/``data.in_channels``/``data.image_size`` that the images or
+    labels contradict (they size the model and its exports, which would fail deep inside)."""
     name = str(cfg["name"])
     classes = len(dataset.classes) if name == "imagenet" else _CLASSES.get(name)  # type: ignore[attr-defined]
     wanted = cfg.get("num_classes")
@@ -109,6 +117,11 @@ def _check_fits(cfg: Mapping[str, Any], dataset: Dataset) -> None:
         raise ConfigError(
             "data.in_channels", f"{name} images have {channels} channel(s), not {wanted}"
         )
+    size = tuple(dataset[0][0].shape[1:])
+    wanted = cfg.get("image_size")
+    if wanted is not None and size != (int(wanted), int(wanted)):
+        what = "x".join(map(str, size))
+        raise ConfigError("data.image_size", f"{name} images are {what}, not {wanted}")
 
 
 def build_eval_loader(
@@ -124,7 +137,7 @@ def build_eval_loader(
         450
     """
     if dataset is None:
-        dataset = build_datasets(cfg)[1]
+        dataset = _build(cfg, with_train=False)[1]
     if world_size > 1:
         dataset = Subset(dataset, range(rank, len(dataset), world_size))
     return DataLoader(
@@ -238,7 +251,7 @@ def _cap(dataset: Dataset, size: int | None) -> Dataset:
     return Subset(dataset, range(int(size)))
 
 
-def _digits(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
+def _digits(cfg: Mapping[str, Any], with_train: bool) -> tuple[Dataset, Dataset]:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -287,7 +300,7 @@ def read_idx(path: str | Path) -> torch.Tensor:
     return torch.frombuffer(bytearray(data[header:]), dtype=torch.uint8).reshape(shape)
 
 
-def _mnist(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
+def _mnist(cfg: Mapping[str, Any], with_train: bool) -> tuple[Dataset | None, Dataset]:
     name = str(cfg["name"])
     default = FASHION_MNIST_ROOT if name == "fashion_mnist" else None
     hint = "the gzip idx files (train-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz, ...)" + (
@@ -295,8 +308,10 @@ def _mnist(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
     )
     root = _root({"root": default, **{k: v for k, v in cfg.items() if v is not None}}, hint)
     mean, std = _MNIST_MEAN_STD[name]
-    splits = []
+    splits: dict[str, Dataset] = {}
     for split, files in _IDX_FILES.items():
+        if split == "train" and not with_train:
+            continue
         images, labels = (_idx_tensor(root, stem, hint) for stem in files)
         if images.dim() != 3 or labels.dim() != 1 or len(images) != len(labels):
             raise ConfigError(
@@ -305,8 +320,8 @@ def _mnist(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
                 "do not pair up",
             )
         x = (images.unsqueeze(1).to(torch.float32) / 255.0 - mean) / std
-        splits.append(TensorDataset(x, labels.to(torch.long)))
-    return splits[0], splits[1]
+        splits[split] = TensorDataset(x, labels.to(torch.long))
+    return splits.get("train"), splits["val"]
 
 
 def _idx_tensor(root: Path, stem: str, hint: str) -> torch.Tensor:
@@ -319,7 +334,7 @@ def _idx_tensor(root: Path, stem: str, hint: str) -> torch.Tensor:
     raise ConfigError("data.root", f"{root} has no {stem}.gz (or {stem}): {hint}")
 
 
-def _synthetic(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
+def _synthetic(cfg: Mapping[str, Any], with_train: bool) -> tuple[Dataset, Dataset]:
     generator = torch.Generator().manual_seed(int(cfg.get("split_seed", 0)))
     classes = int(cfg.get("num_classes", 10))
     shape = input_shape({"in_channels": 3, "image_size": 32, **cfg})
@@ -343,7 +358,7 @@ def _root(cfg: Mapping[str, Any], hint: str) -> Path:
     return path
 
 
-def _cifar(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
+def _cifar(cfg: Mapping[str, Any], with_train: bool) -> tuple[Dataset | None, Dataset]:
     from torchvision import datasets, transforms
 
     name = str(cfg["name"])
@@ -354,19 +369,20 @@ def _cifar(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
     train_tf = transforms.Compose((augment if cfg.get("augment", True) else []) + normalize)
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
     try:
-        return (
-            cls(str(root), train=True, transform=train_tf, download=False),
-            cls(str(root), train=False, transform=transforms.Compose(normalize), download=False),
+        val = cls(str(root), train=False, transform=transforms.Compose(normalize), download=False)
+        train = (
+            cls(str(root), train=True, transform=train_tf, download=False) if with_train else None
         )
+        return train, val
     except RuntimeError as err:  # torchvision: "Dataset not found or corrupted"
         raise ConfigError("data.root", f"{root}: no readable {name} data ({err})") from err
 
 
-def _imagenet(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
+def _imagenet(cfg: Mapping[str, Any], with_train: bool) -> tuple[Dataset | None, Dataset]:
     from torchvision import datasets, transforms
 
     root = _root(cfg, "an ImageFolder tree with train/<class>/*.JPEG and val/<class>/*.JPEG")
-    for split in ("train", "val"):
+    for split in ("train", "val") if with_train else ("val",):
         if not (root / split).is_dir():
             raise ConfigError("data.root", f"{root / split} is missing (ImageFolder layout)")
     size = int(cfg.get("image_size", 224))
@@ -375,9 +391,11 @@ def _imagenet(cfg: Mapping[str, Any]) -> tuple[Dataset, Dataset]:
     plain = [transforms.Resize(size * 8 // 7), transforms.CenterCrop(size)]
     train_tf = augment if cfg.get("augment", True) else plain
     try:
-        return (
-            datasets.ImageFolder(str(root / "train"), transforms.Compose(train_tf + normalize)),
-            datasets.ImageFolder(str(root / "val"), transforms.Compose(plain + normalize)),
-        )
+        val = datasets.ImageFolder(str(root / "val"), transforms.Compose(plain + normalize))
+        if not with_train:
+            return None, val
+        return datasets.ImageFolder(
+            str(root / "train"), transforms.Compose(train_tf + normalize)
+        ), val
     except FileNotFoundError as err:  # torchvision: no class folder, or a class without images
         raise ConfigError("data.root", f"{root}: not an ImageFolder tree ({err})") from err
