@@ -280,6 +280,11 @@ def test_pruned_run_keeps_its_zeros_everywhere_and_resumes_exactly(tmp_path: Pat
 
     summary = json.loads((whole / "summary.json").read_text())
     assert list(summary["stages"])[:2] == ["prune1", "prune2"]
+    stage1 = summary["stages"]["stage1"]  # the log counts pruned weights as the table does
+    assert (
+        f"stage 1: {100 * stage1['portion']:.1f} % of the weights quantized "
+        f"({100 * stage1['pruned']:.1f} % pruned to zero)"
+    ) in (whole / "app.log").read_text()
     assert summary["prune"]["targets"] == {"0": 0.6, "3": 0.6, "7": 0.6, "12": 0.9}
     ckpt = load_masked(whole / "model_masked.safetensors")
     state = torch.load(whole / "checkpoints" / "latest.pt", weights_only=True)
