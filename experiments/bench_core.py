@@ -2,9 +2,11 @@
 
     python experiments/bench_core.py            # all four figures (about 2 minutes on 2 cores)
     python experiments/bench_core.py --json out.json
+    python experiments/bench_core.py --only step --device cuda --amp   # 1. on a GPU, with AMP
 
 1. step-time ratio: training a CIFAR ResNet-20 with an attached INQScheduler (60 % frozen) vs
-   plain training, same data and optimizer; steps interleaved, medians. Goal <= 1.03.
+   plain training, same data and optimizer; steps interleaved, medians, and images/s of each.
+   Goal <= 1.03.
 2. time of one ``INQScheduler.step()`` (partition + snap) on torchvision ResNet-50 (25.6 M
    parameters, random init), per stage. Goal <= 2 s.
 3. extra training memory per targeted weight, ResNet-50: the scheduler's own tensors; the peak
@@ -42,33 +44,50 @@ def _sgd(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
 
 
-def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x, y) -> float:
+def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler, x, y) -> float:
+    """One optimizer step (float16 autocast + grad scaling where ``scaler`` is enabled); its
+    wall-clock seconds, the GPU's work included."""
+    if x.is_cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     optimizer.zero_grad()
-    nn.functional.cross_entropy(model(x), y).backward()
-    optimizer.step()
+    with torch.autocast(x.device.type, torch.float16, enabled=scaler.is_enabled()):
+        loss = nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    if x.is_cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
-def step_time_ratio(steps: int, batch: int) -> dict[str, float]:
+def step_time_ratio(
+    steps: int, batch: int, device: str = "cpu", amp: bool = False
+) -> dict[str, float]:
     torch.manual_seed(0)
-    plain = build_model({"name": "resnet20", "num_classes": 10, "in_channels": 3})
+    dev = torch.device(device)
+    plain = build_model({"name": "resnet20", "num_classes": 10, "in_channels": 3}).to(dev)
     quantized = copy.deepcopy(plain)
     plain_opt, inq_opt = _sgd(plain), _sgd(quantized)
     sched = inq.INQScheduler(quantized, bits=5)
     sched.attach(inq_opt)
     sched.step(), sched.step()  # 30 %, 60 % frozen
-    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    scalers = [torch.amp.GradScaler(dev.type, enabled=amp) for _ in range(2)]
+    x = torch.randn(batch, 3, 32, 32, device=dev)
+    y = torch.randint(0, 10, (batch,), device=dev)
     for _ in range(3):  # warm-up
-        _train_step(plain, plain_opt, x, y), _train_step(quantized, inq_opt, x, y)
+        _train_step(plain, plain_opt, scalers[0], x, y)
+        _train_step(quantized, inq_opt, scalers[1], x, y)
     plain_t, inq_t = [], []
     for _ in range(steps):  # interleaved, so drift in machine load hits both alike
-        plain_t.append(_train_step(plain, plain_opt, x, y))
-        inq_t.append(_train_step(quantized, inq_opt, x, y))
+        plain_t.append(_train_step(plain, plain_opt, scalers[0], x, y))
+        inq_t.append(_train_step(quantized, inq_opt, scalers[1], x, y))
     p, q = statistics.median(plain_t), statistics.median(inq_t)
     return {
         "plain_step_ms": 1e3 * p,
         "inq_step_ms": 1e3 * q,
+        "plain_images_per_s": batch / p,
+        "inq_images_per_s": batch / q,
         "ratio": q / p,
         "frozen_fraction": sched.quantized_fraction(),
     }
@@ -103,9 +122,9 @@ def _peak_rss_child(with_inq: bool) -> None:
     steps after that."""
     torch.manual_seed(0)
     model = torchvision.models.resnet50(weights=None)
-    optimizer = _sgd(model)
+    optimizer, scaler = _sgd(model), torch.amp.GradScaler("cpu", enabled=False)
     x, y = torch.randn(2, 3, 64, 64), torch.randint(0, 1000, (2,))
-    _train_step(model, optimizer, x, y)  # allocates gradients and momentum buffers
+    _train_step(model, optimizer, scaler, x, y)  # allocates gradients and momentum buffers
     _reset_peak_rss()
     base = _rss_bytes("VmRSS")
     if with_inq:
@@ -115,7 +134,7 @@ def _peak_rss_child(with_inq: bool) -> None:
     steps_peak = _rss_bytes("VmHWM")
     _reset_peak_rss()
     for _ in range(3):
-        _train_step(model, optimizer, x, y)
+        _train_step(model, optimizer, scaler, x, y)
     print(json.dumps({"base": base, "steps_peak": steps_peak, "train_peak": _rss_bytes("VmHWM")}))
 
 
@@ -181,17 +200,22 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per arm (ratio)")
     parser.add_argument("--batch", type=int, default=128, help="batch size (ratio)")
+    parser.add_argument("--device", default="cpu", help="of the step-time ratio (cpu, cuda)")
+    parser.add_argument("--amp", action="store_true", help="float16 autocast in the ratio")
+    parser.add_argument("--only", choices=("step",), help="only the step-time ratio")
     parser.add_argument("--rss-child", choices=("plain", "inq"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child:
         return _peak_rss_child(args.rss_child == "inq")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}")
     figures = {
-        "step_time_ratio": step_time_ratio(args.steps, args.batch),
-        "partition_step": partition_step_seconds(),
-        "memory": memory_per_weight(),
-        "pow2_quantize_300k": quantize_speedup(300_000),
+        "step_time_ratio": step_time_ratio(args.steps, args.batch, args.device, args.amp),
     }
+    if args.only is None:
+        figures["partition_step"] = partition_step_seconds()
+        figures["memory"] = memory_per_weight()
+        figures["pow2_quantize_300k"] = quantize_speedup(300_000)
     for name, values in figures.items():
         print(f"\n{name}")
         for key, value in values.items():
