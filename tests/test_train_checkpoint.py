@@ -97,7 +97,8 @@ def test_killed_four_times_then_resumed_is_bit_identical(
     )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
-    expected = "trainer.resume: the checkpoint was made with a different config: inq.bits=5 (now 4)"
+    expected = "trainer.resume: these settings shape the weights and cannot change when a run "
+    expected += "resumes: inq.bits=5 (given 4)"
     assert expected in proc.stderr
 
 
