@@ -30,6 +30,7 @@ from inq.kernels.triton.decode import (
     decode,
     dot,
     dot_upcast,
+    downcast,
     load_codes,
     n1_args,
     output_tensor,
@@ -125,7 +126,7 @@ def _implicit_gemm_kernel(
         codes = load_codes(codes_ptr, oc, rk, row_stride, K, n_ok, WIDTH)
         w = decode(codes, n1, BITS, MIN_EXP)
         if not UPCAST:
-            w = w.to(x_ptr.dtype.element_ty)
+            w = w.to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")  # exact: no rounding
         acc = dot(xt, tl.trans(w), acc, UPCAST, IEEE)
     _store_nchw(acc, n, oh * OW + ow, oc, p_ok, n_ok, bias_ptr, out_ptr, COUT, OH * OW, HAS_BIAS)
 
@@ -177,7 +178,8 @@ def _store_nchw(acc, n, pixel, oc, p_ok, c_ok, bias_ptr, out_ptr, COUT, PIXELS,
     if HAS_BIAS:
         acc += tl.load(bias_ptr + oc, mask=c_ok, other=0.0).to(tl.float32)[None, :]
     offsets = (n * COUT * PIXELS + pixel)[:, None] + (oc * PIXELS)[None, :]
-    tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), p_ok[:, None] & c_ok[None, :])
+    y = downcast(acc, out_ptr.dtype.element_ty)  # to nearest even, also under the interpreter
+    tl.store(out_ptr + offsets, y, p_ok[:, None] & c_ok[None, :])
 
 
 def conv_config(

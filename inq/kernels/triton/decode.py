@@ -8,7 +8,12 @@ the activation dtype holds (``MIN_EXP``), zero below it. That is exactly what
 :func:`inq.pow2.decode_unchecked` gives after its rounding to the dtype (fp16 keeps ``2**-24``
 and flushes ``2**-25`` to zero, bf16 keeps ``2**-133``, fp32 ``2**-149``), so the value is
 representable in the dtype and converting it there is exact, on a GPU and under the
-interpreter (which truncates instead of rounding).
+interpreter.
+
+Results are rounded once to fp16/bf16 by :func:`downcast`: to nearest even, as the GPU's
+``cvt.rn`` does. Triton's interpreter (3.9) truncates fp32 to bf16 whatever
+``fp_downcast_rounding`` asks for (and mishandles bf16 subnormals), so there :func:`downcast`
+rounds bf16 in integer arithmetic instead; fp16 it already rounds to nearest even (numpy).
 
 ``n1`` is one scalar per layer or, with ``PER_ROW_N1``, one int32 per output row (a level set per
 output channel): one load per row tile either way.
@@ -47,6 +52,7 @@ __all__ = [
     "decode_weight",
     "dot",
     "dot_upcast",
+    "downcast",
     "interpreting",
     "load_codes",
     "n1_args",
@@ -59,6 +65,8 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MIN_EXP = {torch.float32: -149, torch.bfloat16: -133, torch.float16: -24}
 _LOWEST_N1 = -300
 _NOMINAL_SMS = 132  # an H100 SXM: split-K heuristics under the interpreter (no device to ask)
+# read when the kernels are defined, as Triton reads TRITON_INTERPRET to choose the interpreter
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 @triton.jit
@@ -101,7 +109,21 @@ def _decode_kernel(
         # the top half of the fp32 bits, exact: the interpreter's conversion flushes subnormals
         value = (value.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
     mask = row_ok[:, None] & (ks < K)[None, :]
-    tl.store(out_ptr + rows[:, None] * K + ks[None, :], value.to(out_ptr.dtype.element_ty), mask)
+    value = value.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne")  # exact: no rounding
+    tl.store(out_ptr + rows[:, None] * K + ks[None, :], value, mask)
+
+
+@triton.jit
+def downcast(x, dtype: tl.constexpr):
+    """fp32 ``x`` in ``dtype``, rounded to nearest even (ties to even, subnormals kept, overflow
+    to inf) on the GPU and under the interpreter alike (see the module docstring)."""
+    if dtype == tl.bfloat16 and _INTERPRETED:
+        # the top half of the fp32 bits after adding just under half a bf16 ulp, plus one where
+        # the kept half is odd: a tie then carries up to the even neighbour; NaN stays NaN
+        bits = x.to(tl.int32, bitcast=True)
+        bits = tl.where(x == x, bits + (0x7FFF + ((bits >> 16) & 1)), 0x7FC00000)
+        return (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return x.to(dtype, fp_downcast_rounding="rtne")
 
 
 @triton.jit

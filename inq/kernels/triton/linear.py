@@ -11,7 +11,8 @@ Which kernel runs (rows ``M`` of ``x`` flattened to 2-d):
 
 Both split K where the output tiles alone would leave SMs idle: each split writes fp32 partial
 sums to a workspace and :func:`_reduce_kernel` adds them in split order (deterministic, no
-atomics), then the bias, and rounds once to the output dtype.
+atomics), then the bias, and rounds once to the output dtype (to nearest even, also under the
+interpreter: :func:`inq.kernels.triton.decode.downcast`).
 
 Every path decodes the same weight (:mod:`inq.kernels.triton.decode`); results differ from the
 reference only by fp32 summation order (the bound is derived in ``tests/test_kernels_triton.py``).
@@ -35,6 +36,7 @@ from inq.kernels.triton.decode import (
     decode,
     dot,
     dot_upcast,
+    downcast,
     load_codes,
     n1_args,
     output_tensor,
@@ -132,7 +134,7 @@ def _gemm_kernel(
         codes = load_codes(codes_ptr, rn, rk, row_stride, K, n_ok, WIDTH)
         w = decode(codes, n1, BITS, MIN_EXP)  # fp32, exact in the input dtype
         if not UPCAST:
-            w = w.to(x_ptr.dtype.element_ty)
+            w = w.to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")  # exact: no rounding
         acc = dot(xt, tl.trans(w), acc, UPCAST, IEEE)
     _finish(acc, rm, rn, m_ok, n_ok, pid_k, bias_ptr, out_ptr, part_ptr, M, N, HAS_BIAS, SPLIT_K)
 
@@ -159,7 +161,7 @@ def _finish(acc, rm, rn, m_ok, n_ok, pid_k, bias_ptr, out_ptr, part_ptr, M, N,
     if SPLIT_K == 1:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask)
+        tl.store(out_ptr + offsets, downcast(acc, out_ptr.dtype.element_ty), mask)
     else:
         tl.store(part_ptr + pid_k * M * N + offsets, acc, mask)
 
@@ -175,7 +177,7 @@ def _reduce_kernel(part_ptr, bias_ptr, out_ptr, total, N, SPLIT_K: tl.constexpr,
         acc += tl.load(part_ptr + s * total + offs, mask=ok, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), ok)
+    tl.store(out_ptr + offs, downcast(acc, out_ptr.dtype.element_ty), ok)
 
 
 def linear_config(
