@@ -42,10 +42,13 @@ _CONV_BLOCK_K = 16
 def _shift_add(v, codes, BITS: tl.constexpr):
     """int32 ``[M, N]``: the terms of ``v = x << frac [M, K]`` and int32 ``codes [N, K]``,
     summed over K."""
-    negative = ((codes >> (BITS - 2)) & 1) != 0
+    # the sign as a factor (+1, -1, or 0 for code 0), so each term is one multiply and one
+    # arithmetic shift of the signed value: (-v) >> o, not -(v >> o). Selecting between -v and v
+    # on the [M, N, K] terms and then masking code 0 crashes the layout pass of Triton 3.4 to 3.6
+    # at 8 bits ("operand #0 does not dominate this use"); this form compiles on 3.4 to 3.9.
+    sign = tl.where(codes != 0, 1 - 2 * ((codes >> (BITS - 2)) & 1), 0)  # [N, K]
     shift = tl.minimum(codes & ((1 << (BITS - 2)) - 1), 31)
-    signed = tl.where(negative[None, :, :], -v[:, None, :], v[:, None, :])  # [M, N, K]
-    terms = tl.where(codes[None, :, :] != 0, signed >> shift[None, :, :], 0)
+    terms = (v[:, None, :] * sign[None, :, :]) >> shift[None, :, :]  # [M, N, K]
     return tl.sum(terms, axis=2)
 
 
