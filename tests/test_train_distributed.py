@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from train_helpers import INQ_TRAIN, TINY
 
@@ -44,6 +45,69 @@ def test_two_gloo_processes_stay_identical(tmp_path: Path) -> None:
     metrics = evaluate(RealOutput(int_model), build_eval_loader(int_model.info["data"]),
                        torch.device("cpu"), top5=False)  # fmt: skip
     assert summary["integer"]["acc"] == metrics["acc"]
+
+
+# One rank of a two-process run that builds DDP as the app does, then leaves by teardown():
+# normally ("ok"), or while an exception propagates ("failing"). Rank 1 comes late. Each rank
+# writes when it entered and left teardown() and its threads' names before and after.
+_TEARDOWN_RANK = """
+import contextlib, json, sys, time
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from inq.train.distributed import setup, teardown
+
+
+def threads():
+    return [comm.read_text().strip() for comm in Path("/proc/self/task").glob("*/comm")]
+
+
+env = setup("cpu")
+net = DistributedDataParallel(torch.nn.Linear(3, 3))  # imports torch._dynamo, as in the app
+net(torch.ones(2, 3)).sum().backward()
+del net
+if env.rank == 1:
+    time.sleep(1.5)
+report = {"entered": time.time(), "during": threads()}
+with contextlib.suppress(KeyboardInterrupt):  # the stop ends in a message, as in inq-train
+    try:
+        if sys.argv[1] == "failing":
+            raise KeyboardInterrupt
+    finally:
+        teardown()
+        report.update(left=time.time(), after=threads())
+Path(sys.argv[2], f"rank{env.rank}.json").write_text(json.dumps(report))
+"""
+
+
+def _teardown_ranks(tmp_path: Path, mode: str) -> list[dict]:
+    script = tmp_path / "rank.py"
+    script.write_text(_TEARDOWN_RANK)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", str(script), mode, str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="lists threads from /proc")
+def test_teardown_is_collective_and_frees_the_group(tmp_path: Path) -> None:
+    first, late = _teardown_ranks(tmp_path, "ok")
+    # rank 0 left only after the late rank came: nobody closes the group under a peer
+    assert first["left"] >= late["entered"]
+    for rank in (first, late):
+        # the group is really gone (threads joined), not pinned until interpreter exit, whose
+        # teardown of live gloo threads aborted a rank now and then
+        assert any("gloo" in name for name in rank["during"])
+        assert not any("gloo" in name for name in rank["after"]), rank["after"]
+
+
+def test_teardown_while_failing_does_not_wait(tmp_path: Path) -> None:
+    first, late = _teardown_ranks(tmp_path, "failing")
+    # a failed or stopped rank leaves at once: its peers may be inside any collective
+    assert first["left"] < late["entered"]
 
 
 def test_single_process_needs_no_group() -> None:

@@ -8,11 +8,21 @@ stage); :func:`check_identical` proves it at every stage boundary.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+# Imported before any process group exists, on purpose: torch.distributed.nn.functional binds
+# ``group.WORLD`` as a default argument on first import, and DDP imports it (through
+# torch._dynamo) when it is built. Imported after init_process_group, it would pin the group:
+# destroy_process_group could not free it, and its gloo worker threads would live on into
+# interpreter exit, where one that still drops a tensor is ended by CPython as it takes the
+# GIL, an unwinding that aborts the process ("terminate called without an active exception").
+# Imported here, it binds None.
+import torch.distributed.nn
 from torch import nn
 
 from inq.scheduler import INQScheduler
@@ -66,9 +76,19 @@ def setup(device: str = "auto") -> Dist:
 
 
 def teardown() -> None:
-    """Leave the process group (no-op in a single process)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """Leave the process group, all ranks together (no-op in a single process).
+
+    Every rank waits at a barrier for the others, then frees the group (its threads joined, its
+    connections closed), so no rank shuts its end while another still talks to it, and none
+    exits with the group alive. Called while an exception propagates (a rank that failed or was
+    stopped, whose peers may be anywhere), it leaves at once, without waiting.
+    """
+    if not dist.is_initialized():
+        return
+    if sys.exc_info()[1] is None:
+        nccl = dist.get_backend() == "nccl"
+        dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
+    dist.destroy_process_group()
 
 
 def all_sum(values: torch.Tensor) -> torch.Tensor:
