@@ -214,6 +214,15 @@ def test_a_run_killed_before_its_first_checkpoint_leaves_a_usable_directory(
         else:
             assert bits == 5  # a new run with its own settings
             assert "cleared the start of a run that stopped" in (run_dir / "app.log").read_text()
+    shutil.rmtree(run_dir)
+    killed = inq_train(*settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:2"},
+                       check=False)  # fmt: skip
+    for recording in ("garbage: [", "- a list\n"):  # a damaged record: one message, kept
+        (run_dir / ".hydra" / "config.yaml").write_text(recording)
+        proc = inq_train(f"trainer.resume={run_dir}", check=False)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert "its .hydra/config.yaml cannot be read" in proc.stderr.splitlines()[-1]
+        assert (run_dir / ".hydra" / "config.yaml").read_text() == recording
 
 
 def test_os_errors_are_named() -> None:

@@ -37,6 +37,7 @@ import hydra
 import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
@@ -245,12 +246,14 @@ def _restart(owner: RunDir) -> _Claim:
     """Start a run that stopped before its first checkpoint again, from the config it recorded."""
     try:
         recorded = to_dict(OmegaConf.load(owner.path / RECORDED_CONFIG))
-    except (OSError, ValueError, OmegaConfBaseException) as err:
+        if not isinstance(recorded, dict):
+            raise ValueError("not a mapping of settings")
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as err:
         owner.release()
         raise ConfigError(
             "trainer.resume",
             f"{owner.path} holds no checkpoint (its run stopped before saving one) and its "
-            f"{RECORDED_CONFIG} cannot be read ({err}); start a new run there",
+            f"{RECORDED_CONFIG} cannot be read ({str(err).splitlines()[0]}); start a new run there",
         ) from None
     owner.clear_start(keep_config=True)
     note = "no checkpoint was saved; starting the run again from its recorded config"
