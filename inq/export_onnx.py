@@ -39,8 +39,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from inq.codes import decode_weight
 from inq.io import atomic_path
-from inq.packed import PackedFile, decode_weight
+from inq.packed import PackedFile
 from inq.quant.integer import IntegerModel
 
 __all__ = ["OPSET", "OnnxModel", "export_onnx", "export_qdq", "is_onnx"]

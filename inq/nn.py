@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import inq.kernels  # noqa: F401  (registers torch.ops.inq.*)
+from inq.codes import decode_weight, pack_codes
 from inq.levels import describe_n1
-from inq.packed import PackedFile, PackedLayer, decode_weight, load_packed, pack_codes
+from inq.packed import PackedFile, PackedLayer, load_packed
 from inq.pow2 import N1, pow2_encode
 
 __all__ = ["ShiftConv2d", "ShiftLinear", "convert_model", "from_packed"]

@@ -131,7 +131,8 @@ def verify_packed(packed: PackedFile, path: str = "") -> VerifyReport:
     other tensor (:func:`inq.packed.state_problems`) and the digest.
 
     Example:
-        >>> from inq.packed import PackedLayer, pack_codes
+        >>> from inq.codes import pack_codes
+        >>> from inq.packed import PackedLayer
         >>> codes = torch.tensor([[8, 12, 0, 15]], dtype=torch.uint8)
         >>> layer = PackedLayer("fc", pack_codes(codes, 4), 4, 0, (1, 4), torch.float32)
         >>> report = verify_packed(PackedFile({"fc.weight": layer}, {}, {}, {}))

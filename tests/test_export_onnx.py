@@ -15,11 +15,12 @@ from onnx import numpy_helper
 from torch import nn
 
 from inq.cli import main
+from inq.codes import pack_codes
 from inq.export import load_masked
 from inq.export_onnx import OPSET, OnnxModel, export_onnx
 from inq.io import DIGEST_KEY, read_safetensors, write_safetensors
 from inq.nn import from_packed
-from inq.packed import pack_codes, packed_from_masked
+from inq.packed import packed_from_masked
 from inq.train.data import build_datasets
 
 

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inq.codes import decode_weight, pack_codes
 from inq.kernels import int8 as int8_module
 from inq.kernels.int8 import (
     exact_frac_bits,
@@ -17,7 +18,6 @@ from inq.kernels.int8 import (
     shift_linear_int8,
     shift_linear_int8_reference,
 )
-from inq.packed import decode_weight, pack_codes
 
 
 def random_codes(o: int, k: int, bits: int, gen: torch.Generator) -> torch.Tensor:

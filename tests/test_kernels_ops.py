@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import inq.kernels  # noqa: F401  (registers torch.ops.inq.*)
-from inq.packed import pack_codes, unpack_codes
+from inq.codes import pack_codes, unpack_codes
 from inq.pow2 import pow2_decode
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16]

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 import inq.kernels  # registers torch.ops.inq.* and their CUDA implementations
+from inq.codes import decode_weight, pack_codes
 from inq.kernels import int8, ops
 from inq.kernels import triton as tk
 from inq.kernels.int8 import (
@@ -45,7 +46,6 @@ from inq.kernels.int8 import (
 )
 from inq.kernels.triton import decode as tdecode
 from inq.kernels.triton.linear import GEMV_MAX_ROWS, SKINNY_MAX_ROWS, linear_config
-from inq.packed import decode_weight, pack_codes
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

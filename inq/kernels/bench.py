@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from inq.packed import decode_weight, pack_codes
+from inq.codes import decode_weight, pack_codes
 from inq.pow2 import pow2_encode, pow2_n1, pow2_quantize
 
 __all__ = [

@@ -23,7 +23,7 @@ terms one by one in int64 (the definition, slow). The Triton kernels
 (:mod:`inq.kernels.triton.int8`) are registered as the CUDA implementations.
 
 Example:
-    >>> from inq.packed import pack_codes
+    >>> from inq.codes import pack_codes
     >>> codes = torch.tensor([[8, 13, 0]], dtype=torch.uint8)  # 4 bits: 2**n1 * [1, -1/2, 0]
     >>> x = torch.tensor([[3, 5, 7]], dtype=torch.int8)
     >>> y = torch.ops.inq.shift_linear_int8(x, pack_codes(codes, 4), 4, 3, frac_bits=3)
@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from inq.codes import unpack_codes
 from inq.kernels.ops import conv2d_output_size
-from inq.packed import unpack_codes
 from inq.pow2 import check_bits
 
 __all__ = [
@@ -300,7 +300,7 @@ def shift_linear_int8_reference(
     exactly.
 
     Example:
-        >>> from inq.packed import pack_codes
+        >>> from inq.codes import pack_codes
         >>> packed = pack_codes(torch.tensor([[9, 0, 15]], dtype=torch.uint8), 4)  # [1/2, 0, -1/8]
         >>> x = torch.tensor([[200, 7, 9]], dtype=torch.uint8)
         >>> shift_linear_int8_reference(x, packed, 4, 3, frac_bits=3)  # 200*4 - 9
@@ -355,7 +355,7 @@ def shift_conv2d_int8_reference(
     convolution algorithm (FFT, Winograd) can round.
 
     Example:
-        >>> from inq.packed import pack_codes
+        >>> from inq.codes import pack_codes
         >>> codes = torch.tensor([[8, 0, 0, 9]], dtype=torch.uint8)  # 2x2 taps [[1, 0], [0, 1/2]]
         >>> x = torch.arange(9, dtype=torch.uint8).reshape(1, 1, 3, 3)
         >>> shift_conv2d_int8_reference(x, pack_codes(codes, 4), 4, [1, 1, 2, 2], [1, 1],

@@ -13,7 +13,7 @@ distillation, activation quantization.
 ``[O]``) adds one exponent per output row: row ``r`` decodes with ``n1 + n1_rows[r]``.
 
 Example:
-    >>> from inq.packed import pack_codes
+    >>> from inq.codes import pack_codes
     >>> codes = torch.tensor([[8, 13], [0, 9]], dtype=torch.uint8)  # 4 bits: [[2, -1], [0, 1]]
     >>> torch.ops.inq.shift_linear(torch.tensor([[1.0, 3.0]]), pack_codes(codes, 4), 4, 1, 2, None)
     tensor([[-1.,  3.]])
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from inq.packed import decode_weight
+from inq.codes import decode_weight
 
 __all__ = [
     "conv2d_output_size",

@@ -287,8 +287,8 @@ class Roofline:
 
 def roofline(bits_list: list[int], device: Device = H100) -> list[Roofline]:
     """The roofline of every linear and ResNet-18 conv case of ``inq bench kernel`` (fp16)."""
+    from inq.codes import row_bytes
     from inq.kernels.bench import LINEAR_BATCHES, LINEAR_SHAPES, resnet18_shapes
-    from inq.packed import row_bytes
 
     def bound(moved: int, flops: int) -> float:
         return max(moved / device.bandwidth_gbps / 1e3, flops / device.fp16_tflops / 1e6)

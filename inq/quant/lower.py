@@ -46,10 +46,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
+from inq.codes import unpack_codes
 from inq.io import n1_json
 from inq.kernels.int8 import max_frac_bits
 from inq.nn import ShiftConv2d, ShiftLinear
-from inq.packed import unpack_codes
 from inq.quant.fakequant import FakeQuant
 from inq.quant.integer import (
     INT32_MAX,

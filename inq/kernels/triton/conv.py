@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from inq.codes import code_width
 from inq.kernels.ops import conv2d_output_size
 from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
@@ -35,7 +36,6 @@ from inq.kernels.triton.decode import (
     n1_args,
     output_tensor,
 )
-from inq.packed import code_width
 
 __all__ = [
     "ConvConfig",

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from inq.packed import code_width, row_bytes
+from inq.codes import code_width, row_bytes
 from inq.pow2 import check_bits, check_top_level
 
 __all__ = [
@@ -146,7 +146,7 @@ def decode_weight(
 ) -> torch.Tensor:
     """The weight that packed codes stand for, decoded by the kernels' own :func:`decode`.
 
-    Bit for bit :func:`inq.packed.decode_weight` (the tests check every code, bit-width,
+    Bit for bit :func:`inq.codes.decode_weight` (the tests check every code, bit-width,
     dtype and an ``n1`` range through the subnormal and flush edges); ``n1`` may be an int32
     tensor with one exponent per output row. The levels are those of ``dtype``; ``out_dtype``
     (default ``dtype``) stores them, fp32 showing the values the kernels multiply with. Not an

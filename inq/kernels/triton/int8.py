@@ -25,11 +25,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from inq.codes import code_width
 from inq.kernels.int8 import check_conv2d_int8_args, check_int8_args
 from inq.kernels.ops import conv2d_output_size
 from inq.kernels.triton.conv import ConvConfig, conv_tile, gather_patches, pixel_origins
 from inq.kernels.triton.decode import check_devices, check_operands, load_codes, output_tensor
-from inq.packed import code_width
 
 __all__ = ["conv_int8_config", "shift_conv2d_int8", "shift_linear_int8"]
 

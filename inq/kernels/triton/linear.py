@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from inq.codes import code_width
 from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
     MIN_EXP,
@@ -42,7 +43,6 @@ from inq.kernels.triton.decode import (
     output_tensor,
     sm_count,
 )
-from inq.packed import code_width
 
 __all__ = ["GEMV_MAX_ROWS", "SKINNY_MAX_ROWS", "LinearConfig", "linear_config", "shift_linear"]
 
@@ -240,7 +240,7 @@ def shift_linear(
 
     Example:
         >>> import os
-        >>> from inq.packed import pack_codes
+        >>> from inq.codes import pack_codes
         >>> codes = torch.tensor([[8, 13], [0, 9]], dtype=torch.uint8)  # 4 bits: [[2, -1], [0, 1]]
         >>> x = torch.tensor([[1.0, 3.0]])
         >>> run = shift_linear if os.environ.get("TRITON_INTERPRET") == "1" else (
