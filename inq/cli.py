@@ -45,6 +45,7 @@ from inq.packed import (
     pack_stats,
     read_format,
 )
+from inq.pow2 import MAX_BITS, MIN_BITS
 from inq.quant.integer import (
     INT_FORMAT,
     IntegerModel,
@@ -471,8 +472,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     from inq.train.quantize import QuantSettings, load_source, quantize
 
     for flag, bits in (("--act-bits", args.act_bits), ("--input-bits", args.input_bits)):
-        if not 2 <= bits <= 8:  # before any work
-            raise ValueError(f"{flag} {bits}: from 2 to 8")
+        if not MIN_BITS <= bits <= MAX_BITS:  # before any work
+            raise ValueError(f"{flag} {bits}: from {MIN_BITS} to {MAX_BITS}")
     if args.batches < 1 or args.epochs < 0:
         raise ValueError("--batches must be >= 1 and --epochs >= 0")
     device = eval_device(args.device)

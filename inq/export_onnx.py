@@ -311,7 +311,8 @@ class OnnxModel(nn.Module):
         self.model: dict[str, Any] = json.loads(props.get("inq_model", "{}"))
         self.data: dict[str, Any] = json.loads(props.get("inq_data", "{}"))
         graph_input = self.session.get_inputs()[0]
-        self.input, self.input_shape = graph_input.name, graph_input.shape
+        self.input = graph_input.name
+        self.input_shape = [d if isinstance(d, int) else None for d in graph_input.shape]
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits of ``x``.
@@ -319,7 +320,7 @@ class OnnxModel(nn.Module):
         Raises:
             ValueError: if ``x`` does not fit the graph's input (a fixed dimension differs).
         """
-        fixed = [d if isinstance(d, int) else None for d in self.input_shape]
+        fixed = self.input_shape  # None where the graph takes any size (the batch)
         fits = len(fixed) == x.dim() and all(
             d in (None, n) for d, n in zip(fixed, x.shape, strict=True)
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -94,20 +95,10 @@ _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
 def _remove_abandoned(target: Path) -> None:
     """Delete the temporaries of writes to ``target`` whose process (on this host) is gone."""
     pattern = re.compile(rf"\.{re.escape(target.name)}\.{re.escape(_HOST)}-(\d+)\.[^.]+\.tmp")
-    for candidate in target.parent.glob(f".{glob_escape(target.name)}.{_HOST}-*.tmp"):
+    for candidate in target.parent.glob(f".{glob.escape(target.name)}.{_HOST}-*.tmp"):
         match = pattern.fullmatch(candidate.name)
         if match and not _alive(int(match.group(1))):
             candidate.unlink(missing_ok=True)
-
-
-def glob_escape(name: str) -> str:
-    """``name`` with the glob wildcards ``*?[`` escaped.
-
-    Example:
-        >>> glob_escape("a[1]*.pt")
-        'a[[]1][*].pt'
-    """
-    return re.sub(r"([*?[])", r"[\1]", name)
 
 
 def _alive(pid: int) -> bool:

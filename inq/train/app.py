@@ -271,8 +271,9 @@ def _resumed(
     validate(cfg)
     if saved is not None:
         log.info("resuming at step %d", saved["progress"]["step"])
-    changed = [f"{k}={new!r} (was {old!r})" for k, (old, new) in changes.items()]
-    changed = [c for c in changed if not c.startswith("trainer.resume=")]
+    changed = [
+        f"{k}={new!r} (was {old!r})" for k, (old, new) in changes.items() if k != "trainer.resume"
+    ]
     if changed:
         log.info("changed on resume: %s", ", ".join(changed))
     return cfg
