@@ -37,7 +37,7 @@ import torchvision
 from torch import nn
 
 import inq
-from inq.train.models import build_model
+from inq.models import build_model
 
 
 def _sgd(model: nn.Module) -> torch.optim.Optimizer:

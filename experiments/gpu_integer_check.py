@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
+from inq.data import build_eval_loader
 from inq.quant.integer import load_integer
-from inq.train.data import build_eval_loader
 
 
 def main() -> int:

@@ -33,6 +33,7 @@ from types import FrameType
 
 import torch
 
+from inq.data import build_eval_loader, eval_data_config, input_shape
 from inq.export import MASKED_FORMAT, MASKED_FORMATS
 from inq.export_onnx import is_onnx
 from inq.io import LOCK_NAME, lock_dir
@@ -166,10 +167,9 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _export_onnx(args: argparse.Namespace) -> int:
+    from inq.data import eval_data_config
     from inq.export_onnx import export_onnx, export_qdq
-    from inq.train.config import eval_data_config
-    from inq.train.data import input_shape
-    from inq.train.quantize import load_source
+    from inq.quant.pipeline import load_source
 
     if not args.output:
         raise ValueError("--onnx needs -o FILE.onnx")
@@ -357,9 +357,8 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from inq.data import eval_data_config
     from inq.nn import from_packed
-    from inq.train.config import eval_data_config
-    from inq.train.data import build_eval_loader
 
     device = eval_device(args.device)
     if is_onnx(args.file):
@@ -369,7 +368,7 @@ def _eval(args: argparse.Namespace) -> int:
         description, recorded = model.model, model.data
         what, device = "ONNX Runtime, CPU", torch.device("cpu")
     elif read_format(args.file) == INT_FORMAT:
-        from inq.train.quantize import RealOutput
+        from inq.quant.pipeline import RealOutput
 
         int_model = load_integer(args.file)
         description, recorded = int_model.info.get("model", {}), int_model.info.get("data", {})
@@ -468,8 +467,7 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from inq.quant.integer import save_integer
-    from inq.train.config import eval_data_config
-    from inq.train.quantize import QuantSettings, load_source, quantize
+    from inq.quant.pipeline import QuantSettings, load_source, quantize
 
     for flag, bits in (("--act-bits", args.act_bits), ("--input-bits", args.input_bits)):
         if not MIN_BITS <= bits <= MAX_BITS:  # before any work

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from inq.codes import decode_weight
 from inq.io import atomic_path
+from inq.models import build_model
 from inq.packed import PackedFile
 from inq.quant.integer import IntegerModel
 
@@ -76,8 +77,6 @@ def export_onnx(
             cannot express a layer, or the export changed a quantized weight.
     """
     onnx, _ = _modules()
-    from inq.train.models import build_model  # the model zoo rebuilds the architecture
-
     model = build_model(packed.model) if model is None else model
     packed.load_into(model)
     model.eval()

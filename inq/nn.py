@@ -28,6 +28,7 @@ from torch import nn
 import inq.kernels  # noqa: F401  (registers torch.ops.inq.*)
 from inq.codes import decode_weight, pack_codes
 from inq.levels import describe_n1
+from inq.models import build_model
 from inq.packed import PackedFile, PackedLayer, load_packed
 from inq.pow2 import N1, pow2_encode
 
@@ -244,7 +245,7 @@ def from_packed(
 ) -> nn.Module:
     """The converted model of a packed file, in eval mode; built from its metadata by default.
 
-    Without ``model``, the architecture comes from :func:`inq.train.models.build_model` applied
+    Without ``model``, the architecture comes from :func:`inq.models.build_model` applied
     to the file's ``model`` description (what the training app records).
 
     Raises:
@@ -257,7 +258,5 @@ def from_packed(
                 "the packed file names no model (empty 'model' metadata); build the model "
                 "yourself and call inq.nn.from_packed(path, model)"
             )
-        from inq.train.models import build_model  # the app's model zoo, only needed here
-
         model = build_model(packed.model)
     return convert_model(model, packed).eval()

@@ -61,8 +61,8 @@ DIGITS_DATA = {"name": "digits", "val_fraction": 0.25, "split_seed": 0}
 
 def digits_run(folder: Path, bits: int = 5, epochs: int = 4) -> tuple[Path, nn.Module]:
     """Train the app's digits CNN briefly, run INQ (two stages), save the masked checkpoint."""
-    from inq.train.data import build_datasets
-    from inq.train.models import build_model
+    from inq.data import build_datasets
+    from inq.models import build_model
 
     torch.manual_seed(0)
     model = build_model(DIGITS_MODEL)

@@ -195,7 +195,7 @@ def test_info_and_eval_want_a_packed_file(capsys, masked: Path) -> None:
 
 
 def test_eval_matches_the_masked_checkpoint_on_digits(capsys, tmp_path: Path) -> None:
-    from inq.train.data import build_datasets
+    from inq.data import build_datasets
 
     masked, model = digits_run(tmp_path, epochs=1)
     assert run(capsys, "export", masked, "-o", tmp_path / "d.safetensors")[0] == 0

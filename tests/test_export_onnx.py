@@ -16,12 +16,12 @@ from torch import nn
 
 from inq.cli import main
 from inq.codes import pack_codes
+from inq.data import build_datasets
 from inq.export import load_masked
 from inq.export_onnx import OPSET, OnnxModel, export_onnx
 from inq.io import DIGEST_KEY, read_safetensors, write_safetensors
 from inq.nn import from_packed
 from inq.packed import packed_from_masked
-from inq.train.data import build_datasets
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def _accuracy(model: nn.Module) -> float:
 @pytest.mark.parametrize("bits", [4, 5])
 def test_qdq_graph_keeps_the_integer_models_accuracy(tmp_path: Path, capsys, bits: int) -> None:
     from inq.quant.integer import save_integer
-    from inq.train.quantize import QuantSettings, RealOutput, quantize
+    from inq.quant.pipeline import QuantSettings, RealOutput, quantize
 
     masked, _ = digits_run(tmp_path, bits=bits, epochs=2)
     int_model, _ = quantize(packed_from_masked(load_masked(masked)), DIGITS_DATA, QuantSettings())

@@ -642,9 +642,9 @@ def test_converted_digits_model_predicts_like_reference(tmp_path, dtype) -> None
     sys.path.insert(0, str(Path(__file__).parent))
     from export_fixtures import DIGITS_DATA, digits_run
 
+    from inq.data import build_datasets
     from inq.nn import from_packed
     from inq.packed import export_packed
-    from inq.train.data import build_datasets
 
     path, _ = digits_run(tmp_path)
     export_packed(path, tmp_path / "digits.inq.safetensors")
@@ -690,10 +690,10 @@ def test_integer_model_on_the_kernels_is_its_reference(tmp_path) -> None:
     with every conv/linear on the Triton kernels as with the reference."""
     from export_fixtures import DIGITS_DATA, digits_run
 
+    from inq.data import build_datasets
     from inq.export import load_masked
     from inq.packed import packed_from_masked
-    from inq.train.data import build_datasets
-    from inq.train.quantize import QuantSettings, quantize
+    from inq.quant.pipeline import QuantSettings, quantize
 
     path, _ = digits_run(tmp_path, epochs=1)
     packed = packed_from_masked(load_masked(path))

@@ -130,7 +130,7 @@ def test_compiled_converted_model(mixed) -> None:
 
 @pytest.mark.slow
 def test_digits_end_to_end(tmp_path: Path) -> None:
-    from inq.train.data import build_datasets
+    from inq.data import build_datasets
 
     path, model = digits_run(tmp_path)
     export_packed(path, tmp_path / "digits.inq.safetensors")

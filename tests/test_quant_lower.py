@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
+from inq.models import ResNetCIFAR
 from inq.quant.lower import IntegerModelError, Lowering, quantize_multiplier
-from inq.train.models import ResNetCIFAR
 
 
 def _gen(seed: int = 0) -> torch.Generator:

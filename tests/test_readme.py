@@ -36,7 +36,7 @@ def test_readme_default_run_table_is_what_inq_train_prints(tmp_path: Path) -> No
     drift the README states: an image or two on another CPU)."""
     from train_helpers import inq_train
 
-    from inq.train.data import build_datasets
+    from inq.data import build_datasets
 
     printed = inq_train(cwd=tmp_path).stdout  # README command 1's job, exactly: no overrides
     table = printed[printed.index("phase      quantized") :].strip()

@@ -19,8 +19,8 @@ from train_helpers import INQ_TRAIN, TINY, inq_train
 
 from inq import INQScheduler, pow2_levels
 from inq.export import load_masked
+from inq.models import build_model
 from inq.packed import load_packed
-from inq.train.models import build_model
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from train_helpers import TINY, inq_train
 
+from inq.errors import ConfigError
+from inq.models import build_model
 from inq.train.checkpoint import (
     KILL_ENV,
     get_rng_state,
@@ -22,8 +24,6 @@ from inq.train.checkpoint import (
     set_rng_state,
 )
 from inq.train.config import Config, SGDConfig, to_dict
-from inq.train.errors import ConfigError
-from inq.train.models import build_model
 
 # 8 steps per epoch, one float epoch then 4 stages of one epoch: 40 steps, checkpoint every 3
 RESUMABLE = (*TINY, "trainer.checkpoint_every=3")

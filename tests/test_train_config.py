@@ -12,11 +12,11 @@ from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from inq.data import FASHION_MNIST_ROOT, build_datasets
+from inq.errors import ConfigError
+from inq.models import build_model
 from inq.train.config import register, to_dict, validate
-from inq.train.data import FASHION_MNIST_ROOT, build_datasets
-from inq.train.errors import ConfigError
 from inq.train.loop import build_lr_schedule, build_optimizer, plan_phases
-from inq.train.models import build_model
 
 CONF = Path(__file__).parents[1] / "conf"
 EXPERIMENTS = Path(__file__).parents[1] / "experiments"

@@ -14,8 +14,8 @@ from train_helpers import INQ_TRAIN, TINY
 
 from inq import INQScheduler
 from inq.export import load_masked
+from inq.models import build_model
 from inq.train.distributed import check_identical, setup
-from inq.train.models import build_model
 
 
 def test_two_gloo_processes_stay_identical(tmp_path: Path) -> None:
@@ -36,10 +36,10 @@ def test_two_gloo_processes_stay_identical(tmp_path: Path) -> None:
     state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert state["world_size"] == 2
     # the integer phase: every rank computes it, rank 0 writes it; shards sum to the whole set
+    from inq.data import build_eval_loader
     from inq.quant.integer import load_integer
-    from inq.train.data import build_eval_loader
+    from inq.quant.pipeline import RealOutput
     from inq.train.loop import evaluate
-    from inq.train.quantize import RealOutput
 
     int_model = load_integer(run_dir / "model.int.safetensors")
     metrics = evaluate(RealOutput(int_model), build_eval_loader(int_model.info["data"]),

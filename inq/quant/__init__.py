@@ -7,5 +7,5 @@ per-channel requantization, an integer model bit-exact with its reference.
 - :mod:`inq.quant.integer`: the integer model, its reference arithmetic and its file.
 
 :mod:`inq.quant.lower` shows the whole path in its example; ``inq calibrate`` and
-``inq-train quant.act_bits=8`` run it on a trained model (:mod:`inq.train.quantize`).
+``inq-train quant.act_bits=8`` run it on a trained model (:mod:`inq.quant.pipeline`).
 """

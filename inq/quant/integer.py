@@ -359,7 +359,7 @@ _POSITIVE_PAIR: _Rule = (lambda v: _is_ints(v, 2, 1), "two integers >= 1")
 _PAIR: _Rule = (lambda v: _is_ints(v, 2, 0), "two integers >= 0")
 _DIM: _Rule = (lambda v: _is_int(v, -4, 3), "an integer from -4 to 3")
 
-# What the file's descriptions must be, where present (inq.train.quantize writes them).
+# What the file's descriptions must be, where present (inq.quant.pipeline writes them).
 _INFO: dict[str, _Rule] = {
     "act_bits": _BITS,
     "input_bits": _BITS,

@@ -9,7 +9,7 @@ fine-tunes all weights with a straight-through estimator for INQ's epoch budget
 and only ``trainer.resume`` continues (:mod:`inq.train.rundir`): ``tb/`` (TensorBoard),
 ``checkpoints/{latest,float,stageK}.pt``, ``model_masked.safetensors``,
 ``model.inq.safetensors``, ``app.log`` and ``summary.json``; with ``quant.act_bits``, the integer
-model ``model.int.safetensors`` (:mod:`inq.train.quantize`).
+model ``model.int.safetensors`` (:mod:`inq.quant.pipeline`).
 
 Example (shell)::
 
@@ -49,16 +49,19 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from inq.baselines import STEQuantizer
+from inq.data import batches_per_epoch, build_datasets, build_eval_loader, build_train_loader
+from inq.errors import ConfigError
 from inq.export import save_masked
 from inq.io import atomic_path
+from inq.models import build_model
 from inq.packed import export_packed, load_packed
 from inq.prune import layer_targets, sparsity_schedule
 from inq.quant.integer import load_integer, save_integer
 from inq.quant.lower import IntegerModelError, check_expressible
+from inq.quant.pipeline import QuantSettings, RealOutput, quantize
 from inq.scheduler import INQScheduler, check_portions
 from inq.train import checkpoint as ckpt
 from inq.train.config import prune_layers, register, to_dict, validate
-from inq.train.data import batches_per_epoch, build_datasets, build_eval_loader, build_train_loader
 from inq.train.distributed import (
     Dist,
     all_sum,
@@ -68,7 +71,6 @@ from inq.train.distributed import (
     share,
     teardown,
 )
-from inq.train.errors import ConfigError
 from inq.train.loop import (
     Phase,
     build_lr_schedule,
@@ -78,9 +80,7 @@ from inq.train.loop import (
     plan_phases,
     prunes,
 )
-from inq.train.models import build_model
 from inq.train.monitor import Monitor
-from inq.train.quantize import QuantSettings, RealOutput, quantize
 from inq.train.rundir import (
     RunDir,
     RunStopped,

@@ -22,9 +22,9 @@ from omegaconf.errors import OmegaConfBaseException
 from safetensors.torch import load_file
 from torch import nn
 
+from inq.errors import ConfigError
 from inq.io import atomic_path
 from inq.train.config import Config, to_dict
-from inq.train.errors import ConfigError
 
 __all__ = [
     "FORMAT",
@@ -116,7 +116,7 @@ def check_finite(state: Mapping[str, Any], key: str, path: Path) -> None:
         >>> check_finite({"w": torch.tensor([1.0, float("nan")])}, "model.checkpoint", Path("x"))
         Traceback (most recent call last):
         ...
-        inq.train.errors.ConfigError: model.checkpoint: x holds NaN or infinite values in 'w'
+        inq.errors.ConfigError: model.checkpoint: x holds NaN or infinite values in 'w'
     """
     for name, value in state.items():
         finite = not isinstance(value, torch.Tensor) or bool(torch.isfinite(value).all())
@@ -161,7 +161,7 @@ def resumed_config(
         >>> resumed_config(recorded, current, given=["inq.epochs"])  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        inq.train.errors.ConfigError: trainer.resume: ... inq.epochs=2 (given 6); ...
+        inq.errors.ConfigError: trainer.resume: ... inq.epochs=2 (given 6); ...
 
     Raises:
         ConfigError: naming every given key that would change the weights.

@@ -7,32 +7,20 @@ OmegaConf cannot express.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
-from importlib import resources
 from typing import Any
 
 import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
+from inq.data import DataConfig, check_data
+from inq.errors import ConfigError
 from inq.pow2 import check_bits
 from inq.scheduler import check_portions
-from inq.train.errors import ConfigError
 
-__all__ = ["Config", "eval_data_config", "prune_layers", "to_dict", "validate"]
-
-
-class DataName(Enum):
-    digits = 1
-    cifar10 = 2
-    cifar100 = 3
-    imagenet = 4
-    synthetic = 5
-    fashion_mnist = 6
-    mnist = 7
+__all__ = ["Config", "prune_layers", "to_dict", "validate"]
 
 
 class Strategy(Enum):
@@ -72,23 +60,6 @@ class Schedule(Enum):
     constant = 1
     cosine = 2
     step = 3
-
-
-@dataclass
-class DataConfig:
-    name: DataName = DataName.digits
-    root: str | None = None  # local dataset directory (cifar*, imagenet, *mnist)
-    num_classes: int = 10
-    in_channels: int = 1
-    image_size: int = 8
-    val_fraction: float = 0.25  # held-out share of digits (stratified)
-    split_seed: int = 0
-    train_size: int | None = None  # cap (synthetic: exact count); None = all
-    val_size: int | None = None
-    augment: bool = True
-    batch_size: int = 64  # per process
-    eval_batch_size: int = 256
-    num_workers: int = 0
 
 
 @dataclass
@@ -220,7 +191,7 @@ def validate(cfg: DictConfig) -> None:
         >>> validate(cfg)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        inq.train.errors.ConfigError: inq.bits: bits must be an integer from 2 to 8 ...
+        inq.errors.ConfigError: inq.bits: bits must be an integer from 2 to 8 ...
 
     Raises:
         ConfigError: naming the first offending key.
@@ -254,7 +225,7 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(key, f"must be >= 0, got {value}")
     if cfg.trainer.seed >= 2**32:  # numpy's and torch's seeding limit
         raise ConfigError("trainer.seed", f"must be < 2**32, got {cfg.trainer.seed}")
-    _check_data(cfg.data, "data.")
+    check_data(cfg.data, "data.")
     positive = {
         "trainer.log_every": cfg.trainer.log_every,
         "optim.lr": cfg.optim.lr,
@@ -297,18 +268,6 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("lr.min_factor", f"must lie in [0, 1], got {cfg.lr.min_factor}")
     if any(not 0.0 < m < 1.0 for m in cfg.lr.milestones):
         raise ConfigError("lr.milestones", f"fractions of a stage, in (0, 1): {cfg.lr.milestones}")
-
-
-def _check_data(data: Mapping[str, Any], prefix: str) -> None:
-    """The ranges of the ``data`` settings; ``prefix`` names them (``data.`` or ``--data ``)."""
-    if data["num_workers"] < 0:
-        raise ConfigError(f"{prefix}num_workers", f"must be >= 0, got {data['num_workers']}")
-    positive = ("batch_size", "eval_batch_size", "num_classes", "in_channels", "image_size")
-    optional = ("train_size", "val_size")
-    for key in positive + optional:
-        value = data[key]
-        if (value is not None or key in positive) and value <= 0:
-            raise ConfigError(f"{prefix}{key}", f"must be > 0, got {value}")
 
 
 def prune_layers(cfg: DictConfig) -> dict[str, float]:
@@ -365,63 +324,3 @@ def _check_known_keys(cfg: DictConfig) -> None:
                 walk(node[key], child_type, f"{prefix}{key}.")
 
     walk(cfg, Config, "")
-
-
-def eval_data_config(recorded: Mapping[str, Any], words: Sequence[str]) -> dict[str, Any]:
-    """The data config to evaluate a model on: what its run recorded, with ``words`` on top.
-
-    ``words`` are an optional dataset ``NAME`` and ``KEY=VALUE`` settings of ``data``. A model
-    whose file records its data is evaluated on that dataset only (same image size, channels and
-    classes); ``NAME`` then just confirms it. Without a record, ``NAME`` picks ``conf/data``'s
-    defaults.
-
-    Example:
-        >>> eval_data_config({}, ["digits", "eval_batch_size=100"])["eval_batch_size"]
-        100
-        >>> eval_data_config({"name": "synthetic", "image_size": 16}, [])["image_size"]
-        16
-        >>> eval_data_config({}, ["digits", "bogus=1"])  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        inq.train.errors.ConfigError: --data bogus: unknown key; data has [...]
-
-    Raises:
-        ConfigError: no dataset, a dataset other than the recorded one, an unknown key or a bad
-            value.
-    """
-    names = [w for w in words if "=" not in w]
-    settings = [w for w in words if "=" in w]
-    if len(names) > 1:
-        raise ConfigError("--data", f"one dataset name, got {names}")
-    name = names[0] if names else recorded.get("name")
-    if name is None:
-        raise ConfigError("--data", "the file records no data config; name one, e.g. --data digits")
-    if recorded and name != recorded.get("name"):
-        raise ConfigError(
-            "--data",
-            f"the model was trained on {recorded.get('name')}, not {name}; its accuracy on "
-            f"{name} would mean nothing (leave the name out to use {recorded.get('name')})",
-        )
-    known = [f.name for f in fields(DataConfig)]
-    for word in settings:
-        key = word.partition("=")[0]
-        if key not in known:
-            raise ConfigError(f"--data {key}", f"unknown key; data has {sorted(known)}")
-    try:
-        cfg = OmegaConf.structured(DataConfig)
-        base = recorded or _packaged_data_config(str(name))
-        cfg = OmegaConf.merge(cfg, {k: v for k, v in base.items() if k in known})
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(settings))
-    except OmegaConfBaseException as err:
-        raise ConfigError("--data", str(err).splitlines()[0]) from None
-    _check_data(cfg, "--data ")
-    return to_dict(cfg)
-
-
-def _packaged_data_config(name: str) -> dict[str, Any]:
-    path = resources.files("inq.conf") / "data" / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(
-            "--data", f"unknown dataset {name!r}; use one of {[d.name for d in DataName]}"
-        )
-    return to_dict(OmegaConf.create(path.read_text()))

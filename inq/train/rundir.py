@@ -22,8 +22,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
 
+from inq.errors import ConfigError
 from inq.io import LOCK_NAME, DirBusy, lock_dir
-from inq.train.errors import ConfigError
 
 __all__ = [
     "LOCK_NAME",
@@ -87,7 +87,7 @@ class RunDir:
         >>> RunDir(folder, key="hydra.run.dir")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        inq.train.errors.ConfigError: hydra.run.dir: another inq-train process (pid ...) ...
+        inq.errors.ConfigError: hydra.run.dir: another inq-train process (pid ...) ...
         >>> owner.release()
     """
 

@@ -17,24 +17,33 @@ from __future__ import annotations
 
 import gzip
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from enum import Enum
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
-from inq.train.errors import ConfigError
+from inq.errors import ConfigError
 
 __all__ = [
     "DATASETS",
     "FASHION_MNIST_ROOT",
+    "DataConfig",
+    "DataName",
     "ResumableSampler",
     "SeededSamples",
     "batches_per_epoch",
     "build_datasets",
     "build_eval_loader",
     "build_train_loader",
+    "check_data",
+    "eval_data_config",
     "input_shape",
     "read_idx",
 ]
@@ -51,6 +60,97 @@ _CIFAR_MEAN_STD = {
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
 _IMAGENET_MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+DataName = Enum("DataName", DATASETS)  # the names Hydra's ``data.name`` accepts
+
+
+@dataclass
+class DataConfig:
+    """The ``data`` config: which dataset, where, its geometry and loader settings."""
+
+    name: DataName = DataName.digits
+    root: str | None = None  # local dataset directory (cifar*, imagenet, *mnist)
+    num_classes: int = 10
+    in_channels: int = 1
+    image_size: int = 8
+    val_fraction: float = 0.25  # held-out share of digits (stratified)
+    split_seed: int = 0
+    train_size: int | None = None  # cap (synthetic: exact count); None = all
+    val_size: int | None = None
+    augment: bool = True
+    batch_size: int = 64  # per process
+    eval_batch_size: int = 256
+    num_workers: int = 0
+
+
+def check_data(data: Mapping[str, Any], prefix: str) -> None:
+    """The ranges of the ``data`` settings; ``prefix`` names them (``data.`` or ``--data ``)."""
+    if data["num_workers"] < 0:
+        raise ConfigError(f"{prefix}num_workers", f"must be >= 0, got {data['num_workers']}")
+    positive = ("batch_size", "eval_batch_size", "num_classes", "in_channels", "image_size")
+    optional = ("train_size", "val_size")
+    for key in positive + optional:
+        value = data[key]
+        if (value is not None or key in positive) and value <= 0:
+            raise ConfigError(f"{prefix}{key}", f"must be > 0, got {value}")
+
+
+def eval_data_config(recorded: Mapping[str, Any], words: Sequence[str]) -> dict[str, Any]:
+    """The data config to evaluate a model on: what its run recorded, with ``words`` on top.
+
+    ``words`` are an optional dataset ``NAME`` and ``KEY=VALUE`` settings of ``data``. A model
+    whose file records its data is evaluated on that dataset only (same image size, channels and
+    classes); ``NAME`` then just confirms it. Without a record, ``NAME`` picks ``conf/data``'s
+    defaults.
+
+    Example:
+        >>> eval_data_config({}, ["digits", "eval_batch_size=100"])["eval_batch_size"]
+        100
+        >>> eval_data_config({"name": "synthetic", "image_size": 16}, [])["image_size"]
+        16
+        >>> eval_data_config({}, ["digits", "bogus=1"])  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        inq.errors.ConfigError: --data bogus: unknown key; data has [...]
+
+    Raises:
+        ConfigError: no dataset, a dataset other than the recorded one, an unknown key or a bad
+            value.
+    """
+    names = [w for w in words if "=" not in w]
+    settings = [w for w in words if "=" in w]
+    if len(names) > 1:
+        raise ConfigError("--data", f"one dataset name, got {names}")
+    name = names[0] if names else recorded.get("name")
+    if name is None:
+        raise ConfigError("--data", "the file records no data config; name one, e.g. --data digits")
+    if recorded and name != recorded.get("name"):
+        raise ConfigError(
+            "--data",
+            f"the model was trained on {recorded.get('name')}, not {name}; its accuracy on "
+            f"{name} would mean nothing (leave the name out to use {recorded.get('name')})",
+        )
+    known = [f.name for f in fields(DataConfig)]
+    for word in settings:
+        key = word.partition("=")[0]
+        if key not in known:
+            raise ConfigError(f"--data {key}", f"unknown key; data has {sorted(known)}")
+    try:
+        cfg = OmegaConf.structured(DataConfig)
+        base = recorded or _packaged_data_config(str(name))
+        cfg = OmegaConf.merge(cfg, {k: v for k, v in base.items() if k in known})
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(settings))
+    except OmegaConfBaseException as err:
+        raise ConfigError("--data", str(err).splitlines()[0]) from None
+    check_data(cfg, "--data ")
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+
+
+def _packaged_data_config(name: str) -> dict[str, Any]:
+    path = resources.files("inq.conf") / "data" / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError("--data", f"unknown dataset {name!r}; use one of {list(DATASETS)}")
+    return OmegaConf.to_container(OmegaConf.create(path.read_text()), resolve=True)  # type: ignore[return-value]
 
 
 def input_shape(cfg: Mapping[str, Any]) -> tuple[int, int, int]:

@@ -27,12 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
+from inq.data import build_datasets
 from inq.export import MASKED_FORMATS, load_masked
 from inq.nn import from_packed
 from inq.packed import PACKED_FORMATS, PackedFile, load_packed, packed_from_masked, read_format
 from inq.quant.integer import IntegerModel
 from inq.quant.lower import IntegerModelError, Lowering
-from inq.train.data import build_datasets
 
 __all__ = ["IntegerModelError", "QuantSettings", "RealOutput", "load_source", "quantize"]
 

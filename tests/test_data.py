@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from inq.train.data import (
+from inq.data import (
     FASHION_MNIST_ROOT,
     ResumableSampler,
     batches_per_epoch,
@@ -19,7 +19,7 @@ from inq.train.data import (
     build_train_loader,
     read_idx,
 )
-from inq.train.errors import ConfigError
+from inq.errors import ConfigError
 
 
 def test_digits_split_is_stratified_and_fixed() -> None:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inq.train.errors import ConfigError
+from inq.errors import ConfigError
 
 __all__ = [
     "CIFAR_RESNET_DEPTHS",

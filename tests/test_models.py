@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from inq import INQScheduler
-from inq.train.errors import ConfigError
-from inq.train.models import build_model
+from inq.errors import ConfigError
+from inq.models import build_model
 
 
 @pytest.mark.parametrize(
