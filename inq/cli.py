@@ -33,12 +33,14 @@ from types import FrameType
 
 import torch
 
+from inq import runfiles
 from inq.data import build_eval_loader, eval_data_config, input_shape
-from inq.export import MASKED_FORMAT, MASKED_FORMATS
-from inq.export_onnx import is_onnx
+from inq.export import MASKED_FORMATS
+from inq.export_onnx import export_onnx, export_qdq, is_onnx
 from inq.io import LOCK_NAME, lock_dir
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.levels import describe_n1
+from inq.nn import from_packed
 from inq.packed import (
     PackStats,
     export_packed,
@@ -46,7 +48,6 @@ from inq.packed import (
     pack_stats,
     read_format,
 )
-from inq.pow2 import MAX_BITS, MIN_BITS
 from inq.quant.integer import (
     INT_FORMAT,
     IntegerModel,
@@ -54,14 +55,18 @@ from inq.quant.integer import (
     load_integer,
     problem_line,
     program_problems,
+    save_integer,
 )
+from inq.quant.observers import CALIBRATIONS
+from inq.quant.pipeline import QuantSettings, RealOutput, quantize
+from inq.runfiles import find_model, load_model
 from inq.verify import verify_file
 
 __all__ = ["COMMANDS", "Command", "main"]
 
 PACKED_SUFFIX = ".inq.safetensors"
-INT_SUFFIX, INT_NAME = ".int.safetensors", "model.int.safetensors"
-RUN_MASKED_NAME = "model_masked.safetensors"  # the masked checkpoint in an inq-train run dir
+INT_SUFFIX = ".int.safetensors"
+CALIBRATE_ACT_BITS = 8  # inq-train makes an integer model only when quant.act_bits is set
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,7 @@ def writing(output: Path, source: Path, force: bool = False) -> Iterator[None]:
 def _run_files(folder: Path) -> set[Path]:
     """The files an inq-train run in ``folder`` recorded as its results."""
     try:
-        files = json.loads((folder / "summary.json").read_text()).get("files", {})
+        files = json.loads((folder / runfiles.SUMMARY).read_text()).get("files", {})
         return {Path(path).resolve() for path in files.values()}
     except (OSError, ValueError, AttributeError):  # no run, or no readable summary
         return set()
@@ -156,8 +161,8 @@ def _run_files(folder: Path) -> set[Path]:
 def _export(args: argparse.Namespace) -> int:
     if args.onnx:
         return _export_onnx(args)
-    source = find_masked(args.source)
-    stem = "model" if source.name == RUN_MASKED_NAME else source.name.removesuffix(".safetensors")
+    source = find_model(args.source, MASKED_FORMATS)
+    stem = "model" if source.name == runfiles.MASKED else source.name.removesuffix(".safetensors")
     output = Path(args.output or source.with_name(stem + PACKED_SUFFIX))
     with writing(output, source, args.force):
         stats = export_packed(source, output, sparse=not args.dense)
@@ -167,9 +172,6 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _export_onnx(args: argparse.Namespace) -> int:
-    from inq.data import eval_data_config
-    from inq.export_onnx import export_onnx, export_qdq
-    from inq.quant.pipeline import load_source
 
     if not args.output:
         raise ValueError("--onnx needs -o FILE.onnx")
@@ -184,7 +186,7 @@ def _export_onnx(args: argparse.Namespace) -> int:
             stats = export_qdq(int_model, output, input_shape(data))
             read, what = source, "Q/DQ graph of the integer model"
         else:
-            packed, read = load_source(source)
+            packed, read = load_model(source)
             data = eval_data_config(packed.data, args.data)
             packed.metadata["data"] = json.dumps(data)  # the file records what it was made for
             stats = export_onnx(packed, output, input_shape(data))
@@ -194,49 +196,6 @@ def _export_onnx(args: argparse.Namespace) -> int:
         f"{stats['nodes']} nodes, {stats['initializers']} initializers, {stats['bytes']} B; {what}"
     )
     return 0
-
-
-def find_masked(source: str | os.PathLike[str]) -> Path:
-    """The masked checkpoint ``source`` names: the file itself, or the one inside a run dir.
-
-    In a directory: ``model_masked.safetensors`` (what ``inq-train`` writes) if present, else the
-    only masked checkpoint found under it.
-
-    Example:
-        >>> find_masked("no/such/run")
-        Traceback (most recent call last):
-        ...
-        ValueError: no/such/run: no such file or directory
-
-    Raises:
-        ValueError: if ``source`` does not exist, is a packed file already, or is a directory
-            holding no masked checkpoint or several.
-    """
-    path = Path(source)
-    if path.is_dir() and (path / RUN_MASKED_NAME).is_file():
-        return path / RUN_MASKED_NAME
-    if path.is_dir():
-        found = [
-            p for p in sorted(path.rglob("*.safetensors")) if _format_or_none(p) in MASKED_FORMATS
-        ]
-        if len(found) != 1:
-            what = "no masked checkpoint" if not found else f"{len(found)} masked checkpoints"
-            listing = "".join(f"\n  {p}" for p in found)
-            raise ValueError(f"{path}: {what} (*.safetensors, {MASKED_FORMAT}); pass one{listing}")
-        return found[0]
-    if not path.exists():
-        raise ValueError(f"{path}: no such file or directory")
-    fmt = read_format(path)
-    if fmt not in MASKED_FORMATS:
-        raise ValueError(f"{path}: not an INQ masked checkpoint (format {fmt!r})")
-    return path
-
-
-def _format_or_none(path: Path) -> str | None:
-    try:
-        return read_format(path)
-    except ValueError:
-        return None
 
 
 # ---------------------------------------------------------------------------------- verify
@@ -357,8 +316,6 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from inq.data import eval_data_config
-    from inq.nn import from_packed
 
     device = eval_device(args.device)
     if is_onnx(args.file):
@@ -368,8 +325,6 @@ def _eval(args: argparse.Namespace) -> int:
         description, recorded = model.model, model.data
         what, device = "ONNX Runtime, CPU", torch.device("cpu")
     elif read_format(args.file) == INT_FORMAT:
-        from inq.quant.pipeline import RealOutput
-
         int_model = load_integer(args.file)
         description, recorded = int_model.info.get("model", {}), int_model.info.get("data", {})
         model = RealOutput(int_model)
@@ -433,30 +388,34 @@ def eval_device(name: str) -> torch.device:
 
 
 def _calibrate_args(p: argparse.ArgumentParser) -> None:
-    from inq.quant.observers import CALIBRATIONS
-
+    defaults = QuantSettings()
     p.add_argument("source", help="a run directory, packed file or masked checkpoint")
     _data_args(p)
-    p.add_argument("--calibration", choices=CALIBRATIONS, default="max",
-                   help="how each activation's range is chosen (default: max)")  # fmt: skip
-    p.add_argument("--act-bits", type=int, default=8, help="activation bits, 2-8 (default: 8)")
+    p.add_argument(
+        "--calibration",
+        choices=CALIBRATIONS,
+        default=defaults.calibration,
+        help=f"how activation ranges are chosen (default: {defaults.calibration})",
+    )
+    p.add_argument("--act-bits", type=int, default=CALIBRATE_ACT_BITS,
+                   help=f"activation bits, 2-8 (default: {CALIBRATE_ACT_BITS})")  # fmt: skip
     p.add_argument(
         "--input-bits",
         type=int,
-        default=8,
-        help="bits of the model input, 2-8 (default: 8: images are 8-bit data)",
+        default=defaults.input_bits,
+        help=f"bits of the model input, 2-8 (default: {defaults.input_bits}: images are 8-bit)",
     )
     p.add_argument(
         "--batches",
         type=int,
-        default=8,
-        help="calibration batches of eval_batch_size training images (default: 8)",
+        default=defaults.batches,
+        help=f"calibration batches of eval_batch_size images (default: {defaults.batches})",
     )
     p.add_argument(
         "--epochs",
         type=int,
-        default=0,
-        help="fine-tuning epochs with fake-quantized activations (default: 0)",
+        default=defaults.epochs,
+        help=f"fine-tuning epochs with fake-quantized activations (default: {defaults.epochs})",
     )
     p.add_argument("--float-scales", action="store_true",
                    help="any activation scale, not only powers of two (requantizations then "
@@ -466,19 +425,24 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from inq.quant.integer import save_integer
-    from inq.quant.pipeline import QuantSettings, load_source, quantize
-
-    for flag, bits in (("--act-bits", args.act_bits), ("--input-bits", args.input_bits)):
-        if not MIN_BITS <= bits <= MAX_BITS:  # before any work
-            raise ValueError(f"{flag} {bits}: from {MIN_BITS} to {MAX_BITS}")
-    if args.batches < 1 or args.epochs < 0:
-        raise ValueError("--batches must be >= 1 and --epochs >= 0")
+    settings = QuantSettings(
+        act_bits=args.act_bits,
+        input_bits=args.input_bits,
+        calibration=args.calibration,
+        pow2_scales=not args.float_scales,
+        batches=args.batches,
+        epochs=args.epochs,
+    )
+    problem = settings.problem()
+    if problem is not None:  # before any work
+        field, message = problem
+        flag = "--" + field.replace("_", "-")
+        raise ValueError(f"{flag} {getattr(args, field)}: {message}")
     device = eval_device(args.device)
-    packed, read = load_source(args.source)
+    packed, read = load_model(args.source)
     source = Path(args.source)
     default = (
-        source / INT_NAME
+        source / runfiles.INTEGER
         if source.is_dir()
         else source.with_name(
             source.name.removesuffix(".safetensors").removesuffix(".inq") + INT_SUFFIX
@@ -486,14 +450,6 @@ def _calibrate(args: argparse.Namespace) -> int:
     )
     output = Path(args.output or default)
     data = eval_data_config(packed.data, args.data)
-    settings = QuantSettings(
-        act_bits=args.act_bits,
-        calibration=args.calibration,
-        pow2_scales=not args.float_scales,
-        batches=args.batches,
-        epochs=args.epochs,
-        input_bits=args.input_bits,
-    )
     with writing(output, read, args.force):
         int_model, report = quantize(packed, data, settings, device)
         save_integer(output, int_model)

@@ -302,12 +302,12 @@ def test_calibrate_bad_input_is_one_line(capsys, tmp_path: Path) -> None:
     masked, _ = masked_file(tmp_path)  # MixedNet, which inq cannot rebuild by name
     for argv, message in (
         (["calibrate", tmp_path / "none.safetensors", "--data", "digits"], "no such file"),
-        (["calibrate", tmp_path, "--data", "digits"], "not a finished run"),
+        (["calibrate", tmp_path / "empty", "--data", "digits"], "no such file"),
         (["calibrate", masked, "--data", "synthetic"], "unknown model 'mixed'"),
         (["calibrate", masked, "--data", "synthetic", "--act-bits", "9"], "--act-bits 9: from 2"),
         (["calibrate", masked, "--data", "synthetic", "--input-bits", "1"], "--input-bits 1: "),
         (["calibrate", masked, "--data", "synthetic", "-o", tmp_path], "a directory; name the"),
-        (["calibrate", masked, "--data", "synthetic", "--batches", "0"], "--batches must be"),
+        (["calibrate", masked, "--data", "synthetic", "--batches", "0"], "--batches 0: must be"),
     ):
         code, _, err = run(capsys, *argv)
         assert code == 1 and message in err, (argv, err)

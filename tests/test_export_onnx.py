@@ -110,7 +110,8 @@ def test_qdq_graph_keeps_the_integer_models_accuracy(tmp_path: Path, capsys, bit
     from inq.quant.pipeline import QuantSettings, RealOutput, quantize
 
     masked, _ = digits_run(tmp_path, bits=bits, epochs=2)
-    int_model, _ = quantize(packed_from_masked(load_masked(masked)), DIGITS_DATA, QuantSettings())
+    packed = packed_from_masked(load_masked(masked))
+    int_model, _ = quantize(packed, DIGITS_DATA, QuantSettings(act_bits=8))
     int_file, qdq = tmp_path / "d.int.safetensors", tmp_path / "d.qdq.onnx"
     save_integer(int_file, int_model)
     assert main(["export", str(int_file), "--onnx", "-o", str(qdq)]) == 0

@@ -697,7 +697,7 @@ def test_integer_model_on_the_kernels_is_its_reference(tmp_path) -> None:
 
     path, _ = digits_run(tmp_path, epochs=1)
     packed = packed_from_masked(load_masked(path))
-    int_model, _ = quantize(packed, DIGITS_DATA, QuantSettings(batches=1))
+    int_model, _ = quantize(packed, DIGITS_DATA, QuantSettings(act_bits=8, batches=1))
     x = build_datasets(DIGITS_DATA)[1].tensors[0][:12]
     expected = int_model(x)  # CPU: the reference
     _CPU_ROUTE["triton"] = DEVICE == "cpu"

@@ -135,7 +135,7 @@ def test_multirun_gives_each_job_its_own_directory(tmp_path: Path) -> None:
         (["model.name=resnet1000"], "inq-train: error: model.name: unknown model 'resnet1000'"),
         (["model.checkpoint=GARBAGE"], "inq-train: error: model.checkpoint: cannot read"),
         (["inq.include=[conv9]"], "inq-train: error: inq.include: include pattern 'conv9'"),
-        (["quant.act_bits=9"], "inq-train: error: quant.act_bits: must be 2..8 or null"),
+        (["quant.act_bits=9"], "inq-train: error: quant.act_bits: from 2 to 8, got 9"),
         (["prune.layers=[head:0.9]"], "inq-train: error: prune.layers: pattern 'head' matches no"),
         (["prune.schedule=exp"], "Invalid value 'exp', expected one of [cubic, linear]"),
         (  # refused before any training: ReLU6 has no integer form here

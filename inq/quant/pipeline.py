@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,31 +26,51 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
 from inq.data import build_datasets
-from inq.export import MASKED_FORMATS, load_masked
 from inq.nn import from_packed
-from inq.packed import PACKED_FORMATS, PackedFile, load_packed, packed_from_masked, read_format
+from inq.packed import PackedFile
+from inq.pow2 import MAX_BITS, MIN_BITS
 from inq.quant.integer import IntegerModel
 from inq.quant.lower import IntegerModelError, Lowering
+from inq.quant.observers import CALIBRATIONS
 
-__all__ = ["IntegerModelError", "QuantSettings", "RealOutput", "load_source", "quantize"]
+__all__ = ["IntegerModelError", "QuantSettings", "RealOutput", "quantize"]
 
 log = logging.getLogger("inq.train")
 
-PACKED_NAME, MASKED_NAME = "model.inq.safetensors", "model_masked.safetensors"
 
-
-@dataclass(frozen=True)
+@dataclass
 class QuantSettings:
-    """What ``quant.*`` (or ``inq calibrate``'s options) ask for."""
+    """What the integer model is made with: ``inq-train``'s ``quant`` config group (this is its
+    schema) and ``inq calibrate``'s options.
 
-    act_bits: int = 8
-    calibration: str = "max"
-    pow2_scales: bool = True
+    Example:
+        >>> QuantSettings(act_bits=4, calibration="mse").problem()
+        >>> QuantSettings(act_bits=9).problem()
+        ('act_bits', 'from 2 to 8, got 9')
+    """
+
+    act_bits: int | None = None  # activation bits, 2-8; None: inq-train makes no integer model
+    input_bits: int = 8  # of the model input: images are 8-bit data
+    calibration: str = "max"  # how each activation range is chosen: one of CALIBRATIONS
+    pow2_scales: bool = True  # power-of-two activation scales: requantizations are shifts
     batches: int = 8  # calibration batches of data.eval_batch_size training images
     epochs: int = 0  # fine-tuning epochs with fake-quantized activations
     lr: float = 1e-3  # Adam, on the BatchNorm affine parameters and the log2 scales
-    seed: int = 0
-    input_bits: int = 8  # the model input: images are 8-bit data
+
+    def problem(self) -> tuple[str, str] | None:
+        """The first setting out of range, as ``(field, message)``; None if all are fine."""
+        for name in ("act_bits", "input_bits"):
+            bits = getattr(self, name)
+            if bits is not None and not MIN_BITS <= bits <= MAX_BITS:
+                return name, f"from {MIN_BITS} to {MAX_BITS}, got {bits}"
+        if self.calibration not in CALIBRATIONS:
+            return "calibration", f"one of {list(CALIBRATIONS)}, got {self.calibration!r}"
+        for name, least in (("batches", 1), ("epochs", 0)):
+            if getattr(self, name) < least:
+                return name, f"must be >= {least}, got {getattr(self, name)}"
+        if not self.lr > 0:
+            return "lr", f"must be > 0, got {self.lr}"
+        return None
 
 
 class RealOutput(nn.Module):
@@ -67,63 +85,49 @@ class RealOutput(nn.Module):
         return self.model(x).double() * self.model.output_scale()
 
 
-def load_source(source: str | os.PathLike[str]) -> tuple[PackedFile, Path]:
-    """The packed model ``source`` names, and the file it was read from: a packed file, a
-    masked checkpoint (packed in memory) or a run directory (its packed file, else its masked
-    checkpoint).
-
-    Raises:
-        ValueError: if there is no such file, or it is neither kind.
-    """
-    path = Path(source)
-    if path.is_dir():
-        found = [path / n for n in (PACKED_NAME, MASKED_NAME) if (path / n).is_file()]
-        if not found:
-            raise ValueError(f"{path}: no {PACKED_NAME} or {MASKED_NAME}: not a finished run")
-        path = found[0]
-    if not path.exists():
-        raise ValueError(f"{path}: no such file or directory")
-    fmt = read_format(path)
-    if fmt in PACKED_FORMATS:
-        return load_packed(path), path
-    if fmt in MASKED_FORMATS:
-        return packed_from_masked(load_masked(path)), path
-    raise ValueError(f"{path}: not a packed file or masked checkpoint (format {fmt!r})")
-
-
 def quantize(
     packed: PackedFile,
     data: Mapping[str, Any],
     settings: QuantSettings,
     device: torch.device | None = None,
     on_epoch: Callable[[int, dict[str, float]], None] = lambda epoch, values: None,
+    seed: int = 0,
 ) -> tuple[IntegerModel, dict[str, Any]]:
     """The integer model of ``packed`` and a report (``calibration_s``, ``finetune_s``,
     ``scales``, and the fine-tuning loss per epoch, ``finetune_loss``).
 
     ``on_epoch(epoch, values)`` sees, before fine-tuning (epoch 0) and after each epoch, the
     log2 scale and clipped fraction of every point (``quant/log2_scale/<point>``,
-    ``quant/clipped/<point>``) and the loss (``quant/loss``).
+    ``quant/clipped/<point>``) and the loss (``quant/loss``). ``seed`` picks the calibration
+    images and the fine-tuning batches.
 
     Raises:
+        ValueError: a setting out of range (:meth:`QuantSettings.problem`) or no ``act_bits``.
         IntegerModelError: if the model has a layer the integer model cannot express, or no
             calibration data.
     """
+    problem = settings.problem() or (
+        ("act_bits", "the activation bits must be set") if settings.act_bits is None else None
+    )
+    if problem is not None:
+        raise ValueError(f"{problem[0]}: {problem[1]}")
     device = device or torch.device("cpu")
     with torch.random.fork_rng(devices=[]):  # seeded here, the caller's generator untouched
-        torch.manual_seed(settings.seed)
+        torch.manual_seed(seed)
         model = from_packed(packed).to(device)
         lowering = Lowering(
             model, settings.act_bits, settings.calibration, settings.pow2_scales,
             settings.input_bits,
         )  # fmt: skip
         start = time.perf_counter()
-        lowering.calibrate(x.to(device) for x, _ in _calibration_batches(data, settings))
+        lowering.calibrate(
+            x.to(device) for x, _ in _calibration_batches(data, settings.batches, seed)
+        )
         report: dict[str, Any] = {"calibration_s": time.perf_counter() - start}
         on_epoch(0, _scale_values(lowering))
         if settings.epochs:
             start = time.perf_counter()
-            report["finetune_loss"] = _finetune(lowering, data, settings, device, on_epoch)
+            report["finetune_loss"] = _finetune(lowering, data, settings, device, on_epoch, seed)
             report["finetune_s"] = time.perf_counter() - start
     report["scales"] = lowering.scales()
     info = {
@@ -140,14 +144,14 @@ def quantize(
     return lowering.integer_model(info).to(device), report
 
 
-def _calibration_batches(data: Mapping[str, Any], settings: QuantSettings) -> DataLoader:
-    """``settings.batches`` batches of training images as evaluation sees them (no
+def _calibration_batches(data: Mapping[str, Any], batches: int, seed: int) -> DataLoader:
+    """``batches`` batches of training images as evaluation sees them (no
     augmentation), drawn at random (seeded): a dataset sorted by class (ImageFolder) would
     otherwise calibrate on a few classes."""
     train = build_datasets({**data, "augment": False})[0]
     size = int(data.get("eval_batch_size", 256))
-    gen = torch.Generator().manual_seed(settings.seed)
-    pick = torch.randperm(len(train), generator=gen)[: settings.batches * size]
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(len(train), generator=gen)[: batches * size]
     return DataLoader(Subset(train, pick.tolist()), batch_size=size)
 
 
@@ -157,6 +161,7 @@ def _finetune(
     settings: QuantSettings,
     device: torch.device,
     on_epoch: Callable[[int, dict[str, float]], None],
+    seed: int,
 ) -> list[float]:
     """Adam on the BatchNorm affine parameters and the log2 scales; the packed weights are
     buffers and the BatchNorm statistics stay frozen (eval mode), as the integer model folds
@@ -165,7 +170,7 @@ def _finetune(
     fq_model = lowering.fake_quant_model().to(device)
     params = [p for p in fq_model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=settings.lr)
-    gen = torch.Generator().manual_seed(settings.seed)
+    gen = torch.Generator().manual_seed(seed)
     loader = DataLoader(
         train, batch_size=int(data.get("batch_size", 64)), shuffle=True, generator=gen
     )

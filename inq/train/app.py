@@ -612,16 +612,7 @@ class Trainer:
         the accuracy is the file's. Deterministic on the CPU, so a run killed here redoes it to
         the same file."""
         q = self.cfg.quant
-        settings = QuantSettings(
-            act_bits=q.act_bits,
-            calibration=q.calibration.name,
-            pow2_scales=q.pow2_scales,
-            batches=q.batches,
-            epochs=q.epochs,
-            lr=q.lr,
-            seed=self.cfg.trainer.seed,
-            input_bits=q.input_bits,
-        )
+        settings: QuantSettings = OmegaConf.to_object(q)  # type: ignore[assignment]
         step = self.progress.step
 
         def on_epoch(epoch: int, values: dict[str, float]) -> None:
@@ -633,8 +624,9 @@ class Trainer:
             try:
                 packed = load_packed(self.out / PACKED_NAME)
                 int_model, report = quantize(
-                    packed, self.data_info, settings, self.env.device, on_epoch
-                )
+                    packed, self.data_info, settings, self.env.device, on_epoch,
+                    seed=self.cfg.trainer.seed,
+                )  # fmt: skip
                 save_integer(self.out / INTEGER_NAME, int_model)
             except ValueError as err:  # IntegerModelError among them: the model, not a bug
                 problem = f"no integer model: {err}"
@@ -647,7 +639,7 @@ class Trainer:
         self.tb.scalars(last, {"val/int_acc": metrics["acc"], "val/int_loss": metrics["loss"]})
         log.info(
             "integer model (%d-bit activations, %s calibration%s): val acc %.2f %%, in %s",
-            q.act_bits, q.calibration.name,
+            q.act_bits, q.calibration,
             f", {q.epochs} fine-tuning epochs" if q.epochs else "",
             100 * metrics["acc"], self.out / INTEGER_NAME,
         )  # fmt: skip

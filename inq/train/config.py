@@ -17,26 +17,20 @@ from omegaconf import II, MISSING, DictConfig, OmegaConf
 
 from inq.data import DataConfig, check_data
 from inq.errors import ConfigError
+from inq.levels import GRANULARITIES, N1_RULES
+from inq.partition import STRATEGIES
 from inq.pow2 import check_bits
+from inq.prune import SCHEDULES
+from inq.quant.pipeline import QuantSettings
 from inq.scheduler import check_portions
 
 __all__ = ["Config", "prune_layers", "to_dict", "validate"]
 
 
-class Strategy(Enum):
-    magnitude = 1
-    random = 2
-    error = 3  # smallest rounding error first (inq.partition)
-
-
-class N1Rule(Enum):
-    max = 1  # the paper: floor(log2(4 max|W| / 3))
-    mse = 2  # least squared rounding error of the float weights (inq.levels)
-
-
-class Granularity(Enum):
-    layer = 1  # one level set per layer (the paper)
-    channel = 2  # one per output channel
+# The library's options, as enums for the schema: a bad value fails with the list of good ones.
+Strategy = Enum("Strategy", STRATEGIES)  # inq.partition
+N1Rule = Enum("N1Rule", N1_RULES)  # inq.levels
+Granularity = Enum("Granularity", GRANULARITIES)  # inq.levels
 
 
 class Method(Enum):
@@ -45,15 +39,7 @@ class Method(Enum):
     ste = 3  # baseline: straight-through fine-tuning of all weights, INQ's epoch budget
 
 
-class Calibration(Enum):
-    max = 1  # the largest value seen is representable
-    percentile = 2  # the 99.99th percentile of |x|
-    mse = 3  # least squared quantization error
-
-
-class PruneSchedule(Enum):
-    cubic = 1  # Zhu & Gupta's gradual pruning: large rounds first
-    linear = 2
+PruneSchedule = Enum("PruneSchedule", SCHEDULES)  # inq.prune
 
 
 class Schedule(Enum):
@@ -124,17 +110,6 @@ class PruneConfig:
 
 
 @dataclass
-class QuantConfig:
-    act_bits: int | None = None  # integer model with these activation bits (2-8); null: none
-    input_bits: int = 8  # of the model input (images are 8-bit data)
-    calibration: Calibration = Calibration.max
-    pow2_scales: bool = True  # power-of-two activation scales: requantizations are shifts
-    batches: int = 8  # calibration batches (data.eval_batch_size training images each)
-    epochs: int = 0  # fine-tuning with fake-quantized activations (BatchNorm and scales)
-    lr: float = 1e-3  # Adam, for that fine-tuning
-
-
-@dataclass
 class TrainerConfig:
     device: str = "auto"  # auto = cuda if available, else cpu
     amp: bool = False  # float16 autocast + grad scaling (CUDA only)
@@ -158,7 +133,7 @@ class Config:
     lr: LRConfig = field(default_factory=LRConfig)
     inq: INQConfig = field(default_factory=INQConfig)
     prune: PruneConfig = field(default_factory=PruneConfig)
-    quant: QuantConfig = field(default_factory=QuantConfig)
+    quant: QuantSettings = field(default_factory=QuantSettings)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
 
@@ -216,7 +191,6 @@ def validate(cfg: DictConfig) -> None:
         "trainer.eval_every": cfg.trainer.eval_every,
         "trainer.checkpoint_every": cfg.trainer.checkpoint_every,
         "trainer.keep_checkpoints": cfg.trainer.keep_checkpoints or 0,
-        "quant.epochs": cfg.quant.epochs,
         "prune.epochs": cfg.prune.epochs,
         "trainer.num_threads": cfg.trainer.num_threads,
     }
@@ -229,8 +203,6 @@ def validate(cfg: DictConfig) -> None:
     positive = {
         "trainer.log_every": cfg.trainer.log_every,
         "optim.lr": cfg.optim.lr,
-        "quant.batches": cfg.quant.batches,
-        "quant.lr": cfg.quant.lr,
         "prune.steps": cfg.prune.steps,
     }
     for key, value in positive.items():
@@ -239,10 +211,9 @@ def validate(cfg: DictConfig) -> None:
     if cfg.model.width <= 0:
         raise ConfigError("model.width", f"must be > 0, got {cfg.model.width}")
     _check_optimizer(cfg.optim)
-    if cfg.quant.act_bits is not None and not 2 <= cfg.quant.act_bits <= 8:
-        raise ConfigError("quant.act_bits", f"must be 2..8 or null, got {cfg.quant.act_bits}")
-    if not 2 <= cfg.quant.input_bits <= 8:
-        raise ConfigError("quant.input_bits", f"must be 2..8, got {cfg.quant.input_bits}")
+    quant_problem = OmegaConf.to_object(cfg.quant).problem()  # type: ignore[union-attr]
+    if quant_problem is not None:
+        raise ConfigError(f"quant.{quant_problem[0]}", quant_problem[1])
     if cfg.trainer.float_epochs == 0 and not cfg.model.checkpoint:
         raise ConfigError(
             "model.checkpoint",
