@@ -35,6 +35,7 @@ import torch
 
 from inq import runfiles
 from inq.data import build_eval_loader, eval_data_config, input_shape
+from inq.evaluation import evaluate
 from inq.export import MASKED_FORMATS
 from inq.export_onnx import export_onnx, export_qdq, is_onnx
 from inq.io import LOCK_NAME, lock_dir
@@ -341,21 +342,11 @@ def _eval(args: argparse.Namespace) -> int:
                 f"the model has {key}={description[key]}, the {cfg['name']} data "
                 f"{key}={cfg[key]}: evaluate it on the data it was trained on"
             )
-    model = model.to(device)
-    correct = total = 0
-    loss = 0.0
-    with torch.inference_mode():
-        for x, y in build_eval_loader(cfg):
-            logits = model(x.to(device))  # float64 for an integer model: no ties from rounding
-            y = y.to(device)
-            loss += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
-            correct += int((logits.argmax(1) == y).sum())
-            total += len(y)
-    if not total:
-        raise ValueError(f"the {cfg['name']} validation set is empty")
+    metrics = evaluate(model.to(device), build_eval_loader(cfg), device)
+    total, correct = int(metrics["count"]), round(metrics["acc"] * metrics["count"])
     print(
         f"{args.file} ({what}) on {cfg['name']} ({total} samples): accuracy "
-        f"{100 * correct / total:.2f}% ({correct}/{total}), loss {loss / total:.4f}"
+        f"{100 * correct / total:.2f}% ({correct}/{total}), loss {metrics['loss']:.4f}"
     )
     return 0
 

@@ -51,6 +51,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from inq.baselines import STEQuantizer
 from inq.data import batches_per_epoch, build_datasets, build_eval_loader, build_train_loader
 from inq.errors import ConfigError
+from inq.evaluation import evaluate
 from inq.export import save_masked
 from inq.io import atomic_path
 from inq.models import build_model
@@ -75,7 +76,6 @@ from inq.train.loop import (
     Phase,
     build_lr_schedule,
     build_optimizer,
-    evaluate,
     method_name,
     plan_phases,
     prunes,

@@ -11,19 +11,15 @@ Every phase gets a fresh LR schedule; :mod:`inq.train.app` runs them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
-from torch.utils.data import DataLoader
 
 from inq.train.config import prune_layers
-from inq.train.distributed import all_sum
 
 __all__ = [
     "NORM_TYPES",
@@ -31,7 +27,6 @@ __all__ = [
     "bias_norm_parameters",
     "build_lr_schedule",
     "build_optimizer",
-    "evaluate",
     "method_name",
     "plan_phases",
     "prunes",
@@ -178,44 +173,3 @@ def build_lr_schedule(
         return 1.0
 
     return LambdaLR(optimizer, factor)
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    loader: DataLoader,
-    device: torch.device,
-    top5: bool,
-    on_batch: Callable[[], None] = lambda: None,
-) -> dict[str, float]:
-    """Loss, top-1 (and top-5) accuracy over ``loader``, summed over all ranks.
-
-    Example:
-        >>> data = [(torch.randn(4, 3), torch.tensor([0, 1, 2, 0]))]
-        >>> sorted(evaluate(nn.Linear(3, 3), data, torch.device("cpu"), top5=False))
-        ['acc', 'loss']
-    """
-    was_training = model.training
-    model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top-1, top-5, count
-    for x, y in _batches(loader, device):
-        logits = model(x).float()
-        sums[0] += F.cross_entropy(logits, y, reduction="sum")
-        ranked = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        sums[1] += (ranked[:, 0] == y).sum()
-        sums[2] += (ranked == y[:, None]).any(dim=1).sum()
-        sums[3] += len(y)
-        on_batch()
-    model.train(was_training)
-    loss, top1, top5_hits, count = all_sum(sums).tolist()
-    metrics = {"loss": loss / count, "acc": top1 / count}
-    if top5:
-        metrics["acc_top5"] = top5_hits / count
-    return metrics
-
-
-def _batches(
-    loader: DataLoader, device: torch.device
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    for x, y in loader:
-        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
