@@ -37,6 +37,7 @@ __all__ = [
     "MAX_BITS",
     "MIN_BITS",
     "N1",
+    "broadcast_n1",
     "check_bits",
     "check_quantizable",
     "check_top_level",
@@ -49,7 +50,6 @@ __all__ = [
     "pow2_n2",
     "pow2_quantize",
     "pow2_quantize_codes",
-    "rows_n1",
 ]
 
 MIN_BITS = 2
@@ -171,7 +171,7 @@ def pow2_quantize_codes(weight: torch.Tensor, n1: N1, bits: int) -> torch.Tensor
         ValueError: as :func:`pow2_quantize`.
     """
     check_quantizable(weight, n1)
-    n1 = rows_n1(n1, weight)
+    n1 = broadcast_n1(n1, weight)
     n2 = pow2_n2(n1, bits)
     work = weight.detach().to(torch.float32)  # exact for every supported dtype
     mantissa, exponent = torch.frexp(work)  # |w| = |m| * 2**k, |m| in [0.5, 1)
@@ -201,7 +201,7 @@ def check_quantizable(weight: torch.Tensor, n1: N1) -> None:
             weights, or an n1 whose level ``2**n1`` overflows the dtype.
     """
     _check_float(weight)
-    check_top_level(rows_n1(n1, weight), weight.dtype)
+    check_top_level(broadcast_n1(n1, weight), weight.dtype)
     if not bool(torch.isfinite(weight).all()):
         raise ValueError("pow2_quantize: the weight holds NaN or infinity")
 
@@ -264,7 +264,7 @@ def decode_unchecked(codes: torch.Tensor, n1: N1, bits: int, dtype: torch.dtype)
         table = decode_table(n1, bits, dtype, codes.device)
         return torch.index_select(table, 0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
     check_bits(bits)
-    n1 = rows_n1(n1, codes)
+    n1 = broadcast_n1(n1, codes)
     check_top_level(n1, dtype)
     return _code_values(codes.to(torch.int32), n1, bits).to(dtype)
 
@@ -291,12 +291,12 @@ def _code_values(c: torch.Tensor, n1: N1, bits: int) -> torch.Tensor:
     return values.masked_fill_(c == 0, 0.0)
 
 
-def rows_n1(n1: N1, like: torch.Tensor) -> N1:
+def broadcast_n1(n1: N1, like: torch.Tensor) -> N1:
     """``n1`` ready to broadcast against ``like``: an int as it is, a tensor ``[O]`` (one n1 per
     slice ``like[i]``) as int32 ``[O, 1, ..., 1]`` on ``like``'s device.
 
     Example:
-        >>> rows_n1(torch.tensor([0, -2]), torch.zeros(2, 3, 3)).shape
+        >>> broadcast_n1(torch.tensor([0, -2]), torch.zeros(2, 3, 3)).shape
         torch.Size([2, 1, 1])
 
     Raises:

@@ -31,12 +31,12 @@ from inq.levels import check_level_options, select_n1
 from inq.partition import STRATEGIES, grow_mask, prune_mask, quantized_count
 from inq.pow2 import (
     N1,
+    broadcast_n1,
     check_bits,
     check_quantizable,
     decode_unchecked,
     pow2_quantize,
     pow2_quantize_codes,
-    rows_n1,
 )
 
 __all__ = [
@@ -488,7 +488,7 @@ class INQScheduler:
         new = grow_mask(weight, old, count, self.strategy, self.seed, key, snapped)
         new &= ~old
         codes = layer.codes.clone()  # a new tensor: state_dict() copies taken earlier keep theirs
-        n1_new = n1 if isinstance(n1, int) else rows_n1(n1, weight).expand(weight.shape)[new]
+        n1_new = n1 if isinstance(n1, int) else broadcast_n1(n1, weight).expand(weight.shape)[new]
         codes[new] = pow2_quantize_codes(weight[new], n1_new, self.bits)  # only the new weights
         layer.n1, layer.codes, layer.count = n1, codes, count
 

@@ -98,7 +98,10 @@ def test_shift_conv2d_is_f_conv2d_on_decoded_weights(
     bias = torch.randn(shape[0], generator=g) if use_bias else None
     args = (list(stride), list(padding), list(dilation), groups)
     out = torch.ops.inq.shift_conv2d(x, packed, bits, -2, list(shape), bias, *args)
-    expected = F.conv2d(x, weight.to(dtype), None if bias is None else bias.to(dtype), *args)
+    b = None if bias is None else bias.to(dtype)
+    if dtype == torch.bfloat16:  # on the CPU: float32, rounded once (see shift_conv2d_reference)
+        x, b = x.float(), None if b is None else b.float()
+    expected = F.conv2d(x, weight.to(dtype).to(x.dtype), b, *args).to(dtype)
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
 
 
@@ -189,3 +192,19 @@ def test_backward_to_input_and_bias_is_gradcheck_exact() -> None:
             ),
             (image, bias),
         )
+
+
+def test_bfloat16_conv_on_the_cpu_is_one_rounding_of_the_exact_result() -> None:
+    """PyTorch's CPU bfloat16 conv2d returns uninitialised values for this grouped, dilated
+    geometry (torch 2.15); the op computes in float32 and rounds once. Bound: one bfloat16
+    rounding (2**-8 relative) plus float32 accumulation (24 products, 2**-24 * 24 * sum|x w|)."""
+    shape, bits, seed = (4, 2, 2, 3), 8, 3643
+    packed, weight = random_weight(shape, bits, -2, seed)
+    x = torch.randn(1, 4, 5, 6, generator=torch.Generator().manual_seed(seed + 1))
+    x = x.to(torch.bfloat16)
+    args = ([1, 2], [1, 0], [1, 2], 2)
+    out = torch.ops.inq.shift_conv2d(x, packed, bits, -2, list(shape), None, *args)
+    exact = F.conv2d(x.double(), weight.double(), None, *args)
+    magnitude = F.conv2d(x.double().abs(), weight.double().abs(), None, *args)
+    bound = 2**-8 * exact.abs() + 2**-24 * 24 * magnitude
+    assert ((out.double() - exact).abs() <= bound).all()

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import inq
-from inq.pow2 import check_quantizable, check_top_level, exp2, pow2_quantize_codes, rows_n1
+from inq.pow2 import broadcast_n1, check_quantizable, check_top_level, exp2, pow2_quantize_codes
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ALL_BITS = tuple(range(2, 9))
@@ -434,7 +434,7 @@ def test_quantizing_a_selection_is_selecting_from_the_quantized_weight(
     """What the scheduler does at a stage: round only ``weight[new]``, each with its row's n1;
     an empty selection gives empty codes, not an error."""
     weight, n1, mask, bits = case
-    selected_n1 = rows_n1(n1, weight).expand(weight.shape)[mask]
+    selected_n1 = broadcast_n1(n1, weight).expand(weight.shape)[mask]
     codes = pow2_quantize_codes(weight[mask], selected_n1, bits)
     assert torch.equal(codes, pow2_quantize_codes(weight, n1, bits)[mask])
     values = inq.pow2_quantize(weight[mask], selected_n1, bits)

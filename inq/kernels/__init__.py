@@ -12,7 +12,7 @@ import torch
 
 from inq.kernels.int8 import shift_conv2d_int8, shift_linear_int8
 from inq.kernels.ops import (
-    row_exponents,
+    effective_n1,
     shift_conv2d,
     shift_conv2d_reference,
     shift_linear,
@@ -33,7 +33,7 @@ if _triton is not None:
     def _shift_linear_cuda(x, packed, bits, n1, in_features, bias, n1_rows=None):
         if x.dtype not in _FLOATS:  # float64: the reference (cuBLAS)
             return shift_linear_reference(x, packed, bits, n1, in_features, bias, n1_rows)
-        return _triton.shift_linear(x, packed, bits, row_exponents(n1, n1_rows), in_features, bias)
+        return _triton.shift_linear(x, packed, bits, effective_n1(n1, n1_rows), in_features, bias)
 
     @torch.library.register_kernel("inq::shift_conv2d", "cuda")
     def _shift_conv2d_cuda(x, packed, bits, n1, weight_shape, bias, stride, padding, dilation,
@@ -42,8 +42,18 @@ if _triton is not None:
             return shift_conv2d_reference(
                 x, packed, bits, n1, weight_shape, bias, stride, padding, dilation, groups, n1_rows
             )
-        exponents = row_exponents(n1, n1_rows)
-        args = (x, packed, bits, exponents, weight_shape, bias, stride, padding, dilation, groups)
+        args = (
+            x,
+            packed,
+            bits,
+            effective_n1(n1, n1_rows),
+            weight_shape,
+            bias,
+            stride,
+            padding,
+            dilation,
+            groups,
+        )
         return _triton.shift_conv2d(*args)
 
     torch.library.register_kernel("inq::shift_linear_int8", "cuda", _triton.shift_linear_int8)

@@ -34,7 +34,7 @@ from inq.codes import decode_weight
 
 __all__ = [
     "conv2d_output_size",
-    "row_exponents",
+    "effective_n1",
     "shift_conv2d",
     "shift_conv2d_reference",
     "shift_linear",
@@ -42,11 +42,12 @@ __all__ = [
 ]
 
 
-def row_exponents(n1: int, n1_rows: Tensor | None) -> int | Tensor:
-    """The exponent of every output row: ``n1``, or ``n1 + n1_rows`` (int32 ``[O]``).
+def effective_n1(n1: int, n1_rows: Tensor | None) -> int | Tensor:
+    """The n1 of every output row (its level set's top exponent): ``n1``, or ``n1 + n1_rows``
+    (int32 ``[O]``). ``inq.nn``'s layers call it ``effective_n1`` too.
 
     Example:
-        >>> row_exponents(-2, torch.tensor([0, -1]))
+        >>> effective_n1(-2, torch.tensor([0, -1]))
         tensor([-2, -3], dtype=torch.int32)
     """
     return n1 if n1_rows is None else (n1_rows.to(torch.int32) + n1)
@@ -62,8 +63,8 @@ def shift_linear_reference(
     n1_rows: Tensor | None = None,
 ) -> Tensor:
     """Decode + ``F.linear``: the reference every ``inq::shift_linear`` kernel must match."""
-    rows_n1 = row_exponents(n1, n1_rows)
-    weight = decode_weight(packed, bits, rows_n1, (packed.shape[0], in_features), x.dtype)
+    n1_of_rows = effective_n1(n1, n1_rows)
+    weight = decode_weight(packed, bits, n1_of_rows, (packed.shape[0], in_features), x.dtype)
     return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
 
 
@@ -80,9 +81,18 @@ def shift_conv2d_reference(
     groups: int,
     n1_rows: Tensor | None = None,
 ) -> Tensor:
-    """Decode + ``F.conv2d`` (contiguous result): the reference of ``inq::shift_conv2d``."""
-    weight = decode_weight(packed, bits, row_exponents(n1, n1_rows), tuple(weight_shape), x.dtype)
+    """Decode + ``F.conv2d`` (contiguous result): the reference of ``inq::shift_conv2d``.
+
+    On the CPU a bfloat16/float16 convolution runs in float32 and is rounded once: PyTorch's
+    own (oneDNN) returns uninitialised values for some geometries (torch 2.15, a grouped,
+    dilated convolution with one output column).
+    """
+    weight = decode_weight(packed, bits, effective_n1(n1, n1_rows), tuple(weight_shape), x.dtype)
     b = None if bias is None else bias.to(x.dtype)
+    if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
+        b = None if b is None else b.float()
+        y = F.conv2d(x.float(), weight.float(), b, stride, padding, dilation, groups)
+        return y.to(x.dtype).contiguous()
     return F.conv2d(x, weight, b, stride, padding, dilation, groups).contiguous()
 
 
@@ -202,7 +212,7 @@ def _decode_op(
     n1_rows: Tensor | None = None,
 ) -> Tensor:
     """The decoded weight, as an op: opaque to ``torch.compile`` (the backward needs it)."""
-    return decode_weight(packed, bits, row_exponents(n1, n1_rows), tuple(shape), dtype)
+    return decode_weight(packed, bits, effective_n1(n1, n1_rows), tuple(shape), dtype)
 
 
 @_decode_op.register_fake
