@@ -23,7 +23,6 @@ __all__ = [
     "MnistCNN",
     "ResNetCIFAR",
     "build_model",
-    "model_names",
 ]
 
 CIFAR_RESNET_DEPTHS = {"resnet20": 20, "resnet32": 32, "resnet56": 56}
@@ -136,11 +135,6 @@ def _torchvision_names() -> list[str]:
     import torchvision  # slow import; only needed for torchvision models
 
     return sorted(torchvision.models.list_models(module=torchvision.models))
-
-
-def model_names() -> list[str]:
-    """Names :func:`build_model` accepts: ours, then torchvision's classification models."""
-    return ["digits_cnn", "mnist_cnn", *CIFAR_RESNET_DEPTHS, *_torchvision_names()]
 
 
 def build_model(cfg: Mapping[str, Any]) -> nn.Module:
