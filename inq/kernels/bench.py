@@ -13,10 +13,11 @@ codes, activations, bias, output) over its time.
 
 Cases: linear GEMV / skinny / large-batch shapes of LLM layers; every convolution of a
 ResNet-18 (random weights, power-of-two quantized) at 224x224, batch 1 and 32, with a per-layer
-table and the sums; and the whole ResNet-18 converted to shift modules against the float model
-(same weights, cuDNN, channels_last), end to end: host-measured eager latency (what a Python
-caller waits for) and the GPU time of one CUDA-graph replay. Prints tables and writes JSON
-(``--json``).
+table and the sums; and the whole ResNet-18 with every conv and linear layer computed by its inq
+op (:class:`OpLayer`, what ``inq.nn``'s shift modules compute) against the float model (same
+weights, cuDNN, channels_last), end to end: host-measured eager latency (what a Python
+caller waits for) and the GPU time of one CUDA-graph replay. The shapes are
+:mod:`inq.kernels.shapes`. Prints tables and writes JSON (``--json``).
 
 Example::
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import statistics
 import sys
 import time
@@ -42,14 +44,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inq.codes import decode_weight, pack_codes
+from inq.kernels import static
+from inq.kernels.shapes import CONV_BATCHES, LINEAR_BATCHES, LINEAR_SHAPES, resnet18_convs
 from inq.pow2 import pow2_encode, pow2_n1, pow2_quantize
 
 __all__ = [
     "BENCH_HELP",
     "BenchResult",
     "EndToEnd",
+    "OpLayer",
     "add_bench_arguments",
-    "bench_kernel_main",
     "run_bench",
     "time_cuda",
 ]
@@ -59,8 +63,6 @@ BENCH_HELP = (
     "without one (--static): inq bench kernel [--static]"
 )
 
-LINEAR_SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (28672, 8192)]  # (out, in)
-LINEAR_BATCHES = [1, 16, 256, 1024]
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -85,7 +87,14 @@ _LEAD_CYCLES = 2_000_000  # about 1 ms of spinning: longer than any launch from 
 
 
 def time_cuda(fn: Callable[[], object], repeats: int, flush: Tensor) -> float:
-    """Median GPU microseconds of ``fn`` over ``repeats`` runs, L2 flushed before each."""
+    """Median GPU microseconds of ``fn`` over ``repeats`` runs, L2 flushed before each.
+
+    Example::
+
+        flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size,
+                            dtype=torch.uint8, device="cuda")
+        us = time_cuda(partial(F.linear, x, weight), repeats=50, flush=flush)
+    """
     for _ in range(3):  # warm-up: kernel build and load, cuBLAS heuristics, allocator
         fn()
     times = []
@@ -135,64 +144,35 @@ def bench_linear(
     return results
 
 
-def resnet18_convs(batch: int) -> list[tuple[str, nn.Conv2d, tuple[int, ...]]]:
-    """(name, conv, input shape) of every convolution of a torchvision ResNet-18 at 224x224."""
-    from torchvision.models import resnet18
-
-    model = resnet18().eval()
-    found: list[tuple[str, nn.Conv2d, tuple[int, ...]]] = []
-    hooks = [
-        m.register_forward_hook(
-            lambda mod, inp, out, name=name: found.append((name, mod, (batch, *inp[0].shape[1:])))
-        )
-        for name, m in model.named_modules()
-        if isinstance(m, nn.Conv2d)
-    ]
-    with torch.no_grad():
-        model(torch.zeros(1, 3, 224, 224))  # shapes only: one image is enough
-    for h in hooks:
-        h.remove()
-    return found
-
-
-def resnet18_shapes(batch: int) -> list[tuple[str, list[int], list[int], list[int]]]:
-    """(name, weight shape, input shape, output shape) of every ResNet-18 convolution."""
-    from inq.kernels.ops import conv2d_output_size
-
-    shapes = []
-    for name, conv, shape in resnet18_convs(batch):
-        wshape = list(conv.weight.shape)
-        args = (list(conv.stride), list(conv.padding), list(conv.dilation))
-        spatial = conv2d_output_size(shape[2:], wshape, *args)
-        shapes.append((name, wshape, list(shape), [batch, wshape[0], *spatial]))
-    return shapes
-
-
 def bench_resnet18(
     bits: int, dtype: torch.dtype, batches: list[int], repeats: int, flush: Tensor, copy: float
 ) -> list[BenchResult]:
     results = []
     for batch in batches:
-        for name, conv, shape in resnet18_convs(batch):
+        for name, conv, shape, out_shape in resnet18_convs(batch):
             packed, n1 = quantized(conv.weight.detach().cuda(), bits)
             wshape = list(conv.weight.shape)
             weight = decode_weight(packed, bits, n1, tuple(wshape), dtype)
             weight_cl = weight.to(memory_format=torch.channels_last)
             x = torch.randn(shape, device="cuda", dtype=dtype)
             x_cl = x.to(memory_format=torch.channels_last)
-            args = (list(conv.stride), list(conv.padding), list(conv.dilation), conv.groups)
+            args = _geometry(conv)
             op = partial(torch.ops.inq.shift_conv2d, x_cl, packed, bits, n1, wshape, None, *args)
             ours = time_cuda(op, repeats, flush)
             base = time_cuda(partial(F.conv2d, x_cl, weight_cl, None, *args), repeats, flush)
-            out = F.conv2d(x_cl, weight_cl, None, *args)
-            moved = packed.numel() + (x.numel() + out.numel()) * x.element_size()
+            moved = packed.numel() + (x.numel() + math.prod(out_shape)) * x.element_size()
             results.append(_result("conv2d", name, batch, bits, dtype, ours, base, moved, copy))
     return results
 
 
+def _geometry(conv: nn.Conv2d) -> tuple[list[int], list[int], list[int], int]:
+    """Stride, padding, dilation and groups of ``conv`` as ``inq::shift_conv2d`` takes them."""
+    return list(conv.stride), list(conv.padding), list(conv.dilation), conv.groups
+
+
 @dataclass
 class EndToEnd:
-    """ResNet-18 forward, converted (shift modules) vs float (cuDNN), same weights."""
+    """ResNet-18 forward, converted (inq ops) vs float (cuDNN), same weights."""
 
     batch: int
     bits: int
@@ -217,17 +197,48 @@ def quantized_resnet18(bits: int) -> nn.Module:
     return model
 
 
-def to_shift_modules(model: nn.Module, bits: int) -> nn.Module:
-    """A copy of a quantized model with its Conv2d / Linear layers as shift modules."""
-    from inq.nn import ShiftConv2d, ShiftLinear
+class OpLayer(nn.Module):
+    """A Conv2d or Linear whose forward is one call of its ``torch.ops.inq`` op on the packed
+    codes of its (power-of-two) weight: what ``inq.nn``'s ShiftConv2d / ShiftLinear compute,
+    built here because the kernels do not import the layers above them.
 
+    Example:
+        >>> fc = nn.Linear(8, 2)
+        >>> with torch.no_grad():
+        ...     _ = fc.weight.copy_(pow2_quantize(fc.weight, n1=-1, bits=4))
+        >>> x = torch.randn(3, 8)
+        >>> torch.equal(OpLayer(fc, bits=4)(x), fc(x))
+        True
+    """
+
+    packed: Tensor
+    bias: Tensor | None
+
+    def __init__(self, module: nn.Conv2d | nn.Linear, bits: int) -> None:
+        super().__init__()
+        packed, self.n1 = quantized(module.weight.detach(), bits)
+        self.bits = bits
+        self.register_buffer("packed", packed)
+        bias = module.bias
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        if isinstance(module, nn.Conv2d):
+            self.op, self.size = torch.ops.inq.shift_conv2d, list(module.weight.shape)
+            self.geometry: tuple[object, ...] = _geometry(module)
+        else:
+            self.op, self.size, self.geometry = torch.ops.inq.shift_linear, module.in_features, ()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.op(x, self.packed, self.bits, self.n1, self.size, self.bias, *self.geometry)
+
+
+def to_op_layers(model: nn.Module, bits: int) -> nn.Module:
+    """A copy of a power-of-two quantized model with its Conv2d / Linear layers as
+    :class:`OpLayer` s."""
     model = copy.deepcopy(model)
     for name, m in list(model.named_modules()):
-        kind = {nn.Conv2d: ShiftConv2d, nn.Linear: ShiftLinear}.get(type(m))
-        if kind is not None:
+        if isinstance(m, nn.Conv2d | nn.Linear):
             parent, _, attr = name.rpartition(".")
-            shift = kind.from_float(m, pow2_n1(m.weight), bits)
-            setattr(model.get_submodule(parent), attr, shift)
+            setattr(model.get_submodule(parent), attr, OpLayer(m, bits))
     return model
 
 
@@ -265,7 +276,7 @@ def bench_end_to_end(
     base = quantized_resnet18(bits)
     models = {
         "float": base.to("cuda", dtype, memory_format=torch.channels_last),
-        "inq": to_shift_modules(base, bits).to("cuda", dtype),
+        "inq": to_op_layers(base, bits).to("cuda", dtype),
     }
     results = []
     for batch in batches:
@@ -348,12 +359,20 @@ def _network_totals(results: list[BenchResult]) -> str:
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``inq bench kernel``."""
+    """The arguments of ``inq bench kernel``.
+
+    Example:
+        >>> parser = argparse.ArgumentParser(prog="inq bench")
+        >>> add_bench_arguments(parser)
+        >>> args = parser.parse_args(["kernel", "--static", "--bits", "4"])
+        >>> args.static, args.bits, args.conv_batches
+        (True, [4], [1, 32])
+    """
     parser.add_argument("target", choices=["kernel"], help="what to time: the kernels")
     parser.add_argument("--bits", type=int, nargs="+", default=[4, 8], help="code bits")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="fp16")
     parser.add_argument("--batches", type=int, nargs="+", default=LINEAR_BATCHES)
-    parser.add_argument("--conv-batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--conv-batches", type=int, nargs="+", default=CONV_BATCHES)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--skip-conv", action="store_true", help="linear shapes only")
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -368,8 +387,6 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 def run_static(args: argparse.Namespace) -> int:
     """``inq bench kernel --static``: the sm_90 compile table and the roofline; exit status 1
     if a variant fails a check (spills, budget, missing wide loads or tensor-core MMA)."""
-    from inq.kernels import static
-
     try:
         results = static.static_check(args.jobs)
     except (ImportError, RuntimeError, OSError) as err:
@@ -394,17 +411,16 @@ def run_static(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_kernel_main(argv: list[str] | None = None) -> int:
-    """``inq bench kernel [options]`` as a function of its arguments (``argv`` starts with
-    ``kernel``)."""
-    parser = argparse.ArgumentParser(prog="inq bench", description=BENCH_HELP)
-    add_bench_arguments(parser)
-    return run_bench(parser.parse_args(argv))
-
-
 def run_bench(args: argparse.Namespace) -> int:
     """Time the ops and print the tables (``--static``: :func:`run_static`); exit status 0, or 1
-    (one line on stderr) where no GPU is visible."""
+    (one line on stderr) where no GPU is visible.
+
+    Example::
+
+        parser = argparse.ArgumentParser(prog="inq bench")
+        add_bench_arguments(parser)
+        run_bench(parser.parse_args(["kernel", "--bits", "4", "--skip-conv"]))  # linear only
+    """
     if args.static:
         return run_static(args)
     if not torch.cuda.is_available():
@@ -413,8 +429,6 @@ def run_bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    import inq.kernels  # noqa: F401  (registers the Triton kernels for CUDA)
-
     dtype = _DTYPES[args.dtype]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     flush = torch.empty(2 * max(l2, 1 << 20), dtype=torch.uint8, device="cuda")

@@ -11,14 +11,15 @@ sizes and row strides divisible by 16, unit strides). From the metadata and the 
 - 64/128-bit code loads (``LDG.E.64`` / ``LDG.E.128``) in the GEMV;
 - tensor-core instructions (``HMMA``/``HGMMA``) in every fp16/bf16 GEMM and conv tile.
 
-:func:`roofline` turns the benchmark shapes into bytes moved and flops, and the time each op
-and its cuBLAS/cuDNN fp16 baseline would take at the device's peak bandwidth and tensor-core
-rate: what the kernels can reach, not what they do (only ``inq bench kernel`` on a GPU says
-that).
+:func:`roofline` turns the benchmark shapes (:mod:`inq.kernels.shapes`) into bytes moved and
+flops, and the time each op and its cuBLAS/cuDNN fp16 baseline would take at the device's peak
+bandwidth and tensor-core rate: what the kernels can reach, not what they do (only
+``inq bench kernel`` on a GPU says that).
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import re
@@ -28,6 +29,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from inq.codes import row_bytes
+from inq.kernels.shapes import CONV_BATCHES, LINEAR_BATCHES, LINEAR_SHAPES, resnet18_convs
 
 __all__ = [
     "H100",
@@ -287,8 +291,6 @@ class Roofline:
 
 def roofline(bits_list: list[int], device: Device = H100) -> list[Roofline]:
     """The roofline of every linear and ResNet-18 conv case of ``inq bench kernel`` (fp16)."""
-    from inq.codes import row_bytes
-    from inq.kernels.bench import LINEAR_BATCHES, LINEAR_SHAPES, resnet18_shapes
 
     def bound(moved: int, flops: int) -> float:
         return max(moved / device.bandwidth_gbps / 1e3, flops / device.fp16_tflops / 1e6)
@@ -307,20 +309,14 @@ def roofline(bits_list: list[int], device: Device = H100) -> list[Roofline]:
                 codes, dense = out_f * row_bytes(in_f, bits), 2 * out_f * in_f
                 act, flops = 2 * batch * (in_f + out_f), 2 * batch * out_f * in_f
                 add("linear", f"{out_f}x{in_f}", batch, codes, dense, act, flops)
-        for batch in (1, 32):
-            for name, wshape, in_shape, out_shape in resnet18_shapes(batch):
-                codes = wshape[0] * row_bytes(_prod(wshape[1:]), bits)
-                act = 2 * (_prod(in_shape) + _prod(out_shape))
-                flops = 2 * _prod(out_shape) * _prod(wshape[1:])
-                add("conv2d", name, batch, codes, 2 * _prod(wshape), act, flops)
+        for batch in CONV_BATCHES:
+            for name, conv, in_shape, out_shape in resnet18_convs(batch):
+                out_c, *fan_in = conv.weight.shape
+                codes = out_c * row_bytes(math.prod(fan_in), bits)
+                act = 2 * (math.prod(in_shape) + math.prod(out_shape))
+                flops = 2 * math.prod(out_shape) * math.prod(fan_in)
+                add("conv2d", name, batch, codes, 2 * conv.weight.numel(), act, flops)
     return rows
-
-
-def _prod(shape: Any) -> int:
-    total = 1
-    for n in shape:
-        total *= int(n)
-    return total
 
 
 def format_roofline(rows: list[Roofline], device: Device = H100) -> str:
