@@ -37,9 +37,9 @@ def test_two_gloo_processes_stay_identical(tmp_path: Path) -> None:
     assert state["world_size"] == 2
     # the integer phase: every rank computes it, rank 0 writes it; shards sum to the whole set
     from inq.data import build_eval_loader
+    from inq.evaluation import evaluate
     from inq.quant.integer import load_integer
     from inq.quant.pipeline import RealOutput
-    from inq.train.loop import evaluate
 
     int_model = load_integer(run_dir / "model.int.safetensors")
     metrics = evaluate(RealOutput(int_model), build_eval_loader(int_model.info["data"]),

@@ -1,13 +1,11 @@
 """From a packed (float-activation) INQ model to an integer model.
 
-:class:`Lowering` traces the model with ``torch.fx`` (the packed layers :class:`inq.nn.ShiftConv2d`
-and :class:`inq.nn.ShiftLinear` stay leaves) and groups its nodes into integer ops: a packed
-layer with the BatchNorm and ReLU that follow it; an add with its ReLU; average pooling; and
-ops that are exact on integers (max pooling, ReLU, flatten, slicing, zero padding, dropout in
-eval). Each value an op creates is a *quantization point*: the model input, every conv/linear
-block, add and average pool. :meth:`Lowering.calibrate` runs the float model on batches and
-observes each point (:mod:`inq.quant.observers`); :meth:`Lowering.fake_quant_model` gives the
-model with :class:`inq.quant.fakequant.FakeQuant` at each point for fine-tuning; and
+:class:`Lowering` plans the model's integer ops with :mod:`inq.quant.trace` (``torch.fx``: a
+packed layer with the BatchNorm and ReLU that follow it, an add with its ReLU, pooling, ops
+exact on integers). Each value an op creates is a *quantization point*: the model input, every
+conv/linear block, add and average pool. :meth:`Lowering.calibrate` runs the float model on
+batches and observes each point (:mod:`inq.quant.observers`); :meth:`Lowering.fake_quant_model`
+gives the model with :class:`inq.quant.fakequant.FakeQuant` at each point for fine-tuning; and
 :meth:`Lowering.integer_model` computes the integers of :mod:`inq.quant.integer`:
 
 - a block's accumulator carries ``frac`` fractional bits, the largest offset its codes use (then
@@ -37,19 +35,15 @@ Example:
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
 from inq.codes import unpack_codes
 from inq.io import n1_json
 from inq.kernels.int8 import max_frac_bits
-from inq.nn import ShiftConv2d, ShiftLinear
 from inq.quant.fakequant import FakeQuant
 from inq.quant.integer import (
     INT32_MAX,
@@ -60,14 +54,12 @@ from inq.quant.integer import (
     accumulator_bound,
 )
 from inq.quant.observers import Observer, act_range
+from inq.quant.trace import IntegerModelError, Step, check_expressible, plan, trace_model
 
+# IntegerModelError and check_expressible live in inq.quant.trace; importers use them from here too
 __all__ = ["IntegerModelError", "Lowering", "check_expressible", "quantize_multiplier"]
 
 MULTIPLIER_BITS = 31
-
-
-class IntegerModelError(ValueError):
-    """The model has a layer or a value the integer model cannot express."""
 
 
 def quantize_multiplier(value: float, bits: int = MULTIPLIER_BITS) -> tuple[int, int]:
@@ -100,261 +92,6 @@ def quantize_multiplier(value: float, bits: int = MULTIPLIER_BITS) -> tuple[int,
     return m, shift
 
 
-# ---------------------------------------------------------------------------------- tracing
-
-
-class _Tracer(fx.Tracer):
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, ShiftConv2d | ShiftLinear) or super().is_leaf_module(m, qualname)
-
-
-_RELU = {F.relu, torch.relu, torch.relu_}
-_ADD = {operator.add, operator.iadd, torch.add}
-_FLATTEN = {torch.flatten}
-_IDENTITY = (nn.Identity, nn.Dropout)
-
-
-def _module(node: fx.Node, modules: dict[str, nn.Module]) -> nn.Module | None:
-    return modules.get(str(node.target)) if node.op == "call_module" else None
-
-
-def _is_relu(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
-    return (
-        isinstance(_module(node, modules), nn.ReLU)
-        or (node.op == "call_function" and node.target in _RELU)
-        or (node.op == "call_method" and node.target in ("relu", "relu_"))
-    )
-
-
-def _check_in_place(node: fx.Node, modules: dict[str, nn.Module]) -> None:
-    """Refuse an in-place op on a value that something else reads too: eager PyTorch changes
-    that value for its other readers, the traced graph does not."""
-    module = _module(node, modules)
-    in_place = (
-        getattr(module, "inplace", False)
-        or node.kwargs.get("inplace", False)
-        or node.target in (torch.relu_, operator.iadd, "relu_", "add_")
-    )
-    first = node.args[0] if node.args else None
-    if in_place and isinstance(first, fx.Node) and len(first.users) > 1:
-        raise IntegerModelError(
-            f"{node.name}: an in-place op on a value with other readers; use the out-of-place op"
-        )
-
-
-def _only_user(node: fx.Node, test: Callable[[fx.Node], bool]) -> fx.Node | None:
-    users = list(node.users)
-    return users[0] if len(users) == 1 and test(users[0]) else None
-
-
-@dataclass
-class _Step:
-    """Consecutive FX nodes that become one integer op; ``nodes[-1]`` gives its value."""
-
-    name: str
-    op: str
-    inputs: list[str]
-    nodes: list[fx.Node]
-    attrs: dict[str, Any] = field(default_factory=dict)
-    module: str | None = None  # the packed layer
-    bn: str | None = None
-    relu: bool = False
-    signed: bool | None = None  # of a quantization point; None: decided by the data
-
-    @property
-    def point(self) -> bool:
-        """Whether the step creates a new quantized value (observed, given its own scale)."""
-        return self.op in ("input", "conv", "linear", "add", "avgpool")
-
-
-class _Planner:
-    """Groups the nodes of a traced model into integer ops (see the module docstring).
-
-    With ``float_layers``, plain ``nn.Conv2d``/``nn.Linear`` layers stand for the packed layers
-    INQ will make of them: :func:`check_expressible` asks before any training is spent.
-    """
-
-    def __init__(self, graph_module: fx.GraphModule, float_layers: bool = False) -> None:
-        self.graph_module, self.float_layers = graph_module, float_layers
-        self.modules = dict(graph_module.named_modules())
-        self._by_name: dict[str, _Step] = {}
-
-    def plan(self) -> list[_Step]:
-        if sum(n.op == "placeholder" for n in self.graph_module.graph.nodes) != 1:
-            raise IntegerModelError("the model must take exactly one input tensor")
-        steps: list[_Step] = []
-        value: dict[fx.Node, str] = {}  # FX node -> name of the step whose value it is
-        done: set[fx.Node] = set()
-        for node in self.graph_module.graph.nodes:
-            if node in done:
-                continue
-            if node.op == "output":
-                self._check_output(node, value, steps)
-                continue
-            step = self._step(node, value)
-            if step is None:  # an alias: dropout, identity
-                value[node] = value[node.args[0]]
-                continue
-            if step.op in ("maxpool", "flatten", "slice", "pad"):
-                step.signed = self._signed(step.inputs[0])
-            steps.append(step)
-            self._by_name[step.name] = step
-            done.update(step.nodes)
-            value[step.nodes[-1]] = step.name
-        return steps
-
-    def _signed(self, name: str) -> bool | None:
-        """Whether a value can be negative (None: the input's, decided by the data)."""
-        return self._by_name[name].signed
-
-    def _step(self, node: fx.Node, value: dict[fx.Node, str]) -> _Step | None:
-        modules = self.modules
-        module = _module(node, modules)
-        args = [a for a in node.args if isinstance(a, fx.Node)]
-        unknown = [a.name for a in args if a not in value]
-        if unknown and node.op != "placeholder":
-            raise IntegerModelError(f"{node.name}: its inputs {unknown} are no integer values")
-        inputs = [value[a] for a in args]
-        name = node.name  # unique, also where one module is called twice
-        if node.op == "placeholder":
-            return _Step("input", "input", [], [node], signed=None)
-        if isinstance(module, ShiftConv2d | ShiftLinear) or (
-            self.float_layers and type(module) in (nn.Conv2d, nn.Linear)
-        ):
-            return self._weight_step(node, module, inputs)
-        if isinstance(module, nn.modules.conv._ConvNd) and type(module) is not nn.Conv2d:
-            raise IntegerModelError(
-                f"layer {node.target!r} ({type(module).__name__}): the integer model has Conv2d "
-                "and Linear layers only"
-            )
-        if isinstance(module, nn.Conv2d | nn.Linear):
-            raise IntegerModelError(
-                f"layer {node.target!r} ({type(module).__name__}) has float weights: the integer "
-                "model needs every conv/linear quantized (packed power-of-two codes)"
-            )
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            raise IntegerModelError(
-                f"BatchNorm {node.target!r} does not directly follow a packed conv/linear layer "
-                "(its only user): it cannot be folded into a requantization"
-            )
-        if isinstance(module, _IDENTITY):
-            return None
-        _check_in_place(node, modules)
-        if _is_relu(node, modules):
-            return _Step(name, "relu", inputs[:1], [node], signed=False)
-        if isinstance(module, nn.MaxPool2d):
-            m = module
-            geometry = {"kernel": "kernel_size", "stride": "stride", "padding": "padding",
-                        "dilation": "dilation"}  # fmt: skip
-            attrs: dict[str, Any] = {k: _pair(getattr(m, a)) for k, a in geometry.items()}
-            attrs["ceil_mode"] = m.ceil_mode
-            return _Step(name, "maxpool", inputs[:1], [node], attrs=attrs)
-        if isinstance(module, nn.AdaptiveAvgPool2d | nn.AvgPool2d) or (
-            node.op == "call_function" and node.target is F.adaptive_avg_pool2d
-        ):
-            attrs = self._avgpool(node, module)
-            return _Step(name, "avgpool", inputs[:1], [node], attrs, signed=self._signed(inputs[0]))
-        if (
-            isinstance(module, nn.Flatten)
-            or node.target in _FLATTEN
-            or (node.op == "call_method" and node.target == "flatten")
-        ):
-            start = module.start_dim if module else _arg(node, 1, "start_dim", 0)
-            end = module.end_dim if module else _arg(node, 2, "end_dim", -1)
-            return _Step(
-                name, "flatten", inputs[:1], [node], attrs={"start_dim": start, "end_dim": end}
-            )
-        if node.op in ("call_function", "call_method") and (
-            node.target in _ADD or node.target in ("add", "add_")
-        ):
-            if len(args) != 2 or node.kwargs.get("alpha", 1) != 1:
-                raise IntegerModelError(f"{node.name}: only the sum of two tensors is supported")
-            nodes = [node]
-            relu = _only_user(node, lambda u: _is_relu(u, modules))
-            if relu is not None:
-                nodes.append(relu)
-            signed = relu is None and any(self._signed(i) is not False for i in inputs)
-            return _Step(name, "add", inputs, nodes, relu=relu is not None, signed=signed)
-        if node.op == "call_function" and node.target is operator.getitem:
-            return _Step(name, "slice", inputs[:1], [node], attrs={"index": _index(node)})
-        if node.op == "call_function" and node.target is F.pad:
-            pad, mode, fill = _pad_args(node)
-            if mode != "constant" or fill not in (0, 0.0, None):
-                raise IntegerModelError(f"{node.name}: only zero padding is supported")
-            return _Step(name, "pad", inputs[:1], [node], attrs={"pad": list(pad)})
-        what = (
-            f"module {node.target!r} ({type(module).__name__})"
-            if module
-            else f"{node.op} {node.target}"
-        )
-        raise IntegerModelError(
-            f"the integer model cannot express {what}; supported: packed conv2d/linear with "
-            "BatchNorm and ReLU, add, ReLU, max/average pooling, flatten, slicing, zero padding"
-        )
-
-    def _weight_step(self, node: fx.Node, module: nn.Module, inputs: list[str]) -> _Step:
-        pre_pad = module.pre_pad if isinstance(module, ShiftConv2d) else None
-        if isinstance(module, nn.Conv2d) and (
-            module.padding_mode != "zeros" or isinstance(module.padding, str)
-        ):
-            pre_pad = module.padding_mode
-        if pre_pad is not None:
-            raise IntegerModelError(f"layer {node.target!r}: only zero padding is supported")
-        nodes, bn, relu = [node], None, False
-        bn_node = _only_user(
-            node, lambda u: isinstance(_module(u, self.modules), nn.modules.batchnorm._BatchNorm)
-        )
-        if bn_node is not None:
-            nodes.append(bn_node)
-            bn = str(bn_node.target)
-        relu_node = _only_user(nodes[-1], lambda u: _is_relu(u, self.modules))
-        if relu_node is not None:
-            nodes.append(relu_node)
-            relu = True
-        op = "conv" if isinstance(module, ShiftConv2d | nn.Conv2d) else "linear"
-        return _Step(node.name, op, inputs, nodes, module=str(node.target), bn=bn, relu=relu,
-                     signed=not relu)  # fmt: skip
-
-    def _avgpool(self, node: fx.Node, module: nn.Module | None) -> dict[str, Any]:
-        if isinstance(module, nn.AvgPool2d):
-            m = module
-            if m.padding not in (0, (0, 0)) or m.ceil_mode or m.divisor_override:
-                raise IntegerModelError(f"{node.target!r}: average pooling with padding, ceil "
-                                        "mode or a divisor override is not supported")  # fmt: skip
-            return {"kernel": _pair(m.kernel_size), "stride": _pair(m.stride or m.kernel_size)}
-        size = module.output_size if module is not None else _arg(node, 1, "output_size", None)
-        if _pair(size) != [1, 1]:
-            raise IntegerModelError(f"{node.name}: adaptive average pooling only to 1x1")
-        return {"kernel": None, "stride": None}
-
-    def _check_output(self, node: fx.Node, value: dict[fx.Node, str], steps: list[_Step]) -> None:
-        out = node.args[0]
-        if not isinstance(out, fx.Node) or value.get(out) != steps[-1].name:
-            raise IntegerModelError("the model must return one tensor, computed last")
-
-
-def check_expressible(model: nn.Module) -> None:
-    """Raise :class:`IntegerModelError` if the integer model cannot express ``model`` once INQ
-    has packed its Conv2d and Linear layers (``inq-train quant.act_bits`` asks this first).
-
-    Example:
-        >>> check_expressible(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(),
-        ...                                 nn.Linear(144, 10)))
-        >>> check_expressible(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU6()))
-        Traceback (most recent call last):
-        ...
-        inq.quant.lower.IntegerModelError: the integer model cannot express module '1' (ReLU6); supported: packed conv2d/linear with BatchNorm and ReLU, add, ReLU, max/average pooling, flatten, slicing, zero padding
-    """  # noqa: E501
-    _Planner(_trace(model), float_layers=True).plan()
-
-
-def _trace(model: nn.Module) -> fx.GraphModule:
-    try:
-        return fx.GraphModule(model, _Tracer().trace(model))
-    except (torch.fx.proxy.TraceError, TypeError, NotImplementedError) as err:
-        raise IntegerModelError(f"cannot trace the model with torch.fx: {err}") from err
-
-
 # ---------------------------------------------------------------------------------- lowering
 
 
@@ -380,9 +117,9 @@ class Lowering:
         self.act_bits, self.calibration, self.pow2 = act_bits, calibration, pow2
         self.input_bits = input_bits
         model.eval()
-        self.graph_module = _trace(model)
+        self.graph_module = trace_model(model)
         self.modules = dict(self.graph_module.named_modules())
-        self.steps = _Planner(self.graph_module).plan()
+        self.steps = plan(self.graph_module)
         self.observers = {
             s.name: Observer(calibration, s.signed, seed=i)
             for i, s in enumerate(self.steps)
@@ -392,7 +129,7 @@ class Lowering:
         self.fake_quants: dict[str, FakeQuant] = {}
         self._calibrated: dict[str, float] | None = None  # what the observers pick, once
 
-    def _is_last(self, step: _Step) -> bool:
+    def _is_last(self, step: Step) -> bool:
         return step is self.steps[-1] and step.op in ("conv", "linear")
 
     # -------------------------------------------------------------------------- calibrate
@@ -514,7 +251,7 @@ class Lowering:
             values[step.name] = op
         return IntegerModel(list(values.values()), tensors, info)
 
-    def _avgpool_params(self, step: _Step, x: dict[str, Any], scale: float) -> dict[str, Any]:
+    def _avgpool_params(self, step: Step, x: dict[str, Any], scale: float) -> dict[str, Any]:
         if step.attrs["kernel"] is None:
             size = self.shapes.get(step.name)
             if size is None:
@@ -526,7 +263,7 @@ class Lowering:
         return {"multiplier": m, "shift": s, **extra}
 
     def _weight_op(
-        self, step: _Step, op: IntOp, x: dict[str, Any], out: dict[str, Any]
+        self, step: Step, op: IntOp, x: dict[str, Any], out: dict[str, Any]
     ) -> dict[str, Tensor]:
         layer = self.modules[step.module]
         rows, k = layer.weight_shape[0], math.prod(layer.weight_shape[1:])
@@ -616,29 +353,3 @@ def _add_params(ins: list[IntOp], scale: float) -> dict[str, Any]:
     while shift > 0 and all(m % 2 == 0 for m in multipliers):
         multipliers, shift = [m // 2 for m in multipliers], shift - 1
     return {"multipliers": multipliers, "shift": shift}
-
-
-def _pair(value: Any) -> list[int]:
-    return [int(v) for v in value] if isinstance(value, tuple | list) else [int(value)] * 2
-
-
-def _index(node: fx.Node) -> list[list[int | None] | None]:
-    index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
-    out: list[list[int | None] | None] = []
-    for item in index:
-        if item is Ellipsis:
-            out.append(None)
-        elif isinstance(item, slice):
-            out.append([item.start, item.stop, item.step])
-        else:
-            raise IntegerModelError(f"{node.name}: only slicing with ':' and '...' is supported")
-    return out
-
-
-def _arg(node: fx.Node, index: int, name: str, default: Any) -> Any:
-    """Argument ``index`` (or keyword ``name``) of a function call in the graph."""
-    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
-
-
-def _pad_args(node: fx.Node) -> tuple[Any, str, Any]:
-    return _arg(node, 1, "pad", None), _arg(node, 2, "mode", "constant"), _arg(node, 3, "value", 0)
