@@ -27,6 +27,7 @@ from torch import nn
 
 import inq.kernels  # noqa: F401  (registers torch.ops.inq.*)
 from inq.codes import decode_weight, pack_codes
+from inq.kernels.ops import effective_n1
 from inq.levels import describe_n1
 from inq.models import build_model
 from inq.packed import PackedFile, PackedLayer, load_packed
@@ -63,12 +64,13 @@ class _Shift(nn.Module):
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The float weight the codes stand for (exact)."""
-        return decode_weight(self.packed, self.bits, self.level_sets, self.weight_shape, dtype)
+        return decode_weight(self.packed, self.bits, self.effective_n1, self.weight_shape, dtype)
 
     @property
-    def level_sets(self) -> N1:
-        """n1 as :mod:`inq.pow2` takes it: an int, or int32 ``[O]`` per output channel."""
-        return self.n1 if self.n1_rows is None else self.n1_rows + self.n1
+    def effective_n1(self) -> N1:
+        """n1 as :mod:`inq.pow2` takes it: an int, or int32 ``[O]`` per output channel
+        (:func:`inq.kernels.ops.effective_n1` of the layer's ``n1`` and ``n1_rows``)."""
+        return effective_n1(self.n1, self.n1_rows)
 
     @staticmethod
     def _pack(weight: torch.Tensor, n1: N1, bits: int) -> torch.Tensor:
@@ -116,7 +118,7 @@ class ShiftLinear(_Shift):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bits={self.bits}, n1={describe_n1(self.level_sets)}, bias={self.bias is not None}"
+            f"bits={self.bits}, n1={describe_n1(self.effective_n1)}, bias={self.bias is not None}"
         )
 
 
@@ -209,7 +211,7 @@ class ShiftConv2d(_Shift):
         return (
             f"{i * self.groups}, {o}, kernel_size=({kh}, {kw}), stride={tuple(self.stride)}, "
             f"{pad}, dilation={tuple(self.dilation)}, groups={self.groups}, bits={self.bits}, "
-            f"n1={describe_n1(self.level_sets)}, bias={self.bias is not None}"
+            f"n1={describe_n1(self.effective_n1)}, bias={self.bias is not None}"
         )
 
 

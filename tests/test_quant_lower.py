@@ -74,7 +74,7 @@ def test_conv_bn_relu_stays_within_its_derived_bound() -> None:
     bias, _, r = (t[f"_0.{k}"].double()[:, None, None] for k in ("bias", "multiplier", "shift"))
     conv, bn = model[0], model[1]
     w = conv.dequantize(torch.float64)
-    acc_scale = s_in * 2.0 ** (conv.level_sets - op.attrs["frac"])
+    acc_scale = s_in * 2.0 ** (conv.effective_n1 - op.attrs["frac"])
     z = F.conv2d(values["input"].double() * s_in, w, padding=1) / acc_scale  # exact integers
     assert torch.equal(z, z.round())
     a = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).double()[:, None, None]
@@ -117,7 +117,7 @@ def test_batchnorm_folding_identities() -> None:
     t = int_model.tensors()
     op = int_model.ops[1]
     s_in, s_out = int_model.ops[0].attrs["scale"], op.attrs["scale"]
-    acc_scale = s_in * 2.0 ** (model[0].level_sets - op.attrs["frac"])
+    acc_scale = s_in * 2.0 ** (model[0].effective_n1 - op.attrs["frac"])
     a = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
     b = bn.bias.double() - bn.running_mean.double() * a
     m, r = t["_0.multiplier"].double(), t["_0.shift"].double()

@@ -271,7 +271,7 @@ class Lowering:
         offsets = codes.to(torch.int64) & ((1 << (layer.bits - 2)) - 1)
         used = int(offsets[codes != 0].max()) if bool((codes != 0).any()) else 0
         frac = min(used, max_frac_bits(k, unsigned=x["lo"] >= 0))
-        exponents = torch.as_tensor(layer.level_sets).to("cpu", torch.int64).expand(rows)
+        exponents = torch.as_tensor(layer.effective_n1).to("cpu", torch.int64).expand(rows)
         acc_scale = torch.ldexp(torch.full((rows,), x["scale"], dtype=torch.float64),
                                 (exponents - frac).double())  # fmt: skip
         a, b = _affine(layer, self.modules.get(step.bn) if step.bn else None, rows)
@@ -309,7 +309,7 @@ class Lowering:
             )
             if peak >= INT32_MAX:
                 raise IntegerModelError(f"layer {step.module!r}: the logits can overflow int32")
-        op.attrs.update(out, bits=layer.bits, frac=frac, n1=n1_json(layer.level_sets))
+        op.attrs.update(out, bits=layer.bits, frac=frac, n1=n1_json(layer.effective_n1))
         if step.op == "conv":
             op.attrs.update(weight_shape=list(layer.weight_shape), stride=list(layer.stride),
                             padding=list(layer.padding), dilation=list(layer.dilation),
