@@ -1,0 +1,105 @@
+"""The architecture DESIGN.md draws, checked on the source: each layer imports only layers below
+it, and nothing imports in a cycle (imports inside functions count too)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "inq"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the ``inq`` modules it names in any import statement, at any depth."""
+    paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([node.module] if node.module else [])])
+                targets.add(base)
+                targets.update(f"{base}.{alias.name}" for alias in node.names)
+        graph[name] = {t for t in targets if t in paths and t != name}
+    return graph
+
+
+def _reachable(start: str) -> set[str]:
+    graph, seen, todo = import_graph(), set(), [start]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_the_graph_is_read() -> None:
+    graph = import_graph()
+    assert "inq.scheduler" in graph["inq.train.app"]
+    assert "inq.codes" in graph["inq.kernels.ops"]
+
+
+def test_no_import_cycle() -> None:
+    cycles = sorted(name for name in import_graph() if name in _reachable(name))
+    assert not cycles, f"modules that import themselves through others: {cycles}"
+
+
+def _under(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in import_graph() if _under(m, "inq.kernels")))
+def test_kernels_see_only_the_core_and_codes(module: str) -> None:
+    allowed = ("inq.pow2", "inq.codes", "inq.kernels")
+    outside = sorted(m for m in import_graph()[module] if not _under(m, *allowed))
+    assert not outside, f"{module} imports {outside}"
+
+
+DEPLOYMENT = ("inq.nn", "inq.export_onnx", "inq.quant", "inq.cli", "inq.models", "inq.data")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in import_graph() if _under(m, *DEPLOYMENT)))
+def test_deployment_imports_nothing_from_train(module: str) -> None:
+    training = sorted(m for m in _reachable(module) if _under(m, "inq.train"))
+    assert not training, f"{module} reaches {training}"
+
+
+@pytest.mark.parametrize("module", ["inq.pow2", "inq.partition", "inq.scheduler"])
+def test_core_needs_no_training_app(module: str) -> None:
+    assert not {m for m in _reachable(module) if _under(m, "inq.train")}
+
+
+def test_importing_the_kernels_loads_no_scheduler() -> None:
+    code = "import sys, inq.kernels; print(sorted(m for m in sys.modules if m.startswith('inq')))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    for module in ("inq.scheduler", "inq.export", "inq.packed", "inq.train"):
+        assert f"'{module}" not in loaded, loaded
+
+
+def test_the_package_names_load_on_use() -> None:
+    import inq
+
+    for name in inq.__all__:
+        assert getattr(inq, name) is not None
+    assert sorted(inq.__all__) == sorted(inq._HOMES)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        inq.nope  # noqa: B018
