@@ -313,6 +313,23 @@ class INQScheduler:
         for layer, n1 in zip(self._layers, self._checked_n1s(), strict=True):
             layer.n1 = n1
 
+    def current_n1(self, layer: QuantizedLayer) -> N1:
+        """``layer``'s n1: the one fixed at the first stage or, before it, the one a stage would
+        choose from the weights now.
+
+        Example:
+            >>> fc = torch.nn.Linear(4, 2)
+            >>> sched = INQScheduler(fc, bits=5)
+            >>> with torch.no_grad():
+            ...     _ = fc.weight.fill_(0.3)
+            >>> sched.current_n1(sched.layers[0])  # floor(log2(4 * 0.3 / 3))
+            -2
+        """
+        if layer.n1 is not None:
+            return layer.n1
+        n1 = select_n1(layer.weight.detach(), self.bits, self.n1_rule, self.granularity)
+        return n1.cpu() if isinstance(n1, torch.Tensor) else n1
+
     @torch.no_grad()
     def enforce(self) -> None:
         """Write every frozen weight's snapped value into the model (exact, idempotent).
@@ -459,10 +476,7 @@ class INQScheduler:
         for layer in self._layers:
             weight = layer.weight.detach()
             try:
-                n1 = layer.n1
-                if n1 is None:
-                    n1 = select_n1(weight, self.bits, self.n1_rule, self.granularity)
-                    n1 = n1.cpu() if isinstance(n1, torch.Tensor) else n1
+                n1 = self.current_n1(layer)
                 check_quantizable(weight, n1)
             except ValueError as err:
                 raise ValueError(f"INQScheduler.step(): layer {layer.name!r}: {err}") from err

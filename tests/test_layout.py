@@ -103,3 +103,27 @@ def test_the_package_names_load_on_use() -> None:
     assert sorted(inq.__all__) == sorted(inq._HOMES)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         inq.nope  # noqa: B018
+
+
+LAYERS = (  # README's code map, top to bottom; a module may import its own layer or one above
+    ("inq.pow2", "inq.levels", "inq.partition", "inq.prune", "inq.scheduler", "inq.baselines"),
+    ("inq.codes",),
+    ("inq.kernels",),
+    ("inq.io", "inq.export", "inq.sparse", "inq.packed", "inq.verify", "inq.runfiles"),
+    ("inq.models", "inq.data", "inq.evaluation", "inq.errors"),
+    ("inq.nn", "inq.quant", "inq.export_onnx"),
+    ("inq.train", "inq.cli"),
+)
+
+
+def _layer(module: str) -> int:
+    for depth, prefixes in enumerate(LAYERS):
+        if _under(module, *prefixes):
+            return depth
+    raise AssertionError(f"{module} is in no layer of the code map")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in import_graph() if m != "inq"))
+def test_each_layer_imports_only_layers_above_it(module: str) -> None:
+    below = sorted(m for m in import_graph()[module] - {"inq"} if _layer(m) > _layer(module))
+    assert not below, f"{module} (layer {_layer(module)}) imports {below}"

@@ -1157,3 +1157,14 @@ def test_empty_layers_go_through_pruning_every_stage_and_a_resume(
     for layer, n1 in zip((no_rows, empty_rows), expected, strict=True):
         assert same_n1(layer.n1, n1 if isinstance(n1, int) else n1.to(torch.int32))
         assert layer.count == 0 and layer.codes.numel() == 0
+
+
+def test_current_n1_is_the_choice_the_first_stage_makes() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Linear(4, 3))
+    sched = INQScheduler(model, bits=4, n1_rule="mse", granularity="channel")
+    before = [sched.current_n1(layer) for layer in sched.layers]
+    sched.step()
+    for layer, n1 in zip(sched.layers, before, strict=True):
+        assert torch.equal(torch.as_tensor(layer.n1), torch.as_tensor(n1))
+        assert sched.current_n1(layer) is layer.n1

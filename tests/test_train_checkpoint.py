@@ -14,14 +14,21 @@ from train_helpers import TINY, inq_train
 
 from inq.errors import ConfigError
 from inq.models import build_model
+from inq.runfiles import LATEST
+from inq.scheduler import INQScheduler
 from inq.train.checkpoint import (
+    CHECKPOINT_DIR,
+    FORMAT,
     KILL_ENV,
     get_rng_state,
     load_checkpoint,
     load_float_weights,
     resolve_resume,
+    restore_training_state,
     resumed_config,
+    save_run_checkpoint,
     set_rng_state,
+    training_state,
 )
 from inq.train.config import Config, SGDConfig, to_dict
 
@@ -156,6 +163,74 @@ def _garbage(tmp_path: Path) -> Path:
     path = tmp_path / "garbage.pth"
     path.write_bytes(b"\x00" * 64)
     return path
+
+
+def _training(seed: int) -> tuple:
+    """A model, scheduler, optimizer, LR schedule and grad scaler of their own kind each."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+    sched = INQScheduler(model, bits=4, portions=(0.5, 1.0))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched.attach(optimizer)
+    lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
+    return model, sched, optimizer, lr_schedule, torch.amp.GradScaler("cpu", enabled=False)
+
+
+def _train_steps(model, optimizer, lr_schedule, count: int) -> None:
+    for _ in range(count):
+        optimizer.zero_grad()
+        model(torch.randn(5, 6)).square().mean().backward()
+        optimizer.step()
+        lr_schedule.step()
+
+
+def test_a_restored_training_state_goes_on_bit_identically(tmp_path: Path) -> None:
+    model, sched, optimizer, lr_schedule, scaler = _training(seed=0)
+    sched.step()
+    _train_steps(model, optimizer, lr_schedule, 3)
+    state = training_state(
+        tb_pending=[("scalar", "train/loss", 1.5, 3)],
+        model=model,
+        sched=sched,
+        optimizer=optimizer,
+        params="all",
+        lr_schedule=lr_schedule,
+        scaler=scaler,
+        progress={"phase": 1, "epoch": 0, "batch": 3, "step": 3, "seconds": 0.5},
+        history={"float": {"acc": 0.5}},
+        timings={"float": 1.0},
+        world_size=1,
+        config=_config(inq__bits=4),
+    )
+    assert list(state) == [
+        "tb_pending", "format", "model", "inq", "optimizer", "params", "lr_schedule", "scaler",
+        "progress", "history", "timings", "rng", "world_size", "config",
+    ]  # fmt: skip
+    assert state["format"] == FORMAT and json.loads(state["config"])["inq"]["bits"] == 4
+    save_run_checkpoint(tmp_path, state)
+    saved = load_checkpoint(tmp_path / LATEST)  # weights_only
+    _train_steps(model, optimizer, lr_schedule, 2)  # the uninterrupted run goes on
+
+    other, other_sched, other_optimizer, other_schedule, other_scaler = _training(seed=1)
+    restore_training_state(saved, other, other_sched, other_optimizer, other_schedule, other_scaler)
+    _train_steps(other, other_optimizer, other_schedule, 2)  # the same data: the RNG went back
+    for key, value in model.state_dict().items():
+        assert torch.equal(other.state_dict()[key], value), key
+    assert other_sched.state_dict()["stage"] == 1
+    assert other_schedule.get_last_lr() == lr_schedule.get_last_lr()
+
+
+def test_save_run_checkpoint_names_stages_and_drops_stale_ones(tmp_path: Path) -> None:
+    folder = tmp_path / CHECKPOINT_DIR
+    save_run_checkpoint(tmp_path, {"format": FORMAT, "step": 1}, names=["float"])
+    save_run_checkpoint(tmp_path, {"format": FORMAT, "step": 2}, names=["stage1"])
+    save_run_checkpoint(tmp_path, {"format": FORMAT, "step": 3})  # mid-stage: latest only
+    assert load_checkpoint(folder / "stage1.pt")["step"] == 2  # kept its content
+    save_run_checkpoint(tmp_path, {"format": FORMAT, "step": 4}, ["stage2"], stale=["stage1"])
+    assert sorted(p.name for p in folder.iterdir()) == ["float.pt", "latest.pt", "stage2.pt"]
+    assert (folder / "stage2.pt").samefile(tmp_path / LATEST)
+    assert load_checkpoint(folder / "float.pt")["step"] == 1
+    assert resolve_resume(str(tmp_path)) == tmp_path / LATEST
 
 
 def test_rng_state_round_trips() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import resource
 import shutil
 import signal
@@ -13,12 +14,25 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 from train_helpers import INQ_TRAIN, TINY, inq_train
 
-from inq.train.checkpoint import KILL_ENV
-from inq.train.rundir import LOCK_NAME, RunDir, describe_os_error, holds_run
+from inq.errors import ConfigError
+from inq.runfiles import LATEST
+from inq.train.checkpoint import FORMAT, KILL_ENV, save_checkpoint
+from inq.train.rundir import (
+    LOCK_NAME,
+    LOG_NAME,
+    RECORDED_CONFIG,
+    RunDir,
+    RunStopped,
+    claimed,
+    describe_os_error,
+    holds_run,
+    remove_unused,
+)
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow  # the tests that start inq-train
 
 
 def start(*overrides: str) -> subprocess.Popen[str]:
@@ -43,6 +57,7 @@ def wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.05)
 
 
+@slow
 def test_a_second_process_is_refused_and_a_run_is_never_overwritten(
     tmp_path: Path,
 ) -> None:
@@ -73,6 +88,7 @@ def test_a_second_process_is_refused_and_a_run_is_never_overwritten(
     assert files() == before
 
 
+@slow
 def test_a_killed_process_leaves_no_stuck_lock(tmp_path: Path) -> None:
     hold = "from pathlib import Path; import os, signal; from inq.train.rundir import RunDir; "
     hold += f"RunDir(Path({str(tmp_path)!r}), 'x'); os.kill(os.getpid(), signal.SIGKILL)"
@@ -82,6 +98,7 @@ def test_a_killed_process_leaves_no_stuck_lock(tmp_path: Path) -> None:
     RunDir(tmp_path, "x").release()  # taken at once
 
 
+@slow
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -102,6 +119,7 @@ def test_a_failed_start_leaves_no_directory(tmp_path: Path, overrides: list[str]
     assert not (tmp_path / "outputs").exists()
 
 
+@slow
 def test_resume_continues_in_the_run_directory_only(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     killed = inq_train(
@@ -129,6 +147,7 @@ def test_resume_continues_in_the_run_directory_only(tmp_path: Path) -> None:
     assert (run_dir / ".hydra" / "overrides.yaml").read_text().count("trainer.resume") == 0
 
 
+@slow
 @pytest.mark.parametrize(
     ("sig", "code", "says"),
     [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted (Ctrl-C)")],
@@ -149,6 +168,7 @@ def test_a_signal_stops_the_run_with_how_to_resume(
     RunDir(run_dir, "x").release()  # unlocked
 
 
+@slow
 def test_a_full_disk_stops_the_run_with_one_message(tmp_path: Path) -> None:
     """A real failed write: a file size limit (what a full disk does to ``write``) cuts the
     first checkpoint; torch.save itself would report it as a RuntimeError, a traceback."""
@@ -170,6 +190,7 @@ def test_a_full_disk_stops_the_run_with_one_message(tmp_path: Path) -> None:
     assert not run_dir.exists()  # nothing of the start stays
 
 
+@slow
 def test_resume_takes_the_runs_own_config(tmp_path: Path) -> None:
     """``trainer.resume=DIR`` alone, as the stop message prints it, continues a run that was
     started with overrides; a change that shapes the weights is refused."""
@@ -190,6 +211,7 @@ def test_resume_takes_the_runs_own_config(tmp_path: Path) -> None:
         assert (run_dir / name).read_bytes() == (whole / name).read_bytes(), name
 
 
+@slow
 def test_a_run_killed_before_its_first_checkpoint_leaves_a_usable_directory(
     tmp_path: Path,
 ) -> None:
@@ -229,3 +251,96 @@ def test_os_errors_are_named() -> None:
     assert describe_os_error(OSError(errno.EROFS, "Read-only file system")) == (
         "read-only file system (Read-only file system)"
     )
+
+
+def _resume(resume: Path | None = None) -> OmegaConf:
+    return OmegaConf.create({"trainer": {"resume": None if resume is None else str(resume)}})
+
+
+def test_claimed_owns_a_new_run_directory_for_the_block(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    files = {RECORDED_CONFIG: "inq:\n  bits: 4\n"}
+    with claimed(_resume(), run_dir, dir_chosen=True, main=True, hydra_files=files) as claim:
+        assert claim.home == run_dir and claim.resume_path is claim.recorded is None
+        assert not claim.continues
+        assert (run_dir / RECORDED_CONFIG).read_text() == "inq:\n  bits: 4\n"
+        with pytest.raises(ConfigError, match=r"^hydra\.run\.dir: another inq-train process"):
+            RunDir(run_dir, "hydra.run.dir")
+        save_checkpoint(run_dir / LATEST, {"format": FORMAT})
+    RunDir(run_dir, "hydra.run.dir").release()  # unlocked again
+    refused = pytest.raises(ConfigError, match=r"already holds a run: continue it with trainer")
+    with refused, claimed(_resume(), run_dir, dir_chosen=True, main=True):
+        pass
+
+
+def test_claimed_continues_a_run_in_its_own_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    save_checkpoint(run_dir / LATEST, {"format": FORMAT})
+    cut_short = (run_dir / LATEST).with_name(".latest.pt.x1y2.tmp")  # a save a kill cut short
+    cut_short.write_bytes(b"half a save")
+    hydra_default = tmp_path / "outputs" / "2024-01-01" / "12-00-00"
+    hydra_default.mkdir(parents=True)
+    with claimed(_resume(run_dir), hydra_default, dir_chosen=False, main=True) as claim:
+        assert (claim.home, claim.resume_path, claim.continues) == (run_dir, run_dir / LATEST, True)
+        assert not cut_short.exists()
+    assert not (tmp_path / "outputs").exists()  # Hydra's unused default directory is gone
+    refused = pytest.raises(ConfigError, match=r"continues the run in .*leave hydra\.run\.dir out")
+    with refused, claimed(_resume(run_dir), tmp_path / "other", dir_chosen=True, main=True):
+        pass
+
+
+def test_claimed_starts_a_run_that_saved_nothing_again_from_its_record(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="inq.train")
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / RECORDED_CONFIG).write_text("inq:\n  bits: 3\n")
+    (run_dir / "tb").mkdir()
+    with claimed(_resume(run_dir), run_dir, dir_chosen=True, main=True) as claim:
+        assert (claim.home, claim.resume_path, claim.continues) == (run_dir, None, True)
+        assert claim.recorded == {"inq": {"bits": 3}}
+        assert not (run_dir / "tb").exists()
+    assert "starting the run again from its recorded config" in (run_dir / LOG_NAME).read_text()
+
+
+def _fail_in(run_dir: Path, dir_chosen: bool, error: BaseException) -> None:
+    with claimed(_resume(), run_dir, dir_chosen=dir_chosen, main=True, hydra_files={}):
+        raise error
+
+
+def test_claimed_leaves_nothing_of_a_new_run_that_failed_or_stopped(tmp_path: Path) -> None:
+    run_dir = tmp_path / "outputs" / "2024-01-01" / "12-00-00"  # as Hydra makes it
+    with pytest.raises(ValueError, match="bad model"):
+        _fail_in(run_dir, dir_chosen=False, error=ValueError("bad model"))
+    assert not (tmp_path / "outputs").exists()
+    with pytest.raises(RunStopped) as stop:
+        _fail_in(tmp_path / "run", dir_chosen=True, error=KeyboardInterrupt())
+    assert stop.value.exit_code == 130
+    assert str(stop.value) == (
+        "interrupted (Ctrl-C); no checkpoint was saved yet: start the run again"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_that_saved_keeps_its_directory_when_it_stops(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    stopped = pytest.raises(RunStopped, match=r"disk full .*continue from the last checkpoint with")
+    with stopped, claimed(_resume(), run_dir, dir_chosen=True, main=True):
+        save_checkpoint(run_dir / LATEST, {"format": FORMAT})
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert (run_dir / LATEST).is_file()
+
+
+def test_remove_unused_removes_empty_directories_only(tmp_path: Path) -> None:
+    run_dir = tmp_path / "outputs" / "day" / "time"
+    run_dir.mkdir(parents=True)
+    remove_unused(run_dir, dir_chosen=True)  # chosen: its parents are the user's
+    assert not run_dir.exists() and (tmp_path / "outputs" / "day").exists()
+    run_dir.mkdir()
+    (run_dir / "kept").touch()
+    remove_unused(run_dir, dir_chosen=False)
+    assert (run_dir / "kept").exists()
+    (run_dir / "kept").unlink()
+    remove_unused(run_dir, dir_chosen=False)
+    assert not (tmp_path / "outputs").exists()

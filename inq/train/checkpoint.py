@@ -1,18 +1,21 @@
 """Training checkpoints: atomic writes, ``weights_only`` loads, RNG capture, resume checks.
 
 A checkpoint is a plain dict of tensors, numbers and strings (no pickled code), written with
-:func:`inq.io.atomic_path` so a kill at any moment leaves the previous file intact.
+:func:`inq.io.atomic_path` so a kill at any moment leaves the previous file intact. What a
+training run's checkpoint holds is :func:`training_state`; :func:`restore_training_state` puts it
+back, and :func:`save_run_checkpoint` keeps a run's ``checkpoints/`` folder.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import random
 import shutil
 import signal
-from collections.abc import Collection, Mapping
-from pathlib import Path
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -21,12 +24,16 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from safetensors.torch import load_file
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from inq.errors import ConfigError
 from inq.io import atomic_path
+from inq.runfiles import LATEST
+from inq.scheduler import INQScheduler
 from inq.train.config import Config, to_dict
 
 __all__ = [
+    "CHECKPOINT_DIR",
     "FORMAT",
     "KILL_ENV",
     "check_finite",
@@ -36,12 +43,16 @@ __all__ = [
     "load_checkpoint",
     "load_float_weights",
     "resolve_resume",
+    "restore_training_state",
     "resumed_config",
     "save_checkpoint",
+    "save_run_checkpoint",
     "set_rng_state",
+    "training_state",
 ]
 
 FORMAT = "inq-train/1"
+CHECKPOINT_DIR = str(PurePath(LATEST).parent)  # of a run directory: latest.pt, float.pt, stageK.pt
 KILL_ENV = "INQ_TRAIN_KILL_AT"
 # Keys that may differ between a run and its resumption: none of them changes the weights.
 RESUMABLE_CHANGES = frozenset(
@@ -96,6 +107,93 @@ def link_checkpoint(source: Path, path: Path) -> None:
             shutil.copyfile(source, tmp)
 
 
+def training_state(
+    *,
+    tb_pending: list[Any],
+    model: nn.Module,
+    sched: INQScheduler,
+    optimizer: torch.optim.Optimizer | None,
+    params: str,
+    lr_schedule: LRScheduler | None,
+    scaler: torch.amp.GradScaler,
+    progress: Mapping[str, Any],
+    history: Mapping[str, Any],
+    timings: Mapping[str, float],
+    world_size: int,
+    config: DictConfig,
+) -> dict[str, Any]:
+    """What a training checkpoint holds (:data:`FORMAT`): the states of the model, INQ
+    scheduler, optimizer (over ``params``: ``"all"`` or ``"bias_norm"``), LR schedule and grad
+    scaler, the RNG states, where the run is and what it measured, and its config as JSON;
+    ``tb_pending``: the TensorBoard events of this step (:meth:`inq.train.monitor.Monitor.commit`).
+    """
+    return {
+        "tb_pending": tb_pending,
+        "format": FORMAT,
+        "model": model.state_dict(),
+        "inq": sched.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer else None,
+        "params": params,
+        "lr_schedule": lr_schedule.state_dict() if lr_schedule else None,
+        "scaler": scaler.state_dict(),
+        "progress": dict(progress),
+        "history": history,
+        "timings": timings,
+        "rng": get_rng_state(),
+        "world_size": world_size,
+        "config": json.dumps(to_dict(config)),
+    }
+
+
+def restore_training_state(
+    saved: Mapping[str, Any],
+    model: nn.Module,
+    sched: INQScheduler,
+    optimizer: torch.optim.Optimizer | None,
+    lr_schedule: LRScheduler | None,
+    scaler: torch.amp.GradScaler,
+) -> None:
+    """Load :func:`training_state` output into the objects it was taken from, and the RNGs.
+
+    ``optimizer`` and ``lr_schedule`` (None: not restored) must be built first, the schedule
+    before the optimizer state is loaded: LambdaLR's constructor sets the lr, which the saved
+    optimizer state then sets back.
+    """
+    model.load_state_dict(saved["model"])
+    sched.load_state_dict(saved["inq"])
+    if optimizer is not None:
+        optimizer.load_state_dict(saved["optimizer"])
+    if lr_schedule is not None:
+        lr_schedule.load_state_dict(saved["lr_schedule"])
+    scaler.load_state_dict(saved["scaler"])
+    set_rng_state(saved["rng"])
+
+
+def save_run_checkpoint(
+    run_dir: Path,
+    state: Mapping[str, Any],
+    names: Sequence[str] = (),
+    stale: Sequence[str] = (),
+) -> None:
+    """Write ``state`` as the run's :data:`~inq.runfiles.LATEST` checkpoint, also named
+    ``<name>.pt`` for each of ``names``, and delete the ``<name>.pt`` of each of ``stale``.
+
+    Example:
+        >>> import tempfile
+        >>> run_dir = Path(tempfile.mkdtemp())
+        >>> save_run_checkpoint(run_dir, {"format": FORMAT}, names=["stage1"])
+        >>> save_run_checkpoint(run_dir, {"format": FORMAT}, names=["stage2"], stale=["stage1"])
+        >>> sorted(p.name for p in (run_dir / CHECKPOINT_DIR).iterdir())
+        ['latest.pt', 'stage2.pt']
+    """
+    latest = run_dir / LATEST
+    save_checkpoint(latest, state)
+    for name in names:
+        link_checkpoint(latest, latest.parent / f"{name}.pt")
+    for name in stale:
+        (latest.parent / f"{name}.pt").unlink(missing_ok=True)
+
+
 def load_checkpoint(path: Path, key: str = "trainer.resume") -> dict[str, Any]:
     """Load a file written by :func:`save_checkpoint` with ``weights_only=True`` on the CPU.
 
@@ -132,7 +230,7 @@ def resolve_resume(resume: str) -> Path:
     """
     path = Path(resume).expanduser()
     if path.is_dir():
-        path = path / "checkpoints" / "latest.pt"
+        path = path / LATEST
     if not path.is_file():
         raise ConfigError(
             "trainer.resume", f"no checkpoint at {path}; give a run dir or a .pt file"

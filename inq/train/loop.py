@@ -1,4 +1,5 @@
-"""Pieces of the training loop: the phase plan, optimizer and LR schedule factories, evaluation.
+"""The training loop: the phase plan, the optimizer and LR schedule factories, and the
+:class:`Trainer` that runs one phase after another.
 
 A run is a list of phases: ``float`` (pretraining; 0 epochs when ``model.checkpoint`` is given),
 with pruning (``prune.sparsity`` or ``prune.layers``) ``prune1`` .. ``pruneR`` (one per round),
@@ -10,20 +11,52 @@ Every phase gets a fresh LR schedule; :mod:`inq.train.app` runs them.
 
 from __future__ import annotations
 
+import logging
 import math
-from dataclasses import dataclass
+import random
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
-from inq.train.config import prune_layers
+from inq.baselines import STEQuantizer
+from inq.data import batches_per_epoch, build_datasets, build_eval_loader, build_train_loader
+from inq.errors import ConfigError
+from inq.evaluation import evaluate
+from inq.models import build_model
+from inq.prune import layer_targets, sparsity_schedule
+from inq.quant.lower import IntegerModelError, check_expressible
+from inq.scheduler import INQScheduler, check_portions
+from inq.train import checkpoint as ckpt
+from inq.train.config import prune_layers, to_dict
+from inq.train.distributed import (
+    Dist,
+    all_sum,
+    broadcast_buffers,
+    check_identical,
+)
+from inq.train.monitor import Monitor
+from inq.train.rundir import TB_DIR, RunStopped
 
 __all__ = [
     "NORM_TYPES",
     "Phase",
+    "Progress",
+    "Trainer",
     "bias_norm_parameters",
     "build_lr_schedule",
     "build_optimizer",
@@ -31,6 +64,8 @@ __all__ = [
     "plan_phases",
     "prunes",
 ]
+
+log = logging.getLogger("inq.train")
 
 NORM_TYPES = (
     nn.modules.batchnorm._BatchNorm,
@@ -173,3 +208,413 @@ def build_lr_schedule(
         return 1.0
 
     return LambdaLR(optimizer, factor)
+
+
+@dataclass
+class Progress:
+    """Where the run is: phase index, epochs done in it, batches done in the epoch, total steps."""
+
+    phase: int = 0
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+    seconds: float = 0.0  # spent in this phase by earlier (killed) processes
+
+
+class Trainer:
+    """The state a checkpoint holds and the steps of a run that change it.
+
+    Built from the config (model, INQ scheduler, data, phase plan), or restored from ``saved``
+    (a checkpoint of the run, :func:`inq.train.checkpoint.training_state`). :mod:`inq.train.app`
+    drives it phase by phase; every method keeps :attr:`progress` and the checkpoints in step.
+
+    Raises:
+        ConfigError: on a config that does not fit the model or data, or a checkpoint saved by
+            another number of processes.
+    """
+
+    def __init__(
+        self, cfg: DictConfig, out_dir: Path, env: Dist, saved: dict[str, Any] | None
+    ) -> None:
+        if saved is not None and saved["world_size"] != env.world_size:
+            raise ConfigError(
+                "trainer.resume", f"saved by {saved['world_size']} processes, not {env.world_size}"
+            )
+        self.cfg, self.out, self.env = cfg, out_dir, env
+        self._ste: STEQuantizer | None = None  # active during the ``ste`` phase only
+        _seed_everything(cfg.trainer.seed)
+        data = to_dict(cfg.data)
+        train_set, val_set = build_datasets(data)
+        self.model_info = {k: v for k, v in to_dict(cfg.model).items() if k != "checkpoint"}
+        self.data_info = data
+        self.model = _build_model(cfg, self.model_info, env.device, fresh=saved is None)
+        self.sched = _build_scheduler(self.model, cfg)
+        self.prune_targets = _prune_targets(self.sched, cfg) if prunes(cfg) else {}
+        self._net: nn.Module = self.model
+        if env.world_size > 1:
+            ids = [env.device] if env.device.type == "cuda" else None
+            self._net = DistributedDataParallel(self.model, device_ids=ids)
+        self._train_loader = build_train_loader(
+            data, train_set, cfg.trainer.seed, env.rank, env.world_size
+        )
+        self.val_loader = build_eval_loader(data, val_set, env.rank, env.world_size)
+        self._steps_per_epoch = batches_per_epoch(self._train_loader)
+        self.phases = plan_phases(cfg)
+        self._amp = cfg.trainer.amp and env.device.type == "cuda"
+        self._scaler = torch.amp.GradScaler(env.device.type, enabled=self._amp)
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._params = ""
+        self._lr_sched: LambdaLR | None = None
+        self.progress = Progress()
+        self._clock = time.perf_counter()  # when this process started on the current phase
+        self.history: dict[str, dict[str, float]] = {}
+        self.timings: dict[str, float] = {}
+        self._evals = 0
+        self._quiet = not (env.main and cfg.trainer.progress and sys.stderr.isatty())
+        if saved is not None:
+            self._restore(saved)
+        total = sum(p.epochs for p in self.phases) * self._steps_per_epoch
+        self._run_bar = tqdm(
+            total=total, initial=self.progress.step, desc="run", unit="step", disable=self._quiet
+        )
+        self._started = (time.perf_counter(), self.progress.step)  # for this process's ETA
+        self.tb = Monitor(
+            out_dir / TB_DIR,
+            env.main,
+            resume_step=self.progress.step if saved is not None else None,
+            pending=saved.get("tb_pending") if saved is not None else None,
+        )
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """The block that trains: in a terminal, log lines print between the progress bars,
+        and the run's bar closes at its end."""
+        with logging_redirect_tqdm() if not self._quiet else nullcontext():
+            yield
+        self._run_bar.close()
+
+    def phases_left(self) -> list[Phase]:
+        """The phases still to run, the current one first."""
+        return self.phases[self.progress.phase :]
+
+    def at_phase_start(self) -> bool:
+        """True unless the current phase was resumed in its middle."""
+        return self.progress.epoch == self.progress.batch == 0
+
+    def start_ste(self) -> None:
+        """Start the STE baseline: float shadow weights, power-of-two forward passes."""
+        self._ste = STEQuantizer(self.model, self.sched)
+        log.info("STE: %d-bit forward, float shadow weights", self.sched.bits)
+
+    def quantize(self, stage: int) -> None:
+        """INQ stage ``stage`` (the next one): partition each layer, snap and freeze."""
+        self.sched.step()
+        pruned = self.sched.pruned_fraction()
+        log.info(
+            "stage %d: %.1f %% of the weights quantized%s",
+            stage, 100 * self.sched.quantized_fraction(),
+            f" ({100 * pruned:.1f} % pruned to zero)" if pruned else "",
+        )  # fmt: skip
+        ckpt.kill_point("stage", stage)
+        self.tb.inq_state(self.progress.step, self.sched, histograms=True)
+
+    def prune(self, r: int) -> None:
+        """Pruning round ``r`` (1-based) of ``prune.steps``: each layer to its sparsity then."""
+        p = self.cfg.prune
+        sparsity = {
+            name: sparsity_schedule(target, p.steps, p.schedule.name)[r - 1]
+            for name, target in self.prune_targets.items()
+        }
+        fraction = self.sched.prune(sparsity)
+        log.info("pruning round %d/%d: %.1f %% of the weights pruned", r, p.steps, 100 * fraction)
+        ckpt.kill_point("prune", r)
+        self.tb.inq_state(self.progress.step, self.sched, histograms=True)
+
+    def restart_schedule(self, phase: Phase) -> None:
+        """A fresh LR schedule at ``phase.lr``, on a new optimizer when the trained parameters
+        change or ``inq.reset_optimizer`` asks for one."""
+        if self._optimizer is None or self.cfg.inq.reset_optimizer or phase.params != self._params:
+            self._new_optimizer(phase.params, phase.lr)
+        for group in self._optimizer.param_groups:
+            group["lr"] = group["initial_lr"] = phase.lr
+        self._lr_sched = build_lr_schedule(
+            self.cfg.lr, self._optimizer, phase.epochs, self._steps_per_epoch
+        )
+
+    def epochs_left(self, phase: Phase) -> range:
+        """The epochs of ``phase`` still to train (the current one included)."""
+        return range(self.progress.epoch, phase.epochs)
+
+    def train_epoch(self, phase: Phase, epoch: int) -> None:
+        """Epoch ``epoch`` of ``phase`` (or its rest, after a resume); logs and checkpoints at
+        their intervals (``trainer.log_every``, ``trainer.checkpoint_every``).
+
+        Raises:
+            RunStopped: when the loss is no longer finite (on every rank, before any save).
+        """
+        t, device = self.cfg.trainer, self.env.device
+        start = self.progress.batch * self._train_loader.batch_size
+        self._train_loader.sampler.set_epoch(self.progress.phase * 100_000 + epoch, start=start)
+        window = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, hits, count
+        totals = torch.zeros_like(window)  # the epoch's (this process's part of it)
+        lr = self._lr_sched.get_last_lr()[0]
+        bar = tqdm(
+            self._train_loader,
+            desc=f"{phase.name} epoch {epoch + 1}/{phase.epochs}",
+            total=self._steps_per_epoch,
+            initial=self.progress.batch,
+            disable=self._quiet,
+            leave=False,
+            position=1,
+        )
+        for x, y in bar:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            loss, logits, lr = self.train_step(x, y)
+            window += torch.stack(
+                [
+                    loss.detach().double() * len(y),
+                    (logits.argmax(1) == y).sum(),
+                    window.new_tensor(len(y)),
+                ]
+            )
+            step = self.progress.step
+            due = bool(t.checkpoint_every) and step % t.checkpoint_every == 0
+            if due or step % t.log_every == 0 or self.progress.batch == self._steps_per_epoch:
+                self._log_window(window, lr, phase, epoch)
+                totals += window
+                window.zero_()
+            self._run_bar.update()
+            if due:
+                self.save()
+            ckpt.kill_point("step", step)
+        bar.close()
+        broadcast_buffers(self.model)
+        self.progress.epoch, self.progress.batch = epoch + 1, 0
+        self._log_epoch(totals, lr, phase, epoch)
+
+    def train_step(
+        self, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One optimizer step on the batch ``(x, y)``; returns the loss, the logits and the lr
+        it stepped with.
+
+        The INQ scheduler's step hook (:meth:`~inq.scheduler.INQScheduler.attach`) writes the
+        frozen weights back to their powers of two inside ``scaler.step``.
+        """
+        with torch.autocast(self.env.device.type, torch.float16, enabled=self._amp):
+            logits = self._net(x)
+            loss = F.cross_entropy(logits, y)
+        self._optimizer.zero_grad(set_to_none=True)
+        self._scaler.scale(loss).backward()
+        if self.cfg.trainer.grad_clip:
+            self._scaler.unscale_(self._optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
+        self._scaler.step(self._optimizer)
+        self._scaler.update()
+        lr = self._lr_sched.get_last_lr()[0]
+        self._lr_sched.step()
+        self.progress.batch += 1
+        self.progress.step += 1
+        return loss, logits, lr
+
+    def evaluate(self) -> dict[str, float]:
+        """Validation metrics, logged as ``val/*`` with the INQ state at the current step."""
+        self._evals += 1
+        count = self._evals
+        with torch.autocast(self.env.device.type, torch.float16, enabled=self._amp):
+            metrics = evaluate(
+                self.model,
+                self.val_loader,
+                self.env.device,
+                top5=self.cfg.data.num_classes > 10,
+                on_batch=lambda: ckpt.kill_point("eval", count),
+            )
+        self.tb.scalars(self.progress.step, {f"val/{k}": v for k, v in metrics.items()})
+        self.tb.inq_state(self.progress.step, self.sched, histograms=False)
+        log.info(
+            "step %d, stage %d: val acc %.2f %%, loss %.4f",
+            self.progress.step,
+            self.sched.stage,
+            100 * metrics["acc"],
+            metrics["loss"],
+        )
+        return metrics
+
+    def end_phase(self, phase: Phase) -> None:
+        """Close ``phase``: snap the STE shadows, evaluate and record the phase, check the ranks
+        agree and save its checkpoint (``<phase>.pt``)."""
+        if self._ste is not None:
+            self._ste.finalize()  # snap the shadows: self.sched now holds every weight, exact
+            self._ste = None
+        self.history[phase.name] = {
+            "portion": self.sched.quantized_fraction(),
+            "pruned": self.sched.pruned_fraction(),
+            **self.evaluate(),
+        }
+        self.timings[phase.name] = self.phase_seconds()
+        self.progress = Progress(phase=self.progress.phase + 1, step=self.progress.step)
+        self._clock = time.perf_counter()
+        check_identical(self.model, self.sched)
+        self.save(phase.name)
+
+    def save(self, *names: str) -> None:
+        """Write ``checkpoints/latest.pt`` (and ``<name>.pt`` for each name); rank 0 only.
+
+        The TensorBoard events before this step are written first; the checkpoint carries the
+        ones of this step (see :mod:`inq.train.monitor`). Only the newest
+        ``trainer.keep_checkpoints`` stage checkpoints stay.
+        """
+        if not self.env.main:
+            return
+        state = ckpt.training_state(
+            tb_pending=self.tb.commit(self.progress.step),
+            model=self.model,
+            sched=self.sched,
+            optimizer=self._optimizer,
+            params=self._params,
+            lr_schedule=self._lr_sched,
+            scaler=self._scaler,
+            progress={**asdict(self.progress), "seconds": self.phase_seconds()},
+            history=self.history,
+            timings=self.timings,
+            world_size=self.env.world_size,
+            config=self.cfg,
+        )
+        keep = self.cfg.trainer.keep_checkpoints
+        stale: list[str] = []
+        if names and keep is not None:
+            done = [p.name for p in self.phases[: self.progress.phase] if p.name != "float"]
+            stale = done[: max(0, len(done) - keep)]
+        ckpt.save_run_checkpoint(self.out, state, names, stale)
+
+    def phase_seconds(self) -> float:
+        """Wall-clock seconds spent in the current phase, by this process and killed ones."""
+        return self.progress.seconds + time.perf_counter() - self._clock
+
+    def _log_window(self, window: torch.Tensor, lr: float, phase: Phase, epoch: int) -> None:
+        """``train/*`` scalars of the steps since the last ones; stop if the loss diverged."""
+        step = self.progress.step
+        loss_sum, correct, count = window.tolist()
+        diverged = all_sum(window.new_tensor(0.0 if math.isfinite(loss_sum) else 1.0))
+        if bool(diverged):  # on every rank, before any save: no checkpoint holds NaN
+            raise RunStopped(
+                f"training diverged: the loss is {loss_sum / count} at step {step} "
+                f"({phase.name}, epoch {epoch + 1}); lower optim.lr or inq.lr, or set "
+                "trainer.grad_clip, and start again"
+            )
+        values = {"train/loss": loss_sum / count, "train/acc": correct / count, "train/lr": lr}
+        self.tb.scalars(step, values)
+
+    def _log_epoch(self, totals: torch.Tensor, lr: float, phase: Phase, epoch: int) -> None:
+        """The epoch's log line, with the time this process spent and the time left."""
+        loss_sum, correct, count = totals.tolist()
+        if not count:  # resumed after the epoch's last batch: nothing trained here
+            return
+        seconds = time.perf_counter() - self._started[0]
+        done = self.progress.step - self._started[1]
+        left = self._run_bar.total - self.progress.step
+        log.info(
+            "%s epoch %d/%d: loss %.4f, acc %.2f %%, lr %.3g, elapsed %s, ETA %s",
+            phase.name,
+            epoch + 1,
+            phase.epochs,
+            loss_sum / max(count, 1),
+            100 * correct / max(count, 1),
+            lr,
+            _clock(seconds),
+            _clock(seconds / max(done, 1) * left),
+        )
+
+    def _new_optimizer(self, params: str, lr: float) -> None:
+        if self._optimizer is not None:
+            self.sched.detach(self._optimizer)
+        self._optimizer = build_optimizer(self.cfg.optim, self.model, params, lr)
+        self._params = params
+        if params == "all":  # a bias/norm-only optimizer never touches a quantized weight
+            self.sched.attach(self._optimizer)
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        self.progress = Progress(**saved["progress"])
+        mid_phase = not self.at_phase_start()
+        if mid_phase and self.phases[self.progress.phase].name == "ste":
+            self._ste = STEQuantizer(self.model, self.sched)  # the state holds the shadows
+        if saved["optimizer"] is not None:
+            self._new_optimizer(saved["params"], lr=1.0)  # the saved state sets the lr
+            if mid_phase:
+                phase = self.phases[self.progress.phase]
+                self._lr_sched = build_lr_schedule(
+                    self.cfg.lr, self._optimizer, phase.epochs, self._steps_per_epoch
+                )
+        self.history, self.timings = saved["history"], saved["timings"]
+        ckpt.restore_training_state(
+            saved,
+            self.model,
+            self.sched,
+            self._optimizer,
+            self._lr_sched if mid_phase else None,
+            self._scaler,
+        )
+
+
+def _build_model(
+    cfg: DictConfig, model_info: dict[str, Any], device: torch.device, fresh: bool
+) -> nn.Module:
+    """The model, refused early if ``quant.act_bits`` asks for an integer form it has not;
+    a ``fresh`` run (not a resumed one) starts from ``model.checkpoint`` if there is one."""
+    model = build_model(model_info).to(device)
+    if cfg.quant.act_bits is not None:  # before any training is spent on it
+        try:
+            check_expressible(model)
+        except IntegerModelError as err:
+            raise ConfigError(
+                "quant.act_bits", f"no integer model of {cfg.model.name}: {err}"
+            ) from None
+    if cfg.model.checkpoint and fresh:
+        ckpt.load_float_weights(model, cfg.model.checkpoint)
+    return model
+
+
+def _build_scheduler(model: nn.Module, cfg: DictConfig) -> INQScheduler:
+    try:
+        portions = check_portions(cfg.inq.portions)  # the baselines take their epochs from it
+        return INQScheduler(
+            model,
+            bits=cfg.inq.bits,
+            portions=portions if method_name(cfg) == "inq" else (1.0,),
+            strategy=cfg.inq.strategy.name,
+            seed=cfg.trainer.seed,
+            include=None if cfg.inq.include is None else list(cfg.inq.include),
+            exclude=None if cfg.inq.exclude is None else list(cfg.inq.exclude),
+            n1_rule=cfg.inq.n1_rule.name,
+            granularity=cfg.inq.granularity.name,
+        )
+    except ValueError as err:
+        keys = ("portions", "include", "exclude", "strategy")
+        key = next((f"inq.{k}" for k in keys if k in str(err)), "inq")
+        raise ConfigError(key, str(err)) from None
+
+
+def _prune_targets(sched: INQScheduler, cfg: DictConfig) -> dict[str, float]:
+    try:
+        names = [layer.name for layer in sched.layers]
+        return layer_targets(names, cfg.prune.sparsity, prune_layers(cfg))
+    except ValueError as err:
+        raise ConfigError("prune.layers", str(err)) from None
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _clock(seconds: float) -> str:
+    """``m:ss``, or ``h:mm:ss`` from an hour on.
+
+    Example:
+        >>> _clock(59.6), _clock(3725)
+        ('1:00', '1:02:05')
+    """
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

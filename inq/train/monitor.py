@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from inq.levels import select_n1
 from inq.pow2 import pow2_quantize
 from inq.scheduler import INQScheduler
 
@@ -98,9 +97,7 @@ class Monitor:
             weight = layer.weight.detach()
             free = ~layer.mask.to(weight.device)
             if bool(free.any()):
-                n1 = layer.n1
-                if n1 is None:
-                    n1 = select_n1(weight, scheduler.bits, scheduler.n1_rule, scheduler.granularity)
+                n1 = scheduler.current_n1(layer)  # before a stage: what one would choose
                 error = (weight - pow2_quantize(weight, n1, scheduler.bits))[free].abs().mean()
                 values[f"inq/quant_error/{layer.name}"] = error.item()
             if histograms:

@@ -8,7 +8,7 @@ clears it. A process owns its directory through an advisory lock
 (``fcntl.flock`` on :data:`LOCK_NAME`), which the kernel drops when the process dies, however it
 dies, so a killed run never leaves the directory locked. The owner also writes ``app.log`` (one
 per run, appended to by every resumed process) and removes temporary files of saves that a kill
-cut short.
+cut short. :func:`claimed` is all of this for one run, on every rank of a distributed one.
 """
 
 from __future__ import annotations
@@ -17,34 +17,187 @@ import errno
 import logging
 import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from inq.errors import ConfigError
-from inq.io import LOCK_NAME, DirBusy, lock_dir
+from inq.io import LOCK_NAME, DirBusy, atomic_path, lock_dir
+from inq.runfiles import LATEST, MASKED, SUMMARY
+from inq.train.checkpoint import CHECKPOINT_DIR, resolve_resume
+from inq.train.config import to_dict
+from inq.train.distributed import share, teardown
 
 __all__ = [
     "LOCK_NAME",
     "LOG_NAME",
+    "RECORDED_CONFIG",
     "RESULT_FILES",
     "RUN_FILES",
     "START_FILES",
+    "TB_DIR",
+    "Claim",
     "RunDir",
     "RunStopped",
+    "claimed",
     "describe_os_error",
     "holds_run",
     "remove_if_empty",
+    "remove_unused",
     "saved_nothing",
     "stop_signals",
 ]
 
+log = logging.getLogger("inq.train")
+
 LOG_NAME = "app.log"
-START_FILES = (".hydra", LOG_NAME, "tb", "checkpoints")  # a run's start, before it saves
-RESULT_FILES = ("checkpoints/latest.pt", "summary.json", "model_masked.safetensors")
+TB_DIR = "tb"  # the TensorBoard event files (inq.train.monitor)
+RECORDED_CONFIG = ".hydra/config.yaml"  # the config a run started with
+START_FILES = (".hydra", LOG_NAME, TB_DIR, CHECKPOINT_DIR)  # a run's start, before it saves
+RESULT_FILES = (LATEST, SUMMARY, MASKED)
 RUN_FILES = START_FILES + RESULT_FILES
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The directory a run owns and how it goes on there; the same on every rank."""
+
+    home: Path
+    resume_path: Path | None = None  # the checkpoint it resumes from
+    continues: bool = False  # in its own directory, which a failed start must not delete
+    recorded: dict[str, Any] | None = None  # the config of a run started again from nothing
+
+
+@contextmanager
+def claimed(
+    cfg: DictConfig,
+    hydra_dir: Path,
+    dir_chosen: bool,
+    main: bool,
+    hydra_files: Mapping[str, str] | None = None,
+) -> Iterator[Claim]:
+    """Own the run's directory for the block: a resumed run's own, else ``hydra_dir``, which
+    must hold no run (rank 0 decides; ``main`` says this is rank 0, which owns and logs).
+
+    ``dir_chosen`` says the user picked ``hydra_dir`` (False for Hydra's timestamped default,
+    which is removed again if left unused). A new run's directory gets ``hydra_files``
+    (``{relative path: text}``) once it is known to hold no other run; a continued one loses
+    the temporaries of saves a kill cut short. Ctrl-C, SIGTERM and failed writes in the block
+    end as :class:`RunStopped`; a new run that stops before its first checkpoint leaves nothing.
+
+    Example:
+        >>> import tempfile
+        >>> from omegaconf import OmegaConf
+        >>> folder = Path(tempfile.mkdtemp()) / "run"
+        >>> cfg = OmegaConf.create({"trainer": {"resume": None}})
+        >>> with claimed(cfg, folder, dir_chosen=True, main=True) as claim:
+        ...     claim.home == folder, claim.resume_path
+        (True, None)
+
+    Raises:
+        ConfigError: the directory holds another run or is busy, or ``trainer.resume`` names
+            nothing to resume.
+        RunStopped: on Ctrl-C, SIGTERM or a failed write (disk full, read-only) in the block.
+    """
+    owner, claim, note, problem = None, None, None, None
+    if main:
+        try:
+            owner, claim, note = _claim(cfg, hydra_dir, dir_chosen)
+        except ConfigError as err:
+            problem = err
+    problem, claim = share((problem, claim))
+    if problem is not None or claim.home != hydra_dir:
+        remove_unused(hydra_dir, dir_chosen)
+    if problem is not None:
+        teardown()  # before raising: every rank knows the problem, so all leave together
+        raise problem
+    try:
+        with stop_signals():
+            if owner is not None:
+                owner.start(claim.continues, hydra_files or {}, note)
+            yield claim
+    except BaseException as err:
+        if owner is not None:  # a new run that stopped before its first checkpoint leaves nothing
+            owner.release(discard=not claim.continues)
+            remove_unused(claim.home, dir_chosen)
+        if isinstance(err, (KeyboardInterrupt, OSError)):
+            raise RunStopped.after(err, claim.home) from None
+        raise
+    finally:
+        if owner is not None:
+            owner.release()
+
+
+def remove_unused(out_dir: Path, dir_chosen: bool) -> None:
+    """Delete ``out_dir`` if empty and, if Hydra chose it (``outputs/<date>/<time>``), its
+    ``<date>`` and ``outputs`` parents if that leaves them empty."""
+    remove_if_empty(out_dir)
+    if not dir_chosen:
+        remove_if_empty(out_dir.parent)
+        remove_if_empty(out_dir.parent.parent)
+
+
+def _claim(cfg: DictConfig, hydra_dir: Path, dir_chosen: bool) -> tuple[RunDir, Claim, str | None]:
+    """The owned directory, the claim on it and what was done to it (for the run's log); the
+    start of a run that saved nothing (:func:`saved_nothing`) is cleared, and ``trainer.resume``
+    of one starts it again from its recorded config."""
+    resume = Path(cfg.trainer.resume).expanduser() if cfg.trainer.resume else None
+    if resume is not None and resume.is_dir() and saved_nothing(resume):
+        _check_same_dir(resume, hydra_dir, dir_chosen)
+        return _restart(RunDir(resume, "trainer.resume"))
+    resume_path = resolve_resume(str(resume)) if resume is not None else None
+    home = resume_path.parent.parent if resume_path is not None else hydra_dir
+    if resume_path is not None and resume_path.parent.name == CHECKPOINT_DIR and holds_run(home):
+        _check_same_dir(home, hydra_dir, dir_chosen)
+        return RunDir(home, "trainer.resume"), Claim(home, resume_path, continues=True), None
+    owner = RunDir(hydra_dir, "hydra.run.dir")  # a new run (perhaps from a loose checkpoint)
+    note = None
+    if saved_nothing(hydra_dir):
+        owner.clear_start()
+        note = "cleared the start of a run that stopped before its first checkpoint"
+    elif holds_run(hydra_dir):
+        owner.release()
+        raise ConfigError(
+            "hydra.run.dir",
+            f"{hydra_dir} already holds a run: continue it with trainer.resume={hydra_dir}, or "
+            "choose another directory",
+        )
+    return owner, Claim(hydra_dir, resume_path), note
+
+
+def _check_same_dir(home: Path, hydra_dir: Path, dir_chosen: bool) -> None:
+    if home.resolve() != hydra_dir.resolve() and dir_chosen:
+        raise ConfigError(
+            "hydra.run.dir",
+            f"trainer.resume continues the run in {home}, not in {hydra_dir}: leave "
+            f"hydra.run.dir out or set it to {home}",
+        )
+
+
+def _restart(owner: RunDir) -> tuple[RunDir, Claim, str]:
+    """Start a run that stopped before its first checkpoint again, from the config it recorded."""
+    try:
+        recorded = to_dict(OmegaConf.load(owner.path / RECORDED_CONFIG))
+        if not isinstance(recorded, dict):
+            raise ValueError("not a mapping of settings")
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as err:
+        owner.release()
+        raise ConfigError(
+            "trainer.resume",
+            f"{owner.path} holds no checkpoint (its run stopped before saving one) and its "
+            f"{RECORDED_CONFIG} cannot be read ({str(err).splitlines()[0]}); start a new run there",
+        ) from None
+    owner.clear_start(keep_config=True)
+    note = "no checkpoint was saved; starting the run again from its recorded config"
+    return owner, Claim(owner.path, continues=True, recorded=recorded), note
 
 
 def holds_run(path: Path) -> bool:
@@ -103,10 +256,24 @@ class RunDir:
         except OSError as err:
             raise ConfigError(key, f"cannot write to {path}: {describe_os_error(err)}") from None
 
+    def start(self, continues: bool, hydra_files: Mapping[str, str], note: str | None) -> None:
+        """Prepare the directory for this process's part of the run and start its log: a run
+        that ``continues`` loses its temporaries (:meth:`remove_temporaries`), a new one gets
+        ``hydra_files``; ``note`` (what was done to the directory) opens the log."""
+        if continues:
+            self.remove_temporaries()
+        else:
+            for name, text in hydra_files.items():
+                with atomic_path(self.path / name) as tmp:
+                    tmp.write_text(text)
+        self.start_log()
+        if note:
+            log.info("%s: %s", self.path, note)
+
     def remove_temporaries(self) -> list[Path]:
         """Delete the ``.<name>.*.tmp`` files of saves a kill cut short, in the run directory
         and its ``checkpoints/`` (safe: this process owns them, so no save is in flight)."""
-        folders = (self.path, self.path / "checkpoints")
+        folders = (self.path, self.path / CHECKPOINT_DIR)
         found = [p for folder in folders for p in folder.glob(".*.*.tmp") if p.is_file()]
         for p in found:
             p.unlink()
@@ -115,7 +282,7 @@ class RunDir:
     def clear_start(self, keep_config: bool = False) -> None:
         """Delete the start of a run that saved nothing (:func:`saved_nothing`); with
         ``keep_config``, its ``.hydra/`` (the config a restart takes) and ``app.log`` stay."""
-        for name in ("tb", "checkpoints"):  # checkpoints/: temporaries of a first save cut short
+        for name in (TB_DIR, CHECKPOINT_DIR):  # checkpoints/: temporaries of a first save cut short
             shutil.rmtree(self.path / name, ignore_errors=True)
         if not keep_config:
             shutil.rmtree(self.path / ".hydra", ignore_errors=True)
@@ -225,6 +392,6 @@ class RunStopped(Exception):
 
 def resume_hint(run_dir: Path) -> str:
     """How to go on with the run in ``run_dir``: resume from its checkpoint, or start again."""
-    if (run_dir / "checkpoints" / "latest.pt").is_file():
+    if (run_dir / LATEST).is_file():
         return f"continue from the last checkpoint with: inq-train trainer.resume={run_dir}"
     return "no checkpoint was saved yet: start the run again"

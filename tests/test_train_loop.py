@@ -1,0 +1,144 @@
+"""The Trainer, in process through its public methods, and the loop's behaviour end to end:
+exact steps, checkpoints, exact resume, divergence, progress bars."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import termios
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
+from train_helpers import INQ_TRAIN, TINY, inq_train
+
+from inq.errors import ConfigError
+from inq.runfiles import LATEST
+from inq.train.checkpoint import CHECKPOINT_DIR, load_checkpoint
+from inq.train.config import register
+from inq.train.distributed import setup
+from inq.train.loop import Progress, Trainer
+
+
+@pytest.fixture
+def cfg() -> Iterator[DictConfig]:
+    """A tiny run: one float epoch, then two INQ stages of one epoch; 8 steps per epoch."""
+    register()
+    with initialize_config_module("inq.conf", version_base="1.3"):
+        yield compose("config", overrides=[*TINY, "inq.portions=[0.5,1.0]"])
+
+
+def _float_phase(trainer: Trainer) -> None:
+    (phase, *_) = trainer.phases_left()
+    assert phase.name == "float" and trainer.at_phase_start()
+    trainer.restart_schedule(phase)
+    for epoch in trainer.epochs_left(phase):
+        trainer.train_epoch(phase, epoch)
+        trainer.save()
+    trainer.end_phase(phase)
+
+
+def _first_stage(trainer: Trainer) -> None:
+    (phase, *_) = trainer.phases_left()
+    assert phase.name == "stage1" and trainer.at_phase_start()
+    trainer.quantize(phase.stage)
+    trainer.restart_schedule(phase)
+    trainer.train_epoch(phase, 0)
+
+
+def test_a_phase_is_trained_recorded_and_checkpointed(cfg: DictConfig, tmp_path: Path) -> None:
+    trainer = Trainer(cfg, tmp_path, setup("cpu"), saved=None)
+    assert [p.name for p in trainer.phases_left()] == ["float", "stage1", "stage2"]
+    _float_phase(trainer)
+    trainer.tb.close()
+    assert trainer.progress == Progress(phase=1, epoch=0, batch=0, step=8, seconds=0.0)
+    assert [p.name for p in trainer.phases_left()] == ["stage1", "stage2"]
+    assert list(trainer.history) == ["float"] and list(trainer.timings) == ["float"]
+    assert trainer.history["float"]["portion"] == 0.0 and trainer.history["float"]["count"] > 0
+    folder = tmp_path / CHECKPOINT_DIR
+    assert sorted(p.name for p in folder.iterdir()) == ["float.pt", "latest.pt"]
+    assert (folder / "float.pt").samefile(tmp_path / LATEST)
+    saved = load_checkpoint(tmp_path / LATEST)
+    assert saved["progress"]["phase"] == 1 and saved["progress"]["step"] == 8
+    assert saved["history"] == trainer.history
+
+
+def test_a_train_step_keeps_the_quantized_weights_exact(cfg: DictConfig, tmp_path: Path) -> None:
+    trainer = Trainer(cfg, tmp_path, setup("cpu"), saved=None)
+    phase = trainer.phases[1]
+    trainer.quantize(phase.stage)  # stage 1 straight from the initial weights
+    trainer.restart_schedule(phase)
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 1, 8, 8, generator=generator), torch.arange(32) % 10
+    before = {layer.name: layer.weight.detach().clone() for layer in trainer.sched.layers}
+    loss, logits, lr = trainer.train_step(x, y)
+    trainer.tb.close()
+    assert logits.shape == (32, 10) and loss.ndim == 0 and lr == phase.lr
+    assert (trainer.progress.step, trainer.progress.batch) == (1, 1)
+    for layer in trainer.sched.layers:
+        frozen = layer.mask
+        weight = layer.weight.detach()
+        assert torch.equal(weight[frozen], layer.frozen_values(trainer.sched.bits)[frozen])
+        assert torch.equal(weight[frozen], before[layer.name][frozen])
+        assert not torch.equal(weight[~frozen], before[layer.name][~frozen])  # these trained
+
+
+def test_a_restored_trainer_goes_on_bit_identically(cfg: DictConfig, tmp_path: Path) -> None:
+    env = setup("cpu")
+    whole = Trainer(cfg, tmp_path / "whole", env, saved=None)
+    _float_phase(whole)
+    _first_stage(whole)
+    whole.tb.close()
+    saved = load_checkpoint(tmp_path / "whole" / CHECKPOINT_DIR / "float.pt")
+    resumed = Trainer(cfg, tmp_path / "resumed", env, saved=saved)
+    assert resumed.progress.step == 8 and resumed.history == saved["history"]
+    _first_stage(resumed)
+    resumed.tb.close()
+    assert (resumed.progress.phase, resumed.progress.epoch, resumed.progress.step) == (1, 1, 16)
+    assert (whole.progress.phase, whole.progress.epoch, whole.progress.step) == (1, 1, 16)
+    for key, value in whole.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[key], value), key
+
+
+def test_a_checkpoint_of_other_processes_is_refused(cfg: DictConfig, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^trainer\.resume: saved by 2 processes, not 1"):
+        Trainer(cfg, tmp_path, setup("cpu"), saved={"world_size": 2})
+
+
+def test_diverging_training_stops_with_one_message(tmp_path: Path) -> None:
+    proc = inq_train(*TINY, "optim.lr=1e30", f"hydra.run.dir={tmp_path}", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "inq-train: training diverged: the loss is nan at step 2 (float, epoch 1)" in proc.stderr
+    assert "lower optim.lr or inq.lr, or set trainer.grad_clip" in proc.stderr
+    assert not (tmp_path / "checkpoints").exists()  # no checkpoint holds the NaN weights
+
+
+def test_progress_bars_in_a_terminal(tmp_path: Path) -> None:
+    reader, writer = pty.openpty()  # stderr is a terminal: tqdm draws its bars there
+    fcntl.ioctl(writer, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 120 columns
+    proc = subprocess.Popen(
+        [str(INQ_TRAIN), *TINY, f"hydra.run.dir={tmp_path}"],
+        stdout=subprocess.DEVNULL,
+        stderr=writer,
+    )
+    os.close(writer)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(reader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(reader)
+    assert proc.wait(timeout=300) == 0
+    shown = b"".join(chunks).decode(errors="replace")
+    assert "run: 100%" in shown and "40/40" in shown  # the whole run: 5 epochs of 8 steps
+    assert "stage4 epoch 1/1" in shown
