@@ -215,6 +215,7 @@ def test_eval_matches_the_masked_checkpoint_on_digits(capsys, tmp_path: Path) ->
     assert code == 1 and "the model has in_channels=1, the synthetic data in_channels=3" in err
 
 
+@pytest.mark.slow
 def test_eval_uses_the_data_the_run_recorded(capsys, tmp_path: Path) -> None:
     # synthetic data at 16 pixels: eval used to build 32-pixel images and report chance accuracy
     out = tmp_path / "run"
@@ -246,6 +247,7 @@ def test_eval_refuses_a_device_this_machine_lacks(capsys, masked: Path, monkeypa
         assert code == 1 and f"--device {device}: " in err and message in err, err
 
 
+@pytest.mark.slow
 def test_module_entry_point(masked: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "inq.cli", "verify", str(masked)],

@@ -25,6 +25,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_export_holds_only_power_of_two_weights_with_full_masks(run_dir: Path) -> None:
     ckpt = load_masked(run_dir / "model_masked.safetensors")
     assert (ckpt.bits, ckpt.stage, ckpt.portions) == (5, 4, (0.3, 0.6, 0.8, 1.0))
@@ -36,6 +37,7 @@ def test_export_holds_only_power_of_two_weights_with_full_masks(run_dir: Path) -
     model.load_state_dict(ckpt.state)
 
 
+@pytest.mark.slow
 def test_packed_export_decodes_to_the_masked_weights(run_dir: Path) -> None:
     masked = load_masked(run_dir / "model_masked.safetensors")
     packed = load_packed(run_dir / "model.inq.safetensors").state_dict()
@@ -50,6 +52,7 @@ def test_packed_export_decodes_to_the_masked_weights(run_dir: Path) -> None:
     assert packed_sizes["ratio"] <= 5 / 32 * 1.01  # a bitmap and 4-bit values: at most ~5 bits
 
 
+@pytest.mark.slow
 def test_summary_checkpoints_and_table(run_dir: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert list(summary["stages"]) == ["stage1", "stage2", "stage3", "stage4"]
@@ -70,6 +73,7 @@ def test_summary_checkpoints_and_table(run_dir: Path) -> None:
         assert f"\n{row} " in stdout
 
 
+@pytest.mark.slow
 def test_readme_names_every_file_of_a_run(run_dir: Path) -> None:
     """Issue 12: model.inq.safetensors was missing from the README's list of a run's files."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -78,6 +82,7 @@ def test_readme_names_every_file_of_a_run(run_dir: Path) -> None:
     assert made and [name for name in made if f"`{name}" not in paragraph] == []
 
 
+@pytest.mark.slow
 def test_tensorboard_events_carry_the_tags(run_dir: Path) -> None:
     events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0, "histograms": 0})
     events.Reload()
@@ -95,6 +100,7 @@ def test_tensorboard_events_carry_the_tags(run_dir: Path) -> None:
     assert [e.value for e in events.Scalars("inq/stage")][-1] == 4
 
 
+@pytest.mark.slow
 def test_final_bias_norm_epochs_leave_the_quantized_weights_alone(tmp_path: Path) -> None:
     inq_train(
         *TINY, "inq.final_epochs=1", "trainer.keep_checkpoints=2", f"hydra.run.dir={tmp_path}"
@@ -112,6 +118,7 @@ def test_final_bias_norm_epochs_leave_the_quantized_weights_alone(tmp_path: Path
     assert trained and any(not torch.equal(after.state[k], before[k]) for k in trained)
 
 
+@pytest.mark.slow
 def test_multirun_gives_each_job_its_own_directory(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     inq_train("-m", "inq.bits=3,4", *TINY, "inq.portions=[0.5,1.0]", f"hydra.sweep.dir={sweep}")
@@ -120,6 +127,7 @@ def test_multirun_gives_each_job_its_own_directory(tmp_path: Path) -> None:
     assert load_masked(sweep / "1" / "model_masked.safetensors").bits == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -151,6 +159,7 @@ def test_bad_input_ends_in_one_message_naming_the_key(
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_checkpoint_holding_nan_is_refused(tmp_path: Path) -> None:
     model = build_model({"name": "digits_cnn", "num_classes": 10, "in_channels": 1, "width": 16})
     state = model.state_dict()
@@ -166,6 +175,7 @@ def test_a_checkpoint_holding_nan_is_refused(tmp_path: Path) -> None:
     assert "holds NaN or infinite values in '1.bias'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_help_describes_inq() -> None:
     proc = inq_train("--help")
     assert proc.stdout.startswith("inq-train: Incremental Network Quantization")
@@ -173,6 +183,7 @@ def test_help_describes_inq() -> None:
         assert text in proc.stdout
 
 
+@pytest.mark.slow
 def test_progress_is_one_line_per_epoch_without_a_terminal(run_dir: Path) -> None:
     lines = [
         line for line in (run_dir / "stdout.txt").read_text().splitlines() if " epoch " in line
@@ -185,6 +196,7 @@ def test_progress_is_one_line_per_epoch_without_a_terminal(run_dir: Path) -> Non
     assert lines[-1].endswith("ETA 0:00")
 
 
+@pytest.mark.slow
 def test_integer_phase_writes_a_sound_integer_model_and_resumes_exactly(tmp_path: Path) -> None:
     from inq.cli import main
     from inq.train.checkpoint import KILL_ENV
@@ -217,6 +229,7 @@ def test_integer_phase_writes_a_sound_integer_model_and_resumes_exactly(tmp_path
     ]
 
 
+@pytest.mark.slow
 def test_pruned_run_keeps_its_zeros_everywhere_and_resumes_exactly(tmp_path: Path) -> None:
     import onnx
     from onnx import numpy_helper

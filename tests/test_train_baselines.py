@@ -22,6 +22,7 @@ def summary_of(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_oneshot_rounds_the_float_model_once_without_retraining(tmp_path: Path) -> None:
     inq_train(*TINY, "inq.method=oneshot", "inq.bits=4", f"hydra.run.dir={tmp_path}")
     s = summary_of(tmp_path)
@@ -46,6 +47,7 @@ def ste_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_ste_trains_for_inq_epoch_budget_and_exports_exact_powers_of_two(
     ste_reference: Path,
 ) -> None:
@@ -64,6 +66,7 @@ def test_ste_trains_for_inq_epoch_budget_and_exports_exact_powers_of_two(
     assert ckpt.n1 == {k: inq.pow2_n1(float_model[k]) for k in ckpt.n1}  # n1 of the float model
 
 
+@pytest.mark.slow
 def test_ste_killed_mid_training_and_in_the_final_eval_resumes_bit_identically(
     tmp_path: Path, ste_reference: Path
 ) -> None:
@@ -85,6 +88,7 @@ def test_ste_killed_mid_training_and_in_the_final_eval_resumes_bit_identically(
     assert summary_of(run_dir)["final_acc"] == summary_of(ste_reference)["final_acc"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -52,6 +52,7 @@ def scalar_points(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     }
 
 
+@pytest.mark.slow
 def test_killed_four_times_then_resumed_is_bit_identical(
     tmp_path: Path, reference_dir: Path
 ) -> None:
@@ -112,6 +113,7 @@ def test_killed_four_times_then_resumed_is_bit_identical(
 LEVEL_OPTIONS = ("inq.bits=3", "inq.n1_rule=mse", "inq.granularity=channel")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["inq", "ste"])
 def test_resume_is_bit_identical_with_per_channel_mse_level_sets(
     tmp_path: Path, method: str

@@ -18,6 +18,7 @@ from inq.models import build_model
 from inq.train.distributed import check_identical, setup
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_stay_identical(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     command = [
@@ -92,6 +93,7 @@ def _teardown_ranks(tmp_path: Path, mode: str) -> list[dict]:
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="lists threads from /proc")
 def test_teardown_is_collective_and_frees_the_group(tmp_path: Path) -> None:
     first, late = _teardown_ranks(tmp_path, "ok")
@@ -104,6 +106,7 @@ def test_teardown_is_collective_and_frees_the_group(tmp_path: Path) -> None:
         assert not any("gloo" in name for name in rank["after"]), rank["after"]
 
 
+@pytest.mark.slow
 def test_teardown_while_failing_does_not_wait(tmp_path: Path) -> None:
     first, late = _teardown_ranks(tmp_path, "failing")
     # a failed or stopped rank leaves at once: its peers may be inside any collective
