@@ -12,6 +12,7 @@
     inq eval m.int.safetensors                               # ... evaluated in integer arithmetic
     inq bench kernel --json out.json                         # GPU kernels vs cuBLAS / cuDNN
     inq bench kernel --static                                # no GPU: sm_90 SASS check
+    inq bench onnx m.onnx m.qdq.onnx --peer                  # ONNX Runtime CPU latency
 
 Subcommands live in :data:`COMMANDS` (name -> :class:`Command`); add one there to extend the
 tool. Errors a user can cause end in one line on stderr and exit status 1.
@@ -34,6 +35,7 @@ from types import FrameType
 import torch
 
 from inq import runfiles
+from inq.bench_onnx import ONNX_HELP, add_onnx_arguments, run_onnx
 from inq.data import build_eval_loader, eval_data_config, input_shape
 from inq.evaluation import evaluate
 from inq.export import MASKED_FORMATS
@@ -185,7 +187,12 @@ def _export_onnx(args: argparse.Namespace) -> int:
             data = eval_data_config(int_model.info.get("data", {}), args.data)
             int_model.info["data"] = data
             stats = export_qdq(int_model, output, input_shape(data))
-            read, what = source, "Q/DQ graph of the integer model"
+            read = source
+            what = (
+                f"Q/DQ graph of the integer model, {stats['int8_layers']} conv/linear layers "
+                f"with int8 weights, {stats['float_layers']} with exact float weights"
+                + (" (they do not fit int8)" if stats["float_layers"] else "")
+            )
         else:
             packed, read = load_model(source)
             data = eval_data_config(packed.data, args.data)
@@ -495,6 +502,26 @@ def _requant_kind(op: IntOp, tensors: dict[str, torch.Tensor]) -> str:
     return f"{'shift' if pure else 'multiplier'} {multipliers} >> {op.attrs['shift']}"
 
 
+# ---------------------------------------------------------------------------------- bench
+
+BENCH_TARGETS: dict[str, Command] = {
+    "kernel": Command(BENCH_HELP, add_bench_arguments, run_bench),
+    "onnx": Command(ONNX_HELP, add_onnx_arguments, run_onnx),
+}
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    targets = p.add_subparsers(dest="target", required=True, metavar="TARGET")
+    for name, target in BENCH_TARGETS.items():
+        t = targets.add_parser(name, help=target.help, description=target.help)
+        target.add_arguments(t)
+        t.set_defaults(run_target=target.run)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    return args.run_target(args)
+
+
 # ---------------------------------------------------------------------------------- main
 
 COMMANDS: dict[str, Command] = {
@@ -505,7 +532,11 @@ COMMANDS: dict[str, Command] = {
     "calibrate": Command(
         "integer model: calibrate int8 activations, fold BatchNorm", _calibrate_args, _calibrate
     ),
-    "bench": Command(BENCH_HELP, add_bench_arguments, run_bench),
+    "bench": Command(
+        "time the GPU kernels (kernel), or ONNX files in ONNX Runtime on the CPU (onnx)",
+        _bench_args,
+        _bench,
+    ),
 }
 
 

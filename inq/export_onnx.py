@@ -3,21 +3,34 @@
 :func:`export_onnx` writes the float-activation network of a packed model: the graph that
 ``torch.onnx.export`` (the ``torch.export``-based exporter, opset :data:`OPSET`) makes of the
 model rebuilt from the file, with the input's batch dimension dynamic (``batch``) and the
-power-of-two weights as initializers named by their state-dict keys. The export is checked
-before it is written: ``onnx.checker`` passes, and every quantized weight is an initializer
-equal to its decoded codes bit for bit (an exporter that folded BatchNorm into a weight would
-be refused). The file records the model and data descriptions in its ``metadata_props``, so
-``inq eval model.onnx`` evaluates it on the run's data.
+power-of-two weights as initializers named by their state-dict keys. Its constants are folded
+(not BatchNorm: the exporter's optimizer would fold it into the weights), so ONNX Runtime folds
+BatchNorm when it loads the file and runs what a plain ``optimize=True`` export runs. The export
+is checked before it is written: ``onnx.checker`` passes, and every quantized weight is an
+initializer equal to its decoded codes bit for bit. The file records the model and data
+descriptions in its ``metadata_props``, so ``inq eval model.onnx`` evaluates it on the run's
+data.
 
-:func:`export_qdq` writes an integer model (:mod:`inq.quant.integer`) as a Q/DQ graph: every
-value quantized by ``QuantizeLinear``/``DequantizeLinear`` with its scale (zero point 0; uint8
-or int8 as the integer model stores it, clipped to its range first, so 2-8 bits and folded
-ReLUs are kept), float Conv/Gemm between them, the folded BatchNorm as the per-channel factor
-and offset the integer requantization applies, ``(acc + bias) * m * 2**-r`` in real units. The
-weights are int8 initializers behind a ``DequantizeLinear`` with a power-of-two scale (one per
-output channel) where the level set fits int8, up to 4 bits (5 bits would need +128), and exact
-float initializers otherwise. It computes the integer model's function in float, rounding half
-to even where the integer model rounds half up.
+:func:`export_qdq` writes an integer model (:mod:`inq.quant.integer`) as the Q/DQ graph that
+ONNX Runtime and TensorRT fuse into integer kernels. Each conv/linear is a node unit:
+``DequantizeLinear`` of its input, of int8 weights ``±2**k`` (zero point 0) with one scale per
+output channel carrying the power-of-two exponent and the folded BatchNorm factor
+(:func:`qdq_weight`), and of an int32 bias (scale: input scale times weight scale); the op; a
+``Relu`` where the model has one; ``QuantizeLinear`` with the next value's scale. Adds and
+average pooling are node units too (QLinearAdd, QLinearAveragePool); max pooling, flatten,
+slicing and zero padding run on the integers. Values are uint8 or int8 as the integer model
+stores them (zero point 0); where a value's range is narrower than its type (fewer activation
+bits, a ReLU6), a ``Clip`` of the integers follows its ``QuantizeLinear``. The last conv/linear,
+which the integer model keeps in int32, gives float logits.
+
+Where a layer's integers do not fit int8 (``+128`` at 5 bits, wider level sets at 6-8 bits),
+its weights are float initializers of the same values, exact (``±2**k`` times a float32
+scale), and its input ``DequantizeLinear`` repeats the scale per channel: ONNX Runtime then runs
+the layer as a float convolution instead of re-quantizing its weights to per-tensor int8 (its
+WeightBiasQuantization rewrite would). :func:`export_qdq` reports how many layers took each
+form. ONNX Runtime rounds half to even where the integer model rounds half up, and computes
+requantization in float32: a value exactly (or within float32 precision) halfway between two
+integers can differ by one step, e.g. average pooling by a power of two.
 
 Example (shell)::
 
@@ -31,7 +44,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +54,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from inq.codes import decode_weight
+from inq.codes import decode_weight, unpack_codes
 from inq.io import atomic_path
 from inq.models import build_model
 from inq.packed import PackedFile
-from inq.quant.integer import IntegerModel
+from inq.quant.integer import INT32_MAX, IntegerModel, IntOp, value_dtype
 
-__all__ = ["OPSET", "OnnxModel", "export_onnx", "export_qdq", "is_onnx"]
+__all__ = ["OPSET", "OnnxModel", "QdqWeight", "export_onnx", "export_qdq", "is_onnx", "qdq_weight"]
 
 OPSET = 18
 INPUT_NAME, OUTPUT_NAME = "input", "logits"
@@ -98,8 +113,20 @@ def export_onnx(
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ValueError(f"ONNX cannot express the model: {first}") from None
     proto = program.model_proto
+    _fold_constants(proto)
     _check_weights(proto, packed, onnx)
     return _save(proto, path, onnx, packed.model, packed.data)
+
+
+def _fold_constants(proto: Any) -> None:
+    """Fold what the exporter computes from constants (a bias-less conv's zero bias is a
+    ``Shape``/``Expand`` of its weight): then ONNX Runtime folds BatchNorm into the convolution
+    when it loads the file, and runs the graph a plain ``optimize=True`` export gives, while the
+    file keeps the power-of-two weights and BatchNorm apart."""
+    from onnxscript.optimizer import fold_constants, remove_unused_nodes
+
+    fold_constants(proto)
+    remove_unused_nodes(proto)
 
 
 def _save(
@@ -141,41 +168,102 @@ def export_qdq(
     model: IntegerModel, path: str | os.PathLike[str], input_shape: tuple[int, ...]
 ) -> dict[str, Any]:
     """Write the Q/DQ ONNX graph of an integer model for inputs ``[batch, *input_shape]``;
-    returns ``{"opset", "nodes", "initializers", "bytes"}``.
+    returns ``{"opset", "nodes", "initializers", "bytes", "int8_layers", "float_layers"}``
+    (how many conv/linear layers have int8 weights, and how many keep float weights).
 
     Raises:
         ValueError: if the onnx extra is missing or an op has no ONNX form here.
     """
     onnx, _ = _modules()
     graph = _QdqGraph(onnx)
-    values: dict[str, str] = {}
-    scales = {op.name: float(op.attrs["scale"]) for op in model.ops}
     for op in model.ops:
-        ins = [values[i] for i in op.inputs] or [INPUT_NAME]
-        in_scale = scales[op.inputs[0]] if op.inputs else 1.0
-        own = model.op_tensors(op.name)
-        values[op.name] = graph.op(op, ins, own, op is model.ops[-1], in_scale)
-    output = onnx.helper.make_tensor_value_info(
-        OUTPUT_NAME, onnx.TensorProto.FLOAT, ["batch", "classes"]
-    )
+        graph.add(op, model.op_tensors(op.name))
     graph.nodes.append(
-        onnx.helper.make_node("Identity", [values[model.ops[-1].name]], [OUTPUT_NAME])
+        onnx.helper.make_node("Identity", [graph.real(model.ops[-1].name)], [OUTPUT_NAME])
     )
     shape = ["batch", *input_shape]
+    dims = ["batch", *(f"d{i}" for i in range(1, _rank(model.ops, len(shape))))]
+    output = onnx.helper.make_tensor_value_info(OUTPUT_NAME, onnx.TensorProto.FLOAT, dims)
     source = onnx.helper.make_tensor_value_info(INPUT_NAME, onnx.TensorProto.FLOAT, shape)
     proto = onnx.helper.make_model(
         onnx.helper.make_graph(graph.nodes, "inq_qdq", [source], [output], graph.initializers),
         opset_imports=[onnx.helper.make_opsetid("", OPSET)],
         producer_name="inq",
     )
-    return _save(proto, path, onnx, model.info.get("model", {}), model.info.get("data", {}))
+    stats = _save(proto, path, onnx, model.info.get("model", {}), model.info.get("data", {}))
+    return {**stats, "int8_layers": graph.layers[0], "float_layers": graph.layers[1]}
+
+
+@dataclass
+class QdqWeight:
+    """A conv/linear layer in Q/DQ form (float64 tensors, every value exact): the integer
+    weights ``ints`` (``±2**k``), the ``bias`` in units of ``s_in * scale`` (an integer) and one
+    weight ``scale`` per output channel."""
+
+    ints: Tensor
+    bias: Tensor
+    scale: Tensor
+
+    @property
+    def int8(self) -> bool:
+        """Whether the weights fit int8 and the bias int32 (else the layer stays float)."""
+        return (
+            float(self.ints.min()) >= -128
+            and float(self.ints.max()) <= 127
+            and float(self.bias.abs().max()) <= INT32_MAX
+        )
+
+
+def qdq_weight(op: IntOp, tensors: dict[str, Tensor], in_scale: float) -> QdqWeight:
+    """The Q/DQ form of a conv/linear op of the integer model: the same function, no weight
+    changed.
+
+    Row ``c`` of the op computes ``(acc + bias) * M`` (before rounding), ``acc`` summing
+    ``x * ±2**(frac - offset)`` and ``M = multiplier * 2**-shift``. With ``top`` the row's
+    largest offset (at least ``frac``), its Q/DQ weights are the integers
+    ``sign(M) * ±2**(top - offset)``, its bias ``sign(M) * bias * 2**(top - frac)`` and its
+    weight scale ``|M| * 2**(frac - top) * s_out / s_in``: the power-of-two exponent and the
+    folded BatchNorm factor in one number, so that ``s_in * scale / s_out`` is ``|M|``, the
+    requantization of a QLinearConv.
+
+    Example:
+        >>> from inq.codes import pack_codes
+        >>> codes = pack_codes(torch.tensor([[8, 13, 0]], dtype=torch.uint8), 4)  # 1, -1/2, 0
+        >>> tensors = {"codes": codes, "bias": torch.tensor([3], dtype=torch.int32),
+        ...            "multiplier": torch.tensor([-3]), "shift": torch.tensor([4])}
+        >>> op = IntOp("fc", "linear", ["x"], {"bits": 4, "frac": 1, "in_features": 3,
+        ...            "out_features": 1, "scale": 0.5, "lo": -128, "hi": 127})
+        >>> w = qdq_weight(op, tensors, in_scale=0.25)
+        >>> w.ints.tolist(), w.bias.tolist(), w.scale.tolist(), w.int8
+        ([[-2.0, 1.0, -0.0]], [-3.0], [0.375], True)
+    """
+    a = op.attrs
+    shape = tuple(a["weight_shape"]) if op.op == "conv" else (a["out_features"], a["in_features"])
+    bits, frac = a["bits"], a["frac"]
+    codes = unpack_codes(tensors["codes"], bits, math.prod(shape[1:])).to(torch.int64)
+    top = torch.where(codes != 0, codes & ((1 << (bits - 2)) - 1), 0).amax(dim=1).clamp(min=frac)
+    sign = torch.where(tensors["multiplier"] < 0, -1.0, 1.0).double()
+    ints = decode_weight(tensors["codes"], bits, top.to(torch.int32), shape, torch.float64)
+    ints = ints * sign.reshape(-1, *[1] * (len(shape) - 1))
+    bias = torch.ldexp(tensors["bias"].double() * sign, (top - frac).double())
+    scale = torch.ldexp(
+        tensors["multiplier"].abs().double() * (a["scale"] / in_scale),
+        (frac - top - tensors["shift"].to(torch.int64)).double(),
+    )
+    return QdqWeight(ints, bias, scale)
 
 
 class _QdqGraph:
-    """Nodes and initializers of a Q/DQ graph, one integer op at a time (float tensors)."""
+    """Nodes and initializers of a Q/DQ graph, one integer op at a time.
+
+    ``values`` maps each op to the ONNX tensor of its integers (uint8/int8 as the integer model
+    stores them), or of its real values where the model keeps int32 (a last conv/linear)."""
 
     def __init__(self, onnx: Any) -> None:
         self.onnx, self.nodes, self.initializers = onnx, [], []
+        self.values: dict[str, str] = {}
+        self.ops: dict[str, IntOp] = {}
+        self.layers = [0, 0]  # conv/linear layers with int8 weights, with float weights
         self.count = 0
 
     def name(self, stem: str) -> str:
@@ -192,43 +280,67 @@ class _QdqGraph:
         self.nodes.append(self.onnx.helper.make_node(kind, inputs, [out], **attrs))
         return out
 
-    def qdq(self, x: str, op: Any) -> str:
-        """Clip to the op's integer range, quantize with its scale, dequantize."""
-        a = op.attrs
-        scale = np.float32(a["scale"])
-        low, high = (np.array(v * scale, np.float32) for v in (a["lo"], a["hi"]))
-        clipped = self.node("Clip", [x, self.const("lo", low), self.const("hi", high)], op.name)
-        zero = np.array(0, np.uint8 if a["lo"] >= 0 else np.int8)
-        args = [self.const("scale", np.array(scale, np.float32)), self.const("zero", zero)]
-        q = self.node("QuantizeLinear", [clipped, *args], f"{op.name}_q")
-        return self.node("DequantizeLinear", [q, *args], f"{op.name}_dq")
+    def real(self, name: str, channels: int = 0) -> str:
+        """A DequantizeLinear of value ``name`` (one per consumer, as runtimes expect); with
+        ``channels``, its scale repeated per channel (axis 1)."""
+        op = self.ops[name]
+        if _is_real(op):
+            return self.values[name]
+        return self.node("DequantizeLinear", [self.values[name], *self.scale_zero(op, channels)],
+                         f"{name}_dq", axis=1)  # fmt: skip
 
-    def op(self, op: Any, ins: list[str], t: dict[str, Tensor], last: bool, in_scale: float) -> str:
+    def scale_zero(self, op: IntOp, channels: int = 0) -> list[str]:
+        """The scale and zero point of ``op``'s value, scalars or ``channels`` long."""
+        dtype = _NUMPY[value_dtype(op.attrs["lo"], op.attrs["hi"])]
+        shape = (channels,) if channels else ()
+        return [self.const("scale", np.full(shape, op.attrs["scale"], np.float32)),
+                self.const("zero", np.zeros(shape, dtype))]  # fmt: skip
+
+    def quantize(self, y: str, op: IntOp) -> str:
+        """QuantizeLinear with the op's scale, then a Clip of the integers where the op's range
+        is narrower than its type (fewer bits, ReLU6)."""
+        a = op.attrs
+        q = self.node("QuantizeLinear", [y, *self.scale_zero(op)], f"{op.name}_q")
+        dtype = _NUMPY[value_dtype(a["lo"], a["hi"])]
+        if (a["lo"], a["hi"]) == (np.iinfo(dtype).min, np.iinfo(dtype).max):
+            return q
+        bounds = [self.const(stem, np.array(a[stem], dtype)) for stem in ("lo", "hi")]
+        return self.node("Clip", [q, *bounds], op.name)
+
+    def add(self, op: IntOp, tensors: dict[str, Tensor]) -> None:
+        self.ops[op.name] = op
         a, kind = op.attrs, op.op
+        ins = op.inputs
         if kind == "input":
-            return self.qdq(ins[0], op)
-        if kind in ("conv", "linear"):
-            y = self.weight_op(op, ins[0], t, in_scale)
-            if last:
-                return self.node("Relu", [y], op.name) if a["lo"] == 0 else y
-            return self.qdq(y, op)
-        if kind == "add":
-            return self.qdq(self.node("Add", ins, op.name), op)
-        if kind == "avgpool":
+            value = self.quantize(INPUT_NAME, op)
+        elif kind in ("conv", "linear", "add"):
+            y = self.weight_op(op, tensors) if kind != "add" else self.node(
+                "Add", [self.real(i) for i in ins], op.name)  # fmt: skip
+            if a["lo"] == 0:  # a folded ReLU (redundant before a zero point of 0: fused away)
+                y = self.node("Relu", [y], op.name)
+            value = y if _is_real(op) else self.quantize(y, op)
+        elif kind == "avgpool":
+            x = self.real(ins[0])
             if a["kernel"] is None:
-                pooled = self.node("GlobalAveragePool", ins, op.name)
+                pooled = self.node("GlobalAveragePool", [x], op.name)
             else:
-                pooled = self.node("AveragePool", ins, op.name, kernel_shape=a["kernel"],
+                pooled = self.node("AveragePool", [x], op.name, kernel_shape=a["kernel"],
                                    strides=a["stride"])  # fmt: skip
-            return self.qdq(pooled, op)
+            value = self.quantize(pooled, op)
+        elif kind == "relu":
+            value = self.quantize(self.node("Relu", [self.real(ins[0])], op.name), op)
+        else:  # exact on the integers: the runtime's integer kernels, no Q/DQ
+            value = self.integer_op(op, self.values[ins[0]])
+        self.values[op.name] = value
+
+    def integer_op(self, op: IntOp, x: str) -> str:
+        a, kind = op.attrs, op.op
         if kind == "maxpool":
             k, st, pad, dil = (a[key] for key in ("kernel", "stride", "padding", "dilation"))
-            return self.node("MaxPool", ins, op.name, kernel_shape=k, strides=st, pads=pad + pad,
+            return self.node("MaxPool", [x], op.name, kernel_shape=k, strides=st, pads=pad + pad,
                              dilations=dil, ceil_mode=int(a["ceil_mode"]))  # fmt: skip
-        if kind == "relu":
-            return self.node("Relu", ins, op.name)
         if kind == "flatten" and a["start_dim"] == 1 and a["end_dim"] == -1:
-            return self.node("Flatten", ins, op.name, axis=1)
+            return self.node("Flatten", [x], op.name, axis=1)
         if kind == "slice" and None not in a["index"]:
             axes = [i for i, s in enumerate(a["index"]) if s != [None, None, None]]
             big = np.iinfo(np.int64).max
@@ -240,51 +352,67 @@ class _QdqGraph:
                 self.const(stem, arr)
                 for stem, arr in zip(("starts", "ends", "axes", "steps"), arrays, strict=True)
             ]
-            return self.node("Slice", [ins[0], *names], op.name)
+            return self.node("Slice", [x, *names], op.name)
         if kind == "pad" and len(a["pad"]) % 2 == 0:
             pairs = [a["pad"][i : i + 2] for i in range(0, len(a["pad"]), 2)]  # last dim first
             pairs = [[0, 0]] * (4 - len(pairs)) + pairs[::-1]
             pads = np.array([p[0] for p in pairs] + [p[1] for p in pairs], np.int64)
-            return self.node("Pad", [ins[0], self.const("pads", pads)], op.name, mode="constant")
+            return self.node("Pad", [x, self.const("pads", pads)], op.name, mode="constant")
         raise ValueError(f"op {op.name!r} ({kind}, {a}) has no ONNX form in the Q/DQ export")
 
-    def weight_op(self, op: Any, x: str, t: dict[str, Tensor], in_scale: float) -> str:
-        """Conv/Gemm on dequantized inputs, then the requantization's factor and offset."""
+    def weight_op(self, op: IntOp, tensors: dict[str, Tensor]) -> str:
+        """``Conv``/``Gemm`` of the ``DequantizeLinear``'d input, int8 weights (one scale per
+        output channel) and int32 bias (scale: input scale times weight scale). Where the
+        weights do not fit int8 (+128 at 5 bits, wider level sets), they and the bias are float
+        initializers of the same values, exact (an integer ``±2**k`` times a float32 scale):
+        runtimes run that layer as a float convolution."""
         a = op.attrs
-        rows = a["weight_shape"][0] if op.op == "conv" else a["out_features"]
-        shape = tuple(a["weight_shape"]) if op.op == "conv" else (rows, a["in_features"])
-        exponents = torch.as_tensor(a["n1"], dtype=torch.int64).expand(rows)
-        weight = decode_weight(t["codes"], a["bits"], exponents.to(torch.int32), shape,
-                               torch.float32)  # fmt: skip
-        top = (1 << (a["bits"] - 2)) - 1  # the largest offset: integers up to 2**top
-        if top <= 3:  # int8 codes behind a power-of-two scale per output channel
-            scale = torch.ldexp(torch.ones(rows), (exponents - top).float())
-            ints = (weight / scale.reshape(-1, *[1] * (len(shape) - 1))).round().to(torch.int8)
-            parts = [
-                self.const("w", ints.numpy()),
+        in_scale = np.float32(self.ops[op.inputs[0]].attrs["scale"])
+        w = qdq_weight(op, tensors, float(in_scale))
+        scale = w.scale.float()
+        rows = len(scale)
+        self.layers[not w.int8] += 1
+        bias_scale = in_scale * scale.numpy()  # float32, as a runtime computes it
+        if w.int8:
+            weight = self.node("DequantizeLinear", [
+                self.const("w", w.ints.to(torch.int8).numpy()),
                 self.const("w_scale", scale.numpy()),
                 self.const("w_zero", np.zeros(rows, np.int8)),
-            ]
-            w = self.node("DequantizeLinear", parts, f"{op.name}_w", axis=0)
-        else:
-            w = self.const("w", weight.numpy())
-        if op.op == "conv":
-            y = self.node("Conv", [x, w], op.name, strides=a["stride"], pads=a["padding"] * 2,
-                          dilations=a["dilation"], group=a["groups"])  # fmt: skip
-        else:
-            y = self.node("Gemm", [x, w], op.name, transB=1)
-        acc_scale = torch.ldexp(torch.full((rows,), in_scale, dtype=torch.float64),
-                                (exponents - a["frac"]).double())  # fmt: skip
-        factor = t["multiplier"].double() * torch.ldexp(
-            torch.ones(rows, dtype=torch.float64), -t["shift"].double()
-        )
-        gain = factor * a["scale"] / acc_scale  # real output per real conv output
-        offset = t["bias"].double() * factor * a["scale"]
-        view = (1, rows, 1, 1) if op.op == "conv" else (1, rows)
-        y = self.node("Mul", [y, self.const("gain", gain.float().reshape(view).numpy())], op.name)
-        return self.node(
-            "Add", [y, self.const("offset", offset.float().reshape(view).numpy())], op.name
-        )
+            ], f"{op.name}_w", axis=0)  # fmt: skip
+            bias = self.node("DequantizeLinear", [
+                self.const("b", w.bias.to(torch.int32).numpy()),
+                self.const("b_scale", bias_scale),
+                self.const("b_zero", np.zeros(rows, np.int32)),
+            ], f"{op.name}_b", axis=0)  # fmt: skip
+        else:  # a per-channel input scale keeps ONNX Runtime from re-quantizing the weights
+            view = (-1, *[1] * (w.ints.dim() - 1))  # (per tensor, to int8: its WeightBias-
+            weight = self.const("w", (w.ints.float() * scale.reshape(view)).numpy())  # Quanti-
+            bias = self.const("b", (w.bias * torch.from_numpy(bias_scale).double()).float().numpy())
+        channels = 0 if w.int8 else w.ints.shape[1] * a.get("groups", 1)  # zation rewrite)
+        x = self.real(op.inputs[0], channels)
+        if op.op == "linear":
+            return self.node("Gemm", [x, weight, bias], op.name, transB=1)
+        return self.node("Conv", [x, weight, bias], op.name, strides=a["stride"],
+                         pads=a["padding"] * 2, dilations=a["dilation"],
+                         group=a["groups"])  # fmt: skip
+
+
+def _rank(ops: list[IntOp], input_rank: int) -> int:
+    """The rank of the last op's value: only ``flatten`` changes a rank."""
+    rank = input_rank
+    for op in ops:
+        if op.op == "flatten":
+            rank = op.attrs["start_dim"] % rank + 1
+    return rank
+
+
+_NUMPY = {torch.uint8: np.uint8, torch.int8: np.int8, torch.int32: np.int32}
+
+
+def _is_real(op: IntOp) -> bool:
+    """Whether the graph keeps the op's value real: an int32 value of the integer model (the
+    last conv/linear), which the Q/DQ graph leaves unquantized."""
+    return value_dtype(op.attrs["lo"], op.attrs["hi"]) == torch.int32
 
 
 class OnnxModel(nn.Module):

@@ -359,16 +359,15 @@ def _network_totals(results: list[BenchResult]) -> str:
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``inq bench kernel``.
+    """The arguments of ``inq bench kernel`` (the ``kernel`` target of ``inq bench``).
 
     Example:
-        >>> parser = argparse.ArgumentParser(prog="inq bench")
+        >>> parser = argparse.ArgumentParser(prog="inq bench kernel")
         >>> add_bench_arguments(parser)
-        >>> args = parser.parse_args(["kernel", "--static", "--bits", "4"])
+        >>> args = parser.parse_args(["--static", "--bits", "4"])
         >>> args.static, args.bits, args.conv_batches
         (True, [4], [1, 32])
     """
-    parser.add_argument("target", choices=["kernel"], help="what to time: the kernels")
     parser.add_argument("--bits", type=int, nargs="+", default=[4, 8], help="code bits")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="fp16")
     parser.add_argument("--batches", type=int, nargs="+", default=LINEAR_BATCHES)
@@ -417,9 +416,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
     Example::
 
-        parser = argparse.ArgumentParser(prog="inq bench")
+        parser = argparse.ArgumentParser(prog="inq bench kernel")
         add_bench_arguments(parser)
-        run_bench(parser.parse_args(["kernel", "--bits", "4", "--skip-conv"]))  # linear only
+        run_bench(parser.parse_args(["--bits", "4", "--skip-conv"]))  # linear only
     """
     if args.static:
         return run_static(args)

@@ -1,0 +1,566 @@
+"""``inq bench onnx``: ONNX Runtime CPU latency of ONNX files, side by side, in one run.
+
+Every file runs in its own ``InferenceSession`` on the CPU execution provider (``ORT_ENABLE_ALL``
+graph optimizations, ``--threads`` intra-op threads, one inter-op thread, sequential execution)
+on a random normal float input of its input shape with the batch dimension set (fixed seed, so
+files of one input shape get the same input). For each (batch, threads) setting every file is
+warmed up, then the files take turns run by run (round robin, the first of each round rotating),
+so that machine noise hits all of them alike; a file's figure is the median of its timed runs
+(``time.perf_counter``). The table shows milliseconds and the speed-up over the first file
+(first / this).
+
+``--peer`` adds ONNX Runtime's own int8 pipeline as a row, ``ort quantize_static``: the first
+file (taken to be the float export) run through ``quant_pre_process`` (shape inference and
+optimization; skipped, and said so, where it fails) and ``quantize_static`` in QDQ format with
+per-channel QInt8 weights and QUInt8 activations, calibrated on a few batches of the data the
+file records (``inq_data``) where that loads here, else on random normal inputs; the output
+says which.
+
+For each file it prints which kernels ORT runs the convs and linears in, counted on the optimized
+graph saved at ``ORT_ENABLE_EXTENDED``: the level where the QDQ fusions (``QLinearConv``,
+``QGemm``, ...) happen. ``ORT_ENABLE_ALL``, which is what is timed, adds only the
+hardware-specific NCHWc layout of float convs (ORT warns that such a saved graph only fits the
+machine it was made on); it turns no integer kernel into a float one or back.
+
+Example (shell)::
+
+    inq bench onnx model.onnx model.qdq.onnx --peer --json experiments/onnx_bench.json
+    inq bench onnx model.onnx --batches 1 --threads 1 2 4 --repeats 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inq.data import build_eval_loader, eval_data_config, input_shape
+from inq.export_onnx import is_onnx
+
+__all__ = [
+    "ONNX_HELP",
+    "OnnxFile",
+    "OpCounts",
+    "Timing",
+    "add_onnx_arguments",
+    "count_ops",
+    "ort_peer",
+    "run_onnx",
+    "time_setting",
+]
+
+ONNX_HELP = (
+    "ONNX Runtime CPU latency of ONNX files side by side, optionally with ORT's own int8 "
+    "quantization as a peer: inq bench onnx A.onnx B.onnx [--peer]"
+)
+PEER_NAME = "ort quantize_static"
+SEED = 0
+MAX_REPEATS, MIN_REPEATS, BUDGET_S = 50, 5, 2.0  # default: what fits in 2 s for the slowest file
+CALIBRATION_BATCHES, CALIBRATION_BATCH = 4, 16
+
+INTEGER_OPS = frozenset(
+    {"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm",
+     "MatMulIntegerToFloat", "DynamicQuantizeMatMul"}
+)  # fmt: skip
+FLOAT_OPS = frozenset(
+    {"Conv", "FusedConv", "NchwcConv", "ConvTranspose", "Gemm", "FusedGemm", "MatMul",
+     "FusedMatMul"}
+)  # fmt: skip
+_NCHWC = "com.microsoft.nchwc"
+
+
+def _ort() -> Any:
+    """The ``onnxruntime`` module, or one message naming the extra that brings it."""
+    try:
+        import onnx  # noqa: F401  (reads the optimized graphs)
+        import onnxruntime
+    except ImportError as err:
+        raise ValueError(
+            f"inq bench onnx needs the onnx extra: pip install 'inq[onnx]' ({err.name} is missing)"
+        ) from None
+    return onnxruntime
+
+
+# ---------------------------------------------------------------------------------- the files
+
+
+@dataclass(frozen=True)
+class OpCounts:
+    """Op types of an optimized graph: convs/linears in integer and in float kernels, the rest.
+
+    Example:
+        >>> print(count_ops(["QLinearConv", "QLinearConv", "QGemm", "QuantizeLinear"]).line())
+        conv/linear: 3 integer (2 QLinearConv, 1 QGemm), 0 float; other: 1 QuantizeLinear
+    """
+
+    integer: dict[str, int]
+    float: dict[str, int]
+    other: dict[str, int]
+
+    def line(self) -> str:
+        """One line: the conv/linear counts, then the other op types, most frequent first."""
+
+        def part(counts: dict[str, int]) -> str:
+            return ", ".join(f"{n} {op}" for op, n in counts.items())
+
+        def group(counts: dict[str, int], kind: str) -> str:
+            total = sum(counts.values())
+            return f"{total} {kind}" + (f" ({part(counts)})" if counts else "")
+
+        head = f"conv/linear: {group(self.integer, 'integer')}, {group(self.float, 'float')}"
+        return head + (f"; other: {part(self.other)}" if self.other else "")
+
+
+def count_ops(op_types: Iterable[str]) -> OpCounts:
+    """Sort op types into :class:`OpCounts` (each group most frequent first)."""
+    counts = Counter(op_types).most_common()
+    return OpCounts(
+        {op: n for op, n in counts if op in INTEGER_OPS},
+        {op: n for op, n in counts if op in FLOAT_OPS},
+        {op: n for op, n in counts if op not in INTEGER_OPS | FLOAT_OPS},
+    )
+
+
+@dataclass
+class OnnxFile:
+    """One file to time: its row name, input (name, shape without the batch) and what it
+    records (``inq_data``), and the ops of its optimized graph."""
+
+    path: Path
+    name: str
+    input: str
+    shape: tuple[int, ...]
+    data: dict[str, Any]
+    fixed_batch: int | None = None  # the only batch a graph exported without a dynamic one takes
+    ops: OpCounts = field(default_factory=lambda: count_ops([]))
+
+
+def read_file(path: Path, folder: Path, name: str | None = None) -> OnnxFile:
+    """Load ``path`` in ONNX Runtime, count the ops of its optimized graph (saved in ``folder``)
+    and find its input shape.
+
+    Example::
+
+        f = read_file(Path("model.onnx"), Path(tempfile.mkdtemp()))
+        print(f.name, f.shape, f.ops.line())
+
+    Raises:
+        ValueError: the file is missing, not named ``.onnx``, not loadable, or has an input that
+            is not one float tensor of a known shape.
+    """
+    if not is_onnx(path):
+        raise ValueError(f"{path}: not an ONNX file (its name should end in .onnx)")
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    ort = _ort()
+    import onnx
+
+    options = _options(ort, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, threads=1)
+    saved = folder / f"{len(list(folder.iterdir()))}.optimized.onnx"
+    options.optimized_model_filepath = str(saved)
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        graph = onnx.load(str(saved), load_external_data=False).graph
+    except Exception as err:  # onnx and onnxruntime raise their own kinds
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"{path}: cannot load as ONNX ({first})") from None
+    ops = count_ops("NchwcConv" if n.domain == _NCHWC else n.op_type for n in graph.node)
+    data = json.loads(session.get_modelmeta().custom_metadata_map.get("inq_data", "{}"))
+    inputs = session.get_inputs()
+    if len(inputs) != 1 or inputs[0].type != "tensor(float)":
+        kinds = [i.type for i in inputs]
+        raise ValueError(f"{path}: takes inputs {kinds}; inq bench onnx times one float input")
+    dims = inputs[0].shape
+    if len(dims) < 2:
+        raise ValueError(f"{path}: input {dims} has no batch dimension")
+    if all(isinstance(d, int) and d > 0 for d in dims[1:]):
+        shape = tuple(int(d) for d in dims[1:])
+    elif data:  # a free size besides the batch: the recorded data says which
+        shape = input_shape(eval_data_config(data, []))
+    else:
+        raise ValueError(f"{path}: input {dims} is not fixed and the file records no data")
+    batch = dims[0] if isinstance(dims[0], int) and dims[0] > 0 else None
+    return OnnxFile(path, name or path.name, inputs[0].name, shape, data, batch, ops)
+
+
+def _options(ort: Any, level: Any, threads: int) -> Any:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = level
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3  # errors only: the timing output stays readable
+    return options
+
+
+# ---------------------------------------------------------------------------------- the peer
+
+
+def ort_peer(source: OnnxFile, output: Path, folder: Path) -> str:
+    """Write ONNX Runtime's static int8 quantization of ``source`` to ``output`` (intermediate
+    files in ``folder``); returns how it was made (pre-processing and calibration data).
+
+    Example::
+
+        how = ort_peer(read_file(Path("model.onnx"), tmp), Path("model.ort.onnx"), tmp)
+
+    Raises:
+        ValueError: ONNX Runtime cannot quantize the model.
+    """
+    _ort()
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    inputs, calibration = calibration_inputs(source)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter({source.input: x} for x in inputs)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    model, pre = pre_process(source.path, folder / "pre.onnx")
+    try:
+        with _quiet():
+            quantize_static(
+                str(model),
+                str(output),
+                Reader(),
+                quant_format=QuantFormat.QDQ,
+                per_channel=True,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+            )
+    except Exception as err:  # onnxruntime raises many kinds
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"--peer: ONNX Runtime cannot quantize {source.path}: {first}") from None
+    return f"{pre}, QDQ, per-channel QInt8 weights, QUInt8 activations, calibrated on {calibration}"
+
+
+def pre_process(source: Path, output: Path) -> tuple[Path, str]:
+    """``quant_pre_process`` of ``source`` into ``output``: shape inference, then ORT's basic
+    optimizations (BatchNorm folded into the convs, ...). Where its symbolic shape inference
+    fails (it does on some ``torch.onnx`` exports), again without it; where that fails too, the
+    file as it is. Returns the model to quantize and what was done.
+
+    Example::
+
+        model, done = pre_process(Path("model.onnx"), Path(tmp) / "pre.onnx")
+    """
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    failed = ""
+    for skip_symbolic in (False, True):
+        try:
+            with _quiet():
+                quant_pre_process(str(source), str(output), skip_symbolic_shape=skip_symbolic)
+        except Exception as err:  # its shape inference raises many kinds
+            failed = (str(err).strip().splitlines() or [type(err).__name__])[0][:80]
+            continue
+        done = "quant_pre_process"
+        return output, done + (f" without symbolic shape inference ({failed})" if failed else "")
+    return source, f"no quant_pre_process (it fails: {failed})"
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """No log records below ERROR (ORT's quantization tools warn on the root logger)."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def calibration_inputs(source: OnnxFile) -> tuple[list[np.ndarray], str]:
+    """A few input batches for calibration: the recorded data's validation images where they
+    load here, else random normal inputs; and a description of which.
+
+    Example:
+        >>> f = OnnxFile(Path("m.onnx"), "m.onnx", "input", (3, 8, 8), {"name": "synthetic",
+        ...              "in_channels": 3, "image_size": 8})
+        >>> inputs, what = calibration_inputs(f)
+        >>> len(inputs), inputs[0].shape, what
+        (4, (16, 3, 8, 8), '4 batches of 16 synthetic validation images')
+    """
+    if source.data:
+        name = source.data.get("name")
+        try:
+            cfg = eval_data_config(source.data, [f"eval_batch_size={CALIBRATION_BATCH}"])
+            if input_shape(cfg) != source.shape:
+                raise ValueError(f"its images are {input_shape(cfg)}, not {source.shape}")
+            loader = build_eval_loader(cfg)
+            batches = [x.float().numpy() for x, _ in itertools.islice(loader, CALIBRATION_BATCHES)]
+            size = batches[0].shape[0]
+            return batches, f"{len(batches)} batches of {size} {name} validation images"
+        except (ValueError, OSError) as err:  # a ConfigError is a ValueError
+            why = f"{name} does not load here: {err}"
+    else:
+        why = "the file records no data"
+    rng = np.random.default_rng(SEED)
+    shape = (CALIBRATION_BATCH, *source.shape)
+    batches = [rng.standard_normal(shape, dtype=np.float32) for _ in range(CALIBRATION_BATCHES)]
+    what = f"{CALIBRATION_BATCHES} batches of {CALIBRATION_BATCH} random normal inputs ({why})"
+    return batches, what
+
+
+# ---------------------------------------------------------------------------------- timing
+
+
+@dataclass
+class Timing:
+    """One file at one setting: the median and fastest of its timed runs, in milliseconds."""
+
+    file: str
+    batch: int
+    threads: int
+    repeats: int
+    median_ms: float
+    min_ms: float
+    speedup: float  # the first file's median / this one's
+
+
+def time_setting(
+    files: Sequence[OnnxFile], batch: int, threads: int, repeats: int | None, warmup: int
+) -> list[Timing]:
+    """Time every file at one (batch, threads) setting, the files interleaved run by run.
+
+    ``repeats=None``: as many runs as fit in :data:`BUDGET_S` seconds for the slowest file
+    (judged from its last warm-up run), between :data:`MIN_REPEATS` and :data:`MAX_REPEATS`.
+
+    Example::
+
+        rows = time_setting([read_file(Path("a.onnx"), tmp)], batch=1, threads=1, repeats=20,
+                            warmup=3)
+        rows[0].median_ms
+    """
+    ort = _ort()
+    level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    runs = []
+    for f in files:
+        session = ort.InferenceSession(
+            str(f.path), _options(ort, level, threads), providers=["CPUExecutionProvider"]
+        )
+        x = np.random.default_rng(SEED).standard_normal((batch, *f.shape), dtype=np.float32)
+        runs.append((session, {f.input: x}))
+    slowest = 0.0
+    for f, (session, feed) in zip(files, runs, strict=True):
+        took = 0.0
+        for _ in range(warmup):
+            start = time.perf_counter()
+            try:
+                session.run(None, feed)
+            except Exception as err:  # onnxruntime raises its own kinds
+                first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                raise ValueError(f"{f.path}: does not run at batch {batch}: {first}") from None
+            took = time.perf_counter() - start
+        slowest = max(slowest, took)  # the last warm-up run of the slowest file
+    if repeats is None:
+        repeats = min(MAX_REPEATS, max(MIN_REPEATS, int(BUDGET_S / max(slowest, 1e-9))))
+    s = "" if threads == 1 else "s"
+    print(
+        f"batch {batch}, {threads} thread{s}: {len(files)} files, {repeats} runs each, interleaved",
+        file=sys.stderr,
+        flush=True,
+    )
+    times: list[list[float]] = [[] for _ in files]
+    for r in range(repeats):
+        for i in [(r + k) % len(runs) for k in range(len(runs))]:
+            session, feed = runs[i]
+            start = time.perf_counter()
+            session.run(None, feed)
+            times[i].append((time.perf_counter() - start) * 1e3)
+    medians = [statistics.median(t) for t in times]
+    return [
+        Timing(f.name, batch, threads, repeats, m, min(t), medians[0] / m)
+        for f, m, t in zip(files, medians, times, strict=True)
+    ]
+
+
+# ---------------------------------------------------------------------------------- output
+
+
+def cpu_name() -> str:
+    """The CPU's ``model name`` from ``/proc/cpuinfo``, or ``unknown CPU``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def format_table(files: Sequence[OnnxFile], timings: Sequence[Timing]) -> str:
+    """Rows: files; columns: milliseconds and speed-up over the first file, per setting.
+
+    Example:
+        >>> f = [OnnxFile(Path(n), n, "x", (1,), {}) for n in ("a.onnx", "b.onnx")]
+        >>> t = [Timing("a.onnx", 1, 1, 5, 2.0, 1.9, 1.0), Timing("b.onnx", 1, 1, 5, 1.0, 1.0, 2.0)]
+        >>> print(format_table(f, t))
+        file     b=1 t=1 ms   vs 1st
+        ----------------------------
+        a.onnx        2.000    1.00x
+        b.onnx        1.000    2.00x
+    """
+    settings = list(dict.fromkeys((t.batch, t.threads) for t in timings))
+    by = {(t.file, t.batch, t.threads): t for t in timings}
+    width = max(len("file"), *(len(f.name) for f in files))
+    labels = [f"b={b} t={n} ms" for b, n in settings]
+    head = f"{'file':<{width}}" + "".join(f"{label:>13}{'vs 1st':>9}" for label in labels)
+    rows = [
+        f"{f.name:<{width}}"
+        + "".join(
+            f"{by[f.name, b, n].median_ms:>13.3f}{by[f.name, b, n].speedup:>8.2f}x"
+            for b, n in settings
+        )
+        for f in files
+    ]
+    return "\n".join([head, "-" * len(head), *rows])
+
+
+# ---------------------------------------------------------------------------------- command
+
+
+def add_onnx_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``inq bench onnx``.
+
+    Example:
+        >>> parser = argparse.ArgumentParser(prog="inq bench onnx")
+        >>> add_onnx_arguments(parser)
+        >>> args = parser.parse_args(["a.onnx", "b.onnx", "--threads", "4"])
+        >>> args.files, args.batches, args.threads, args.repeats
+        (['a.onnx', 'b.onnx'], [1, 32], [4], None)
+    """
+    parser.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="ONNX files; the first is the reference of the speed-ups (and, with --peer, the "
+        "float export)",
+    )
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32], metavar="N",
+                        help="batch sizes (default: 1 32)")  # fmt: skip
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], metavar="N",
+                        help="intra-op threads (default: 1 2)")  # fmt: skip
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help=f"timed runs per file and setting (default: as many as fit in {BUDGET_S:g} s for "
+        f"the slowest file, {MIN_REPEATS} to {MAX_REPEATS})",
+    )
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: 3)")
+    parser.add_argument(
+        "--peer",
+        action="store_true",
+        help="add ONNX Runtime's quantize_static (QDQ, per-channel int8) of the first file",
+    )
+    parser.add_argument("--json", type=Path, help="write every figure here (and the peer beside)")
+
+
+def run_onnx(args: argparse.Namespace) -> int:
+    """Read the files (and build the peer), print their kernels, time them, print the table;
+    exit status 0.
+
+    Example::
+
+        parser = argparse.ArgumentParser(prog="inq bench onnx")
+        add_onnx_arguments(parser)
+        run_onnx(parser.parse_args(["model.onnx", "model.qdq.onnx", "--batches", "1"]))
+
+    Raises:
+        ValueError: a bad setting, or a file that is missing or not a loadable ONNX model.
+    """
+    checks = {"--batches": args.batches, "--threads": args.threads, "--warmup": [args.warmup]}
+    if args.repeats is not None:
+        checks["--repeats"] = [args.repeats]
+    for flag, values in checks.items():
+        if min(values) < 1:
+            raise ValueError(f"{flag} {' '.join(map(str, values))}: must be at least 1")
+    ort = _ort()
+    with tempfile.TemporaryDirectory(prefix="inq-bench-onnx-") as tmp:
+        folder = Path(tmp)
+        graphs = folder / "optimized"
+        graphs.mkdir()
+        paths = [Path(p) for p in args.files]
+        unique = len({p.name for p in paths}) == len(paths)
+        files = [read_file(p, graphs, p.name if unique else str(p)) for p in paths]
+        for f in files:
+            if f.fixed_batch is not None and set(args.batches) != {f.fixed_batch}:
+                raise ValueError(
+                    f"{f.path}: the graph takes batch {f.fixed_batch} only (exported without a "
+                    f"dynamic batch); use --batches {f.fixed_batch}"
+                )
+        peer = None
+        if args.peer:
+            where = folder if args.json is None else args.json.parent
+            where.mkdir(parents=True, exist_ok=True)
+            output = where / (("peer" if args.json is None else args.json.stem) + ".ort.onnx")
+            how = ort_peer(files[0], output, folder)
+            files.append(read_file(output, graphs, PEER_NAME))
+            peer = {"path": str(output), "of": str(files[0].path), "how": how}
+            kept = "" if args.json is None else f", written to {output}"
+            print(f"{PEER_NAME} of {files[0].path}: {how}{kept}")
+        width = max(len(f.name) for f in files)
+        for f in files:
+            print(f"{f.name:<{width}}  {f.ops.line()}")
+        timings = [
+            t
+            for batch, threads in itertools.product(args.batches, args.threads)
+            for t in time_setting(files, batch, threads, args.repeats, args.warmup)
+        ]
+    cpu = cpu_name()
+    runs = sorted({t.repeats for t in timings})
+    repeats = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]}-{runs[-1]}"
+    print(
+        f"ONNX Runtime {ort.__version__}, {cpu}, CPUExecutionProvider, ORT_ENABLE_ALL, "
+        f"sequential, 1 inter-op thread; median of {repeats} runs after {args.warmup} warm-up, "
+        "files interleaved"
+    )
+    print(format_table(files, timings))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "onnxruntime": ort.__version__,
+            "cpu": cpu,
+            "settings": {
+                "provider": "CPUExecutionProvider",
+                "graph_optimization": "ORT_ENABLE_ALL",
+                "ops_counted_at": "ORT_ENABLE_EXTENDED",
+                "execution": "sequential",
+                "inter_op_threads": 1,
+                "batches": args.batches,
+                "threads": args.threads,
+                "warmup": args.warmup,
+                "repeats": args.repeats,
+                "seed": SEED,
+            },
+            "files": [
+                {"name": f.name, "path": str(f.path), "input": list(f.shape), "ops": asdict(f.ops)}
+                for f in files
+            ],
+            "peer": peer,
+            "results": [asdict(t) for t in timings],
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0

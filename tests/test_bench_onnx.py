@@ -1,0 +1,197 @@
+"""``inq bench onnx`` (inq.bench_onnx): the structure of what it prints and writes, which kernels
+it finds in ORT's optimized graphs, ORT's own quantization as a peer, and one-line errors. No
+assertion on a time: only that every figure is a finite positive number."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+from inq.bench_onnx import OnnxFile, calibration_inputs, count_ops
+from inq.cli import main
+
+DATA = {"name": "synthetic", "in_channels": 3, "image_size": 8, "num_classes": 4}
+FAST = ["--repeats", "2", "--batches", "1", "--threads", "1", "--warmup", "1"]
+
+
+def tiny_float(path: Path, data: dict | None = DATA) -> Path:
+    """Conv-ReLU-Conv-ReLU-pool-Gemm on [batch, 3, 8, 8], dynamic batch, opset 18."""
+    rng = np.random.default_rng(0)
+
+    def init(name: str, *shape: int) -> TensorProto:
+        return numpy_helper.from_array((0.3 * rng.standard_normal(shape)).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["pool"]),
+        helper.make_node("Flatten", ["pool"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "wf", "bf"], ["logits"], transB=1),
+    ]
+    weights = [init("w1", 8, 3, 3, 3), init("b1", 8), init("w2", 8, 8, 3, 3), init("b2", 8)]
+    weights += [init("wf", 4, 8), init("bf", 4)]
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 4])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    if data is not None:
+        model.metadata_props.add(key="inq_data", value=json.dumps(data))
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+class _Random(CalibrationDataReader):
+    def __init__(self) -> None:
+        rng = np.random.default_rng(1)
+        self.feeds = iter(
+            {"input": rng.standard_normal((4, 3, 8, 8), dtype=np.float32)} for _ in range(2)
+        )
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self.feeds, None)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A float model and its QDQ quantization by ONNX Runtime (what ORT runs in integer)."""
+    folder = tmp_path_factory.mktemp("bench_onnx")
+    float_file = tiny_float(folder / "float.onnx")
+    qdq = folder / "qdq.onnx"
+    quantize_static(str(float_file), str(qdq), _Random(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8)  # fmt: skip
+    return float_file, qdq
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    code = main(["bench", "onnx", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _ops_line(out: str, name: str) -> str:
+    return next(line for line in out.splitlines() if re.match(rf"{name} +conv/linear: ", line))
+
+
+def test_two_files_side_by_side(files, tmp_path: Path, capsys) -> None:
+    float_file, qdq = files
+    out_json = tmp_path / "bench.json"
+    code, out, err = run(capsys, float_file, qdq, *FAST, "--json", out_json)
+    assert code == 0, err
+    assert re.search(r"conv/linear: 0 integer, 3 float \(", _ops_line(out, "float.onnx"))
+    qdq_ops = _ops_line(out, "qdq.onnx")
+    assert "conv/linear: 3 integer (2 QLinearConv, 1 QGemm), 0 float" in qdq_ops, qdq_ops
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("ONNX Runtime "))
+    assert "CPUExecutionProvider" in lines[header] and "median of 2 runs" in lines[header]
+    table = lines[header + 1 : header + 5]
+    assert table[0].split() == ["file", "b=1", "t=1", "ms", "vs", "1st"]
+    assert set(table[1]) == {"-"}
+    assert table[2].startswith("float.onnx") and table[2].endswith("1.00x")
+    assert table[3].startswith("qdq.onnx") and re.search(r"\d+\.\d{3} +\d+\.\d\dx$", table[3])
+    assert err.count("\n") == 1 and "batch 1, 1 thread: 2 files, 2 runs each" in err
+
+    payload = json.loads(out_json.read_text())
+    assert {"onnxruntime", "cpu", "settings", "files", "peer", "results"} <= set(payload)
+    assert payload["peer"] is None
+    assert [f["name"] for f in payload["files"]] == ["float.onnx", "qdq.onnx"]
+    assert payload["files"][1]["ops"]["integer"] == {"QLinearConv": 2, "QGemm": 1}
+    assert payload["files"][1]["ops"]["float"] == {}
+    assert payload["files"][0]["input"] == [3, 8, 8]
+    results = payload["results"]
+    assert [(r["file"], r["batch"], r["threads"], r["repeats"]) for r in results] == [
+        ("float.onnx", 1, 1, 2),
+        ("qdq.onnx", 1, 1, 2),
+    ]
+    for r in results:
+        for key in ("median_ms", "min_ms", "speedup"):
+            assert math.isfinite(r[key]) and r[key] > 0, r
+    assert results[0]["speedup"] == 1.0
+
+
+def test_the_peer_is_ort_quantize_static_calibrated_on_the_recorded_data(files, capsys) -> None:
+    float_file, _ = files
+    code, out, err = run(capsys, float_file, "--peer", *FAST)
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert first.startswith(f"ort quantize_static of {float_file}: ")
+    assert "QDQ, per-channel QInt8 weights, QUInt8 activations" in first
+    assert "calibrated on 4 batches of 16 synthetic validation images" in first
+    peer_ops = _ops_line(out, "ort quantize_static")
+    assert re.search(r"conv/linear: 3 integer \(.*\), 0 float", peer_ops), peer_ops
+    assert out.splitlines()[-1].startswith("ort quantize_static ")  # the table's last row
+
+
+def test_calibration_falls_back_to_random_inputs() -> None:
+    plain = OnnxFile(Path("m.onnx"), "m.onnx", "input", (3, 8, 8), {})
+    inputs, what = calibration_inputs(plain)
+    assert what == "4 batches of 16 random normal inputs (the file records no data)"
+    assert [x.shape for x in inputs] == [(16, 3, 8, 8)] * 4
+    cifar = OnnxFile(Path("m.onnx"), "m.onnx", "input", (3, 32, 32), {"name": "cifar10"})
+    inputs, what = calibration_inputs(cifar)
+    assert what.startswith("4 batches of 16 random normal inputs (cifar10 does not load here: ")
+    assert inputs[0].dtype == np.float32
+
+
+def test_op_kinds() -> None:
+    ops = count_ops(["NchwcConv", "MatMulInteger", "FusedGemm", "Relu", "NchwcConv"])
+    assert ops.integer == {"MatMulInteger": 1}
+    assert ops.float == {"NchwcConv": 2, "FusedGemm": 1}
+    assert ops.line() == (
+        "conv/linear: 1 integer (1 MatMulInteger), 3 float (2 NchwcConv, 1 FusedGemm); "
+        "other: 1 Relu"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["missing.onnx"], "missing.onnx: no such file"),
+        (["model.pt"], "model.pt: not an ONNX file (its name should end in .onnx)"),
+        (["garbage.onnx"], "garbage.onnx: cannot load as ONNX ("),
+        (["FLOAT", "--batches", "0"], "--batches 0: must be at least 1"),
+        (["FLOAT", "--repeats", "0"], "--repeats 0: must be at least 1"),
+    ],
+)
+def test_errors_are_one_line(files, tmp_path: Path, capsys, monkeypatch, argv, message) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "garbage.onnx").write_bytes(b"not a model")
+    argv = [str(files[0]) if a == "FLOAT" else a for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert code == 1 and out == ""
+    assert err.startswith("inq bench: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_missing_onnx_extra_is_one_line(files, capsys, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
+    code, _, err = run(capsys, files[0], *FAST)
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith("inq bench: error: inq bench onnx needs the onnx extra: pip install")
+
+
+def test_bench_help_names_both_targets(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^ +kernel +time the Triton kernels", out, flags=re.M)
+    assert re.search(r"^ +onnx +ONNX Runtime CPU latency", out, flags=re.M)
+    with pytest.raises(SystemExit):
+        main(["bench"])  # a target is required
+    assert "TARGET" in capsys.readouterr().err
