@@ -18,9 +18,10 @@ output channel carrying the power-of-two exponent and the folded BatchNorm facto
 (:func:`qdq_weight`), and of an int32 bias (scale: input scale times weight scale); the op; a
 ``Relu`` where the model has one; ``QuantizeLinear`` with the next value's scale. Adds and
 average pooling are node units too (QLinearAdd, QLinearAveragePool); max pooling, flatten,
-slicing and zero padding run on the integers. Values are uint8 or int8 as the integer model
-stores them (zero point 0); where a value's range is narrower than its type (fewer activation
-bits, a ReLU6), a ``Clip`` of the integers follows its ``QuantizeLinear``. The last conv/linear,
+slicing and zero padding run on the integers. Every value is uint8: zero point 0 where the
+integer model's value is unsigned, 128 where it is int8 (as ONNX Runtime runs int8 activations
+on x86); where a value's range is narrower than uint8's (fewer activation bits, a ReLU6), a
+``Clip`` of the integers follows its ``QuantizeLinear``. The last conv/linear,
 which the integer model keeps in int32, gives float logits.
 
 Where a layer's integers do not fit int8 (``+128`` at 5 bits, wider level sets at 6-8 bits),
@@ -58,7 +59,7 @@ from inq.codes import decode_weight, unpack_codes
 from inq.io import atomic_path
 from inq.models import build_model
 from inq.packed import PackedFile
-from inq.quant.integer import INT32_MAX, IntegerModel, IntOp, value_dtype
+from inq.quant.integer import INT32_MAX, INT32_MIN, IntegerModel, IntOp, value_dtype
 
 __all__ = ["OPSET", "OnnxModel", "QdqWeight", "export_onnx", "export_qdq", "is_onnx", "qdq_weight"]
 
@@ -291,21 +292,30 @@ class _QdqGraph:
 
     def scale_zero(self, op: IntOp, channels: int = 0) -> list[str]:
         """The scale and zero point of ``op``'s value, scalars or ``channels`` long."""
-        dtype = _NUMPY[value_dtype(op.attrs["lo"], op.attrs["hi"])]
         shape = (channels,) if channels else ()
         return [self.const("scale", np.full(shape, op.attrs["scale"], np.float32)),
-                self.const("zero", np.zeros(shape, dtype))]  # fmt: skip
+                self.const("zero", np.full(shape, _zero_point(op), np.uint8))]  # fmt: skip
 
     def quantize(self, y: str, op: IntOp) -> str:
         """QuantizeLinear with the op's scale, then a Clip of the integers where the op's range
-        is narrower than its type (fewer bits, ReLU6)."""
-        a = op.attrs
+        is narrower than uint8's (fewer bits, ReLU6)."""
+        a, zero = op.attrs, _zero_point(op)
         q = self.node("QuantizeLinear", [y, *self.scale_zero(op)], f"{op.name}_q")
-        dtype = _NUMPY[value_dtype(a["lo"], a["hi"])]
-        if (a["lo"], a["hi"]) == (np.iinfo(dtype).min, np.iinfo(dtype).max):
+        if (a["lo"] + zero, a["hi"] + zero) == (0, 255):
             return q
-        bounds = [self.const(stem, np.array(a[stem], dtype)) for stem in ("lo", "hi")]
+        bounds = [self.const(key, np.array(a[key] + zero, np.uint8)) for key in ("lo", "hi")]
         return self.node("Clip", [q, *bounds], op.name)
+
+    def clip_real(self, y: str, op: IntOp) -> str:
+        """The real values of an int32 op (the last conv/linear), clipped where its range is
+        narrower than int32 below a ReLU (a folded ReLU6: ``hi = 6 / scale``)."""
+        a = op.attrs
+        if a["hi"] == INT32_MAX and a["lo"] in (0, INT32_MIN):
+            return y
+        bounds = [
+            self.const(key, np.array(a[key] * a["scale"], np.float32)) for key in ("lo", "hi")
+        ]
+        return self.node("Clip", [y, *bounds], op.name)
 
     def add(self, op: IntOp, tensors: dict[str, Tensor]) -> None:
         self.ops[op.name] = op
@@ -318,7 +328,7 @@ class _QdqGraph:
                 "Add", [self.real(i) for i in ins], op.name)  # fmt: skip
             if a["lo"] == 0:  # a folded ReLU (redundant before a zero point of 0: fused away)
                 y = self.node("Relu", [y], op.name)
-            value = y if _is_real(op) else self.quantize(y, op)
+            value = self.clip_real(y, op) if _is_real(op) else self.quantize(y, op)
         elif kind == "avgpool":
             x = self.real(ins[0])
             if a["kernel"] is None:
@@ -327,8 +337,8 @@ class _QdqGraph:
                 pooled = self.node("AveragePool", [x], op.name, kernel_shape=a["kernel"],
                                    strides=a["stride"])  # fmt: skip
             value = self.quantize(pooled, op)
-        elif kind == "relu":
-            value = self.quantize(self.node("Relu", [self.real(ins[0])], op.name), op)
+        elif kind in ("relu", "clamp"):  # QuantizeLinear saturates at 0, a Clip at the bounds
+            value = self.quantize(self.real(ins[0]), op)
         else:  # exact on the integers: the runtime's integer kernels, no Q/DQ
             value = self.integer_op(op, self.values[ins[0]])
         self.values[op.name] = value
@@ -357,7 +367,8 @@ class _QdqGraph:
             pairs = [a["pad"][i : i + 2] for i in range(0, len(a["pad"]), 2)]  # last dim first
             pairs = [[0, 0]] * (4 - len(pairs)) + pairs[::-1]
             pads = np.array([p[0] for p in pairs] + [p[1] for p in pairs], np.int64)
-            return self.node("Pad", [x, self.const("pads", pads)], op.name, mode="constant")
+            zero = self.const("pad_value", np.array(_zero_point(op), np.uint8))
+            return self.node("Pad", [x, self.const("pads", pads), zero], op.name, mode="constant")
         raise ValueError(f"op {op.name!r} ({kind}, {a}) has no ONNX form in the Q/DQ export")
 
     def weight_op(self, op: IntOp, tensors: dict[str, Tensor]) -> str:
@@ -406,7 +417,11 @@ def _rank(ops: list[IntOp], input_rank: int) -> int:
     return rank
 
 
-_NUMPY = {torch.uint8: np.uint8, torch.int8: np.int8, torch.int32: np.int32}
+def _zero_point(op: IntOp) -> int:
+    """Every value is uint8 in the graph: the integer model's int8 values (signed ranges) with
+    zero point 128, its uint8 ones with 0. (ONNX Runtime runs int8 activations as uint8 + 128
+    on x86 anyway, but converts a value only where one DequantizeLinear reads it.)"""
+    return 128 if op.attrs["lo"] < 0 else 0
 
 
 def _is_real(op: IntOp) -> bool:

@@ -142,3 +142,89 @@ def residual_integer_model(seed: int = 0) -> IntegerModel:
             "calibration": "max", "pow2_scales": True, "calibration_batches": 1,
             "finetune_epochs": 0, "weight_bits": [5]}  # fmt: skip
     return lowering.integer_model(info)
+
+
+def _conv_bn(cin: int, cout: int, k: int = 1, stride: int = 1, groups: int = 1) -> list[nn.Module]:
+    conv = nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False)
+    return [conv, nn.BatchNorm2d(cout)]
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expansion and 3x3 depthwise conv (BatchNorm, ReLU6), a linear 1x1
+    projection (BatchNorm, no activation), and the residual add where the shapes allow."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int = 2) -> None:
+        super().__init__()
+        hidden = cin * expand
+        self.conv = nn.Sequential(
+            *_conv_bn(cin, hidden), nn.ReLU6(inplace=True),
+            *_conv_bn(hidden, hidden, 3, stride, groups=hidden), nn.ReLU6(inplace=True),
+            *_conv_bn(hidden, cout),
+        )  # fmt: skip
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv(x) if self.residual else self.conv(x)
+
+
+class MobileNetV2Style(nn.Module):
+    """A small MobileNetV2 (as torchvision builds it): a Conv-BN-ReLU6 stem, inverted residual
+    blocks (one with stride 2, two with a residual add), a 1x1 Conv-BN-ReLU6, global average
+    pooling, Dropout and Linear."""
+
+    def __init__(self, num_classes: int = 10, width: int = 8) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            *_conv_bn(3, width, 3, stride=2), nn.ReLU6(inplace=True),
+            InvertedResidual(width, width, 1),
+            InvertedResidual(width, 2 * width, 2),
+            InvertedResidual(2 * width, 2 * width, 1),
+            *_conv_bn(2 * width, 4 * width), nn.ReLU6(inplace=True),
+        )  # fmt: skip
+        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(4 * width, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.adaptive_avg_pool2d(self.features(x), (1, 1))
+        return self.classifier(torch.flatten(x, 1))
+
+
+def mobilenet_style(seed: int = 0) -> nn.Module:
+    """A :class:`MobileNetV2Style` in eval mode with random BatchNorm statistics and affine
+    parameters (negative scales too), as a trained model has."""
+    torch.manual_seed(seed)
+    model = MobileNetV2Style()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                c = m.num_features
+                m.running_mean.copy_(torch.randn(c, generator=gen) * 0.3)
+                m.running_var.copy_(torch.rand(c, generator=gen) + 0.5)
+                m.weight.copy_(torch.randn(c, generator=gen))
+                m.bias.copy_(torch.randn(c, generator=gen) * 0.2)
+    return model.eval()
+
+
+SYNTHETIC_DATA = {"name": "synthetic", "num_classes": 10, "in_channels": 3, "image_size": 16,
+                  "train_size": 64, "val_size": 32, "eval_batch_size": 32}  # fmt: skip
+
+
+def mobilenet_inputs(count: int, seed: int = 0) -> torch.Tensor:
+    """``count`` random inputs ``[3, 16, 16]`` (the shape of :data:`SYNTHETIC_DATA`), large
+    enough that several ReLU6 of :func:`mobilenet_style` saturate at 6."""
+    return 4 * torch.randn(count, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
+
+
+def mobilenet_integer_model(seed: int = 0, bits: int = 5) -> tuple[nn.Module, IntegerModel]:
+    """The packed :func:`mobilenet_style` model (5-bit) and its integer model, calibrated
+    (``max``) on :func:`mobilenet_inputs`, with the descriptions ``inq calibrate`` records."""
+    from inq.quant.lower import Lowering
+
+    model = packed_model(mobilenet_style(seed), bits)
+    lowering = Lowering(model, act_bits=8)
+    lowering.calibrate(mobilenet_inputs(64, seed).split(16))
+    info = {"model": {"name": "mobilenet_style", "num_classes": 10, "in_channels": 3},
+            "data": SYNTHETIC_DATA, "act_bits": 8, "input_bits": 8, "calibration": "max",
+            "pow2_scales": True, "calibration_batches": 4, "finetune_epochs": 0,
+            "weight_bits": [bits]}  # fmt: skip
+    return model, lowering.integer_model(info)

@@ -12,16 +12,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from export_fixtures import DIGITS_DATA, digits_run, masked_file
+from export_fixtures import (
+    DIGITS_DATA,
+    digits_run,
+    masked_file,
+    mobilenet_inputs,
+    mobilenet_integer_model,
+    mobilenet_style,
+)
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from train_helpers import TINY, inq_train
 
 import inq.cli
 from inq.cli import COMMANDS, main
-from inq.export import MASK_SUFFIX
+from inq.export import MASK_SUFFIX, load_masked
 from inq.io import LOCK_NAME, atomic_path, lock_dir
-from inq.packed import load_packed, pack_stats
+from inq.nn import convert_model
+from inq.packed import load_packed, pack_stats, packed_from_masked
+from inq.quant.integer import save_integer
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -388,3 +397,41 @@ def test_eval_refuses_data_settings_it_cannot_honour(capsys, tmp_path: Path) -> 
         code, _, err = run(capsys, "eval", file, "--data", "digits", setting)
         assert code == 1 and err.strip().endswith(message), err
         assert len(err.strip().splitlines()) == 1
+
+
+def test_verify_info_eval_an_integer_mobilenet(capsys, tmp_path: Path) -> None:
+    """ReLU6 folded as narrower ranges (0..192), depthwise convs, residual adds without
+    activation, Dropout + Linear: a file that verify, info and eval (on the data it records)
+    take."""
+    _, int_model = mobilenet_integer_model()
+    path = tmp_path / "m.int.safetensors"
+    save_integer(path, int_model)
+    code, out, err = run(capsys, "verify", path)
+    assert code == 0 and not err, err
+    assert f"OK: {len(int_model.ops)} ops" in out and "FAIL" not in out
+    code, out, _ = run(capsys, "info", path)
+    assert code == 0 and re.search(r"\n\S+ +conv .* 0\.\.192 ", out), out
+    code, out, err = run(capsys, "eval", path)
+    assert code == 0, err
+    assert "(integer arithmetic, 8-bit activations) on synthetic (32 samples): accuracy" in out
+
+
+def test_float_onnx_export_expresses_relu6_as_clip(tmp_path: Path) -> None:
+    """The float path (``inq export --onnx``) of a MobileNetV2-style model: each ReLU6 is a
+    Clip, and ONNX Runtime computes what the packed model does."""
+    import onnx
+
+    from inq.export_onnx import OnnxModel, export_onnx
+
+    masked, model = masked_file(tmp_path, model=mobilenet_style())
+    packed = packed_from_masked(load_masked(masked))
+    out = tmp_path / "m.onnx"
+    export_onnx(packed, out, (3, 16, 16), model=mobilenet_style())
+    kinds = [n.op_type for n in onnx.load(str(out)).graph.node]
+    relu6 = sum(isinstance(m, torch.nn.ReLU6) for m in model.modules())
+    assert kinds.count("Clip") == relu6 > 0 and "Relu" not in kinds
+    x = mobilenet_inputs(8)
+    with torch.no_grad():
+        expected = convert_model(mobilenet_style(), packed).eval()(x)
+    got = OnnxModel(out)(x)
+    assert float((got - expected).abs().max()) <= 1e-4 * float(expected.abs().max())

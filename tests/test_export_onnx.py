@@ -12,7 +12,15 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from export_fixtures import DIGITS_DATA, digits_run, masked_file, residual_integer_model
+from export_fixtures import (
+    DIGITS_DATA,
+    digits_run,
+    masked_file,
+    mobilenet_inputs,
+    mobilenet_integer_model,
+    packed_model,
+    residual_integer_model,
+)
 from onnx import numpy_helper
 from torch import nn
 
@@ -27,6 +35,7 @@ from inq.models import build_model
 from inq.nn import from_packed
 from inq.packed import packed_from_masked
 from inq.quant.integer import IntegerModel, IntOp, save_integer
+from inq.quant.lower import Lowering
 from inq.quant.pipeline import QuantSettings, RealOutput, quantize
 
 
@@ -206,13 +215,13 @@ def test_the_export_keeps_the_integer_models_accuracy(qdq) -> None:
 
 
 def _ops_within_one_step(model: IntegerModel, shape: tuple[int, ...], folder: Path) -> list[str]:
-    """Export each conv, linear and average pool alone (its input the integer model's value, as
-    exact multiples of its scale), check ONNX Runtime's integers are the integer model's within
-    one; returns the ops checked."""
+    """Export each conv, linear, average pool and clamp alone (its input the integer model's
+    value, as exact multiples of its scale), check ONNX Runtime's integers are the integer
+    model's within one; returns the kinds of the ops checked."""
     values = model.run(torch.randn(64, *shape, generator=torch.Generator().manual_seed(0)))
     ops = {op.name: op for op in model.ops}
     checked = []
-    for op in (op for op in model.ops if op.op in ("conv", "linear", "avgpool")):
+    for op in (op for op in model.ops if op.op in ("conv", "linear", "avgpool", "clamp")):
         source = ops[op.inputs[0]]
         entry = IntOp(source.name, "input", [], {k: source.attrs[k] for k in ("scale", "lo", "hi")})
         tensors = {f"{op.name}.{k}": v for k, v in model.op_tensors(op.name).items()}
@@ -237,6 +246,34 @@ def test_negative_multipliers_and_float_weights_are_within_one_step(tmp_path: Pa
     model = residual_integer_model()
     assert [w.int8 for w in _layers(model)] == [False, True, True]
     assert _ops_within_one_step(model, (2, 4, 4), tmp_path) == ["conv", "conv", "avgpool", "linear"]
+
+
+def test_relu6_blocks_run_in_integer_kernels_with_a_clip(tmp_path: Path) -> None:
+    """MobileNetV2-style blocks at 4 bits: every conv and the linear run in an integer kernel,
+    each folded ReLU6 is a Clip of the integers after its QuantizeLinear (0..round(6 / s)) where
+    that is below 255, and every op is the integer model's within one step."""
+    _, model = mobilenet_integer_model(bits=4)
+    path = tmp_path / "m.qdq.onnx"
+    stats = export_qdq(model, path, (3, 16, 16))
+    layers = [op for op in model.ops if op.op in ("conv", "linear")]
+    assert stats["int8_layers"] == len(layers) and stats["float_layers"] == 0
+    ops = read_file(path, tmp_path).ops
+    assert sum(ops.integer.values()) == len(layers) and not ops.float
+    clipped = [op for op in layers if op.attrs["clamp"] is not None and op.attrs["hi"] < 255]
+    assert clipped and ops.other["Clip"] == len(clipped)  # at scale 2**-6, 6 is above 255 steps
+    kinds = _ops_within_one_step(model, (3, 16, 16), tmp_path)
+    assert kinds.count("conv") == len(layers) - 1 and "avgpool" in kinds
+
+
+def test_a_standalone_hardtanh_is_the_integer_models_clamp(tmp_path: Path) -> None:
+    """A Hardtanh after a max pool is a clamp op of the integer model: exactly its integers."""
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.MaxPool2d(2), nn.Hardtanh(-1.0, 1.0),
+                        nn.Flatten(), nn.Linear(4 * 7 * 7, 3))  # fmt: skip
+    lowering = Lowering(packed_model(net, bits=4), act_bits=8)
+    lowering.calibrate([mobilenet_inputs(16)])
+    model = lowering.integer_model({})
+    assert "clamp" in [op.op for op in model.ops]
+    assert _ops_within_one_step(model, (3, 16, 16), tmp_path) == ["conv", "clamp", "linear"]
 
 
 def test_a_file_that_does_not_fit_its_model_or_data_is_one_message(

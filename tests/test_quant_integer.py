@@ -9,7 +9,12 @@ from typing import Any
 
 import pytest
 import torch
-from export_fixtures import packed_model, residual_integer_model
+from export_fixtures import (
+    mobilenet_inputs,
+    mobilenet_integer_model,
+    packed_model,
+    residual_integer_model,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
@@ -209,7 +214,7 @@ def residual_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (_set("info", "act_bits", 9), "act_bits", "must be an integer from 2 to 8, got 9"),
         (_set("info", "input_bits", 1), "input_bits", "must be an integer from 2 to 8, got 1"),
         (_set("info", "act_bits", 4), "conv",
-         "range -128..127 is not act_bits=4's (-8..7 or 0..15)"),
+         "range -128..127 is not within act_bits=4's (-8..7 or 0..15)"),
         (_set("info", "model", [1]), "model", "must be a JSON object, got [1]"),
         (_set("info", "data", "digits"), "data", "must be a JSON object, got 'digits'"),
         (_set("info", "weight_bits", [4]), "conv",
@@ -217,9 +222,10 @@ def residual_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (_set("input", "scale", float("inf")), "input", "scale inf must be a finite number > 0"),
         (_set("fc", "scale", True), "fc", "scale must be a number, got True"),
         (_set("add", "shift", 1.5), "add", "shift must be an integer from 0 to 62, got 1.5"),
-        (_set("add", "hi", 511), "add", "range 0..511 is not act_bits=8's (-128..127 or 0..255)"),
+        (_set("add", "hi", 511), "add",
+         "range 0..511 is not within act_bits=8's (-128..127 or 0..255)"),
         (_set("conv", "lo", -(2**31)), "conv",
-         "range -2147483648..127 is not act_bits=8's (-128..127 or 0..255)"),
+         "range -2147483648..127 is not within act_bits=8's (-128..127 or 0..255)"),
         (_set("flatten", "scale", 0.5), "flatten", "scale 0.5 is not its input's 0.00390625"),
         (_set("conv", "stride", [0, 1]), "conv", "stride must be two integers >= 1, got [0, 1]"),
         (_set("conv", "groups", 3), "conv", "groups=3 does not divide the 4 output channels"),
@@ -245,3 +251,77 @@ def test_impossible_files_fail_whatever_their_digest(
     model = load_integer(bad, validate=False)
     assert model.digest_problem is None  # the digest was recomputed: only the checks catch it
     assert program_problems(model)[0] == (where, problem)  # what `inq verify` reports
+
+
+# ------------------------------------------------------------------ ReLU6 / Hardtanh: clamps
+
+
+def _clamp_model() -> IntegerModel:
+    """conv, max pooling, a standalone Hardtanh(-1, 1) (a ``clamp`` op), flatten, linear."""
+    torch.manual_seed(0)
+    model = packed_model(
+        nn.Sequential(nn.Conv2d(2, 4, 3), nn.MaxPool2d(2), nn.Hardtanh(-1.0, 1.0), nn.Flatten(),
+                      nn.Linear(4, 3))
+    )  # fmt: skip
+    lowering = Lowering(model, act_bits=8)
+    lowering.calibrate([2 * torch.randn(16, 2, 4, 4)])
+    return lowering.integer_model({"act_bits": 8})
+
+
+def test_clamp_ranges_are_checked_against_the_input() -> None:
+    model = _clamp_model()
+    assert program_problems(model) == []
+    pool, clamp, flatten = model.ops[2:5]
+    lo, hi = clamp.attrs["lo"], clamp.attrs["hi"]
+    assert clamp.op == "clamp" and pool.attrs["lo"] < lo < 0 < hi < pool.attrs["hi"]
+    clamp.attrs["hi"] = flatten.attrs["hi"] = 128  # beyond its int8 input
+    assert dict(program_problems(model))[clamp.name] == (
+        f"range {lo}..128 is not within its input's -128..127"
+    )
+    clamp.attrs["hi"] = flatten.attrs["hi"] = 0  # any range within the input's is sound
+    assert program_problems(model) == []
+    clamp.attrs["scale"] *= 2
+    assert "is not its input's" in dict(program_problems(model))[clamp.name]
+
+
+def test_values_may_be_narrower_than_their_dtype_never_wider() -> None:
+    model = _int_model()
+    conv, pool, flatten = model.ops[1:4]  # the pooled and flattened values have conv's range
+    assert (conv.op, conv.attrs["lo"], conv.attrs["hi"]) == ("conv", 0, 255)
+    conv.attrs["hi"] = 192  # as a ReLU6 at scale 2**-5 makes it: still uint8
+    assert dict(program_problems(model)) == {pool.name: "range 0..255 is not its input's 0..192"}
+    pool.attrs["hi"] = flatten.attrs["hi"] = 192
+    assert program_problems(model) == []
+    conv.attrs["hi"] = pool.attrs["hi"] = flatten.attrs["hi"] = 256
+    assert program_problems(model)[0] == (
+        conv.name, "range 0..256 is not within act_bits=8's (-128..127 or 0..255)"
+    )  # fmt: skip
+    del model.info["act_bits"]
+    assert program_problems(model)[0] == (
+        conv.name, "range 0..256 is not within an activation range of 2 to 8 bits"
+    )  # fmt: skip
+
+
+def test_mobilenet_style_model_is_sound_round_trips_and_tracks_the_float_model(
+    tmp_path: Path,
+) -> None:
+    """Conv-BN-ReLU6 (ranges cut to 0..192 where calibration saw the clamp at 6), depthwise
+    convs, residual adds without activation, Dropout + Linear."""
+    model, int_model = mobilenet_integer_model()
+    assert program_problems(int_model) == []
+    ranges = {(op.attrs["lo"], op.attrs["hi"]) for op in int_model.ops if op.op == "conv"}
+    assert (0, 192) in ranges and (0, 255) in ranges and (-128, 127) in ranges
+    assert sum(op.op == "add" for op in int_model.ops) == 2
+    path = tmp_path / "m.int.safetensors"
+    save_integer(path, int_model)
+    loaded = load_integer(path)
+    assert [op.as_json() for op in loaded.ops] == [op.as_json() for op in int_model.ops]
+    x = mobilenet_inputs(64, seed=1)
+    out = loaded(x)
+    assert torch.equal(out, int_model(x)) and out.dtype == torch.int32
+    with torch.no_grad():
+        reference = model(x).double()
+    logits = out.double() * loaded.output_scale()
+    relative = (logits - reference).abs().mean() / reference.std()
+    assert relative < 0.05, relative
+    assert float((logits.argmax(1) == reference.argmax(1)).double().mean()) >= 0.9

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from inq.models import ResNetCIFAR
+from inq.quant.integer import program_problems
 from inq.quant.lower import IntegerModelError, Lowering, quantize_multiplier
 
 
@@ -234,3 +235,110 @@ def test_per_channel_level_sets_lower_exactly() -> None:
     q_in = values["input"].double() * int_model.ops[0].attrs["scale"]
     logits = values["_0"].double() * int_model.output_scale()
     assert torch.equal(logits, q_in @ model[0].dequantize(torch.float64).T)
+
+
+# ------------------------------------------------------------------ ReLU6 / Hardtanh: clamps
+
+
+def test_relu6_after_conv_bn_folds_and_clamps_exactly() -> None:
+    """ReLU6 folds into the conv's requantization, which clamps to ``0..round(6 / s)``. With
+    power-of-two BatchNorm scales and no BatchNorm shift the requantization is exact, so the
+    integers are the float math's ``clamp(floor(y / s + 1/2), 0, round(6 / s))``: quantizing
+    the clamped value."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6), nn.ReLU6(),
+        nn.Conv2d(6, 4, 1),
+    )  # fmt: skip
+    bn = model[1]
+    with torch.no_grad():  # a = gamma (powers of two, some negative), b = 0
+        bn.eps = 0.0
+        bn.weight.copy_(torch.tensor([0.5, -2.0, 1.0, 4.0, -0.25, 1.0]))
+    model = packed_model(model)
+    x = 4 * torch.randn(8, 3, 7, 7, generator=_gen(9))
+    lowering = Lowering(model, act_bits=8)
+    lowering.calibrate([x])
+    int_model = lowering.integer_model()
+    assert [op.op for op in int_model.ops] == ["input", "conv", "conv"]  # no op of its own
+    op = int_model.ops[1]
+    s_in, s_out = int_model.ops[0].attrs["scale"], op.attrs["scale"]
+    assert s_out == 2**-5  # calibration saw the clamped values: 6 / 255 needs 2**-5
+    assert (op.attrs["relu"], op.attrs["clamp"], op.attrs["lo"], op.attrs["hi"]) == (
+        False, [0.0, 6.0], 0, 192,
+    )  # fmt: skip
+    values = int_model.run(x)
+    conv = model[0]
+    acc_scale = s_in * 2.0 ** (conv.effective_n1 - op.attrs["frac"])
+    z = F.conv2d(values["input"].double() * s_in, conv.dequantize(torch.float64), padding=1)
+    real = bn.weight.double()[:, None, None] * z / s_out  # exact: powers of two
+    assert torch.equal(z / acc_scale, (z / acc_scale).round())
+    assert values["_0"].dtype == torch.uint8
+    assert torch.equal(values["_0"].double(), torch.floor(real + 0.5).clamp(0, 192))
+    assert int(values["_0"].max()) == 192 and bool((real > 192).any())  # it does clamp
+
+
+def test_a_standalone_hardtanh_is_an_exact_clamp_op() -> None:
+    """Hardtanh(-1, 1) after max pooling: its own ``clamp`` op at its input's scale, range
+    ``round(-1 / s)..round(1 / s)``."""
+    torch.manual_seed(0)
+    model = packed_model(
+        nn.Sequential(nn.Conv2d(2, 4, 3), nn.MaxPool2d(2), nn.Hardtanh(-1.0, 1.0), nn.Flatten(),
+                      nn.Linear(4, 3))
+    )  # fmt: skip
+    x = 2 * torch.randn(16, 2, 4, 4, generator=_gen(10))
+    lowering = Lowering(model, act_bits=8)
+    lowering.calibrate([x])
+    int_model = lowering.integer_model({"act_bits": 8})
+    assert program_problems(int_model) == []
+    kinds = [op.op for op in int_model.ops]
+    assert kinds == ["input", "conv", "maxpool", "clamp", "flatten", "linear"]
+    pool, clamp = int_model.ops[2], int_model.ops[3]
+    s = clamp.attrs["scale"]
+    assert s == pool.attrs["scale"] and set(clamp.attrs) == {"scale", "lo", "hi"}
+    lo, hi = clamp.attrs["lo"], clamp.attrs["hi"]
+    assert (lo, hi) == (math.floor(-1 / s + 0.5), math.floor(1 / s + 0.5))
+    values = int_model.run(x)
+    pooled = values[pool.name]
+    assert bool(((pooled < lo) | (pooled > hi)).any())  # it does clamp
+    assert values[clamp.name].dtype == torch.int8
+    assert torch.equal(values[clamp.name], pooled.clamp(lo, hi))
+
+
+def test_a_last_linear_with_relu6_keeps_int32_logits_cut_at_6() -> None:
+    torch.manual_seed(0)
+    model = packed_model(nn.Sequential(nn.Linear(12, 5, bias=False), nn.ReLU6()), bits=4)
+    x = 16 * torch.randn(6, 12, generator=_gen(2))
+    lowering = Lowering(model, act_bits=8)
+    lowering.calibrate([x])
+    int_model = lowering.integer_model()
+    values = int_model.run(x)
+    s = int_model.output_scale()
+    assert (int_model.ops[-1].attrs["lo"], int_model.ops[-1].attrs["hi"]) == (0, 6 / s)
+    logits = values["_0"].double() * s
+    q_in = values["input"].double() * int_model.ops[0].attrs["scale"]
+    reference = q_in @ model[0].dequantize(torch.float64).T
+    assert torch.equal(logits, reference.clamp(0, 6)) and bool((reference > 6).any())
+
+
+def test_torchvision_mobilenet_v2_lowers_and_tracks_the_float_model() -> None:
+    """Conv-BN-ReLU6 (ranges cut at 6), depthwise convs, residual adds without activation,
+    Dropout + Linear: a sound program close to the float model."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    float_model = torchvision.models.mobilenet_v2(num_classes=10, width_mult=0.25)
+    _randomize_bn(float_model)
+    model = packed_model(float_model, bits=5)
+    x = 4 * torch.randn(32, 3, 32, 32, generator=_gen(11))
+    lowering = Lowering(model, act_bits=8)
+    lowering.calibrate(x.split(16))
+    int_model = lowering.integer_model({"act_bits": 8, "input_bits": 8})
+    assert program_problems(int_model) == []
+    convs = [op for op in int_model.ops if op.op == "conv"]
+    assert any(op.attrs["groups"] == op.attrs["weight_shape"][0] > 1 for op in convs)
+    assert any(op.attrs["clamp"] == [0.0, 6.0] and op.attrs["hi"] < 255 for op in convs)
+    with torch.no_grad():
+        reference = model(x).double()
+        logits = int_model(x).double() * int_model.output_scale()
+    relative = (logits - reference).abs().mean() / reference.std()
+    assert relative < 0.1, relative
+    assert float((logits.argmax(1) == reference.argmax(1)).double().mean()) >= 0.9

@@ -3,6 +3,7 @@ signedness, and what is refused."""
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 
@@ -19,7 +20,8 @@ from inq.quant.trace import IntegerModelError, check_expressible, plan, trace_mo
 
 UNSUPPORTED = (
     r"the integer model cannot express {}; supported: packed conv2d/linear with BatchNorm and "
-    r"ReLU, add, ReLU, max/average pooling, flatten, slicing, zero padding$"
+    r"ReLU/ReLU6/Hardtanh, add, ReLU, ReLU6, Hardtanh, max/average pooling, flatten, slicing, "
+    r"zero padding$"
 )
 
 
@@ -77,6 +79,11 @@ EXAMPLES: dict[tuple[str, object], tuple[Callable[[], nn.Module], bool, list[str
     ("call_function", torch.relu_): (lambda: _Fn(torch.relu_), False, ["input", "relu"]),
     ("call_method", "relu"): (lambda: _Fn(lambda x: x.relu()), False, ["input", "relu"]),
     ("call_method", "relu_"): (lambda: _Fn(lambda x: x.relu_()), False, ["input", "relu"]),
+    ("call_module", nn.Hardtanh): (lambda: nn.Sequential(nn.Hardtanh()), False,
+                                   ["input", "clamp"]),
+    ("call_function", F.hardtanh): (lambda: _Fn(lambda x: F.hardtanh(x, -2.0, 2.0)), False,
+                                    ["input", "clamp"]),
+    ("call_function", F.relu6): (lambda: _Fn(F.relu6), False, ["input", "clamp"]),
     ("call_module", nn.MaxPool2d): (lambda: nn.Sequential(nn.MaxPool2d(2)), False,
                                     ["input", "maxpool"]),
     ("call_module", nn.AvgPool2d): (lambda: nn.Sequential(nn.AvgPool2d(2)), False,
@@ -129,16 +136,19 @@ def test_float_layers_are_refused_unless_they_stand_for_packed_ones() -> None:
     ("model", "what"),
     [
         (nn.Sequential(nn.Flatten(), nn.Sigmoid()), r"module '1' \(Sigmoid\)"),
-        (nn.Sequential(nn.ReLU6()), r"module '0' \(ReLU6\)"),
+        (nn.Sequential(nn.Conv2d(1, 2, 3), nn.Hardswish()), r"module '1' \(Hardswish\)"),
+        (nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.SiLU()), r"module '2' \(SiLU\)"),
+        (nn.Sequential(nn.GELU()), r"module '0' \(GELU\)"),
         (nn.Sequential(nn.Dropout2d()), r"module '0' \(Dropout2d\)"),
         (_Fn(lambda x: torch.cat([x, x], 1)), r"call_function <built-in method cat .*>"),
         (_Fn(lambda x: x.sigmoid()), "call_method sigmoid"),
     ],
-    ids=["module", "module-relu6", "module-dropout2d", "function", "method"],
+    ids=["module", "hardswish", "silu", "gelu", "module-dropout2d", "function", "method"],
 )
 def test_unsupported_nodes_are_refused_with_one_message(model: nn.Module, what: str) -> None:
-    with pytest.raises(IntegerModelError, match=f"^{UNSUPPORTED.format(what)}"):
+    with pytest.raises(IntegerModelError, match=f"^{UNSUPPORTED.format(what)}") as err:
         _ops(model, float_layers=True)
+    assert "\n" not in str(err.value)
 
 
 def test_a_parameter_read_in_forward_is_unsupported() -> None:
@@ -251,5 +261,84 @@ def test_a_module_called_twice_gives_two_steps() -> None:
 
 def test_check_expressible_asks_of_the_float_model() -> None:
     check_expressible(ResNetCIFAR(depth=8, num_classes=4, in_channels=3, width=4))
-    with pytest.raises(IntegerModelError, match=r"module '1' \(ReLU6\)"):
-        check_expressible(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU6()))
+    check_expressible(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU6()))
+    with pytest.raises(IntegerModelError, match=r"module '1' \(SiLU\)"):
+        check_expressible(nn.Sequential(nn.Conv2d(1, 4, 3), nn.SiLU()))
+
+
+# ------------------------------------------------------------------ ReLU6 / Hardtanh: clamps
+
+
+@pytest.mark.parametrize(
+    ("act", "bounds", "signed"),
+    [
+        (nn.ReLU(), (0.0, math.inf), False),
+        (nn.ReLU6(inplace=True), (0.0, 6.0), False),
+        (nn.Hardtanh(-1.0, 1.0), (-1.0, 1.0), True),
+        (nn.Hardtanh(0.5, 2.0), (0.5, 2.0), False),
+    ],
+    ids=["relu", "relu6", "hardtanh", "hardtanh-positive"],
+)
+def test_an_activation_after_conv_bn_folds_as_its_bounds(
+    act: nn.Module, bounds: tuple[float, float], signed: bool
+) -> None:
+    """No op of its own: the conv's value is clamped to the bounds; it is unsigned where the
+    lower bound is >= 0."""
+    net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), act, nn.Flatten())
+    steps = plan(trace_model(net), float_layers=True)
+    assert [s.op for s in steps] == ["input", "conv", "flatten"]
+    conv = steps[1]
+    assert (conv.bn, conv.clamp, conv.signed, len(conv.nodes)) == ("1", bounds, signed, 3)
+    assert conv.relu == isinstance(act, nn.ReLU)
+    assert steps[2].signed == signed
+
+
+def test_an_activation_after_an_add_folds() -> None:
+    relu6 = plan(trace_model(_Fn(lambda x: F.relu6(x + x))))
+    assert [(s.op, s.clamp, s.signed) for s in relu6] == [
+        ("input", None, None),
+        ("add", (0.0, 6.0), False),
+    ]
+    hardtanh = plan(trace_model(_Fn(lambda x: F.hardtanh(x + x, min_val=-0.5, max_val=3.0))))
+    assert [(s.op, s.clamp, s.signed) for s in hardtanh][1] == ("add", (-0.5, 3.0), True)
+
+
+def test_a_standalone_relu6_or_hardtanh_is_a_clamp_op() -> None:
+    """Not after a conv/linear/add (here after max pooling): its own op, no quantization
+    point; signed as its input unless the lower bound is >= 0."""
+    net = _packed(nn.Conv2d(1, 2, 3))
+    for act, bounds, signed in [(nn.Hardtanh(-1.0, 1.0), (-1.0, 1.0), True),
+                                (nn.ReLU6(), (0.0, 6.0), False)]:  # fmt: skip
+        steps = plan(trace_model(nn.Sequential(net[0], nn.MaxPool2d(2), act)))
+        assert [s.op for s in steps] == ["input", "conv", "maxpool", "clamp"]
+        clamp = steps[-1]
+        assert (clamp.clamp, clamp.signed, clamp.point) == (bounds, signed, False)
+        assert steps[1].clamp is None and steps[1].signed
+
+
+def test_clamp_bounds_must_be_ordered_numbers() -> None:
+    with pytest.raises(IntegerModelError, match="hardtanh: the bounds must be numbers min <= max"):
+        _ops(_Fn(lambda x: F.hardtanh(x, 2.0, 1.0)))
+
+
+def test_in_place_relu6_on_a_shared_value_is_refused() -> None:
+    with pytest.raises(IntegerModelError, match="relu6: an in-place op on a value with other"):
+        _ops(_Fn(lambda x: F.relu6(x, inplace=True) + x))
+
+
+def test_torchvision_mobilenet_v2_folds_every_relu6() -> None:
+    """Conv-BN-ReLU6 blocks, depthwise convs, residual adds without activation, Dropout and
+    Linear: every ReLU6 folds into its conv, no clamp op is left."""
+    torchvision = pytest.importorskip("torchvision")
+    net = torchvision.models.mobilenet_v2(num_classes=10, width_mult=0.25)
+    check_expressible(net)
+    steps = plan(trace_model(net), float_layers=True)
+    kinds = [s.op for s in steps]
+    residuals = sum(getattr(m, "use_res_connect", False) for m in net.modules())
+    assert "clamp" not in kinds and kinds.count("add") == residuals > 0
+    convs = [s for s in steps if s.op == "conv"]
+    relu6 = sum(isinstance(m, nn.ReLU6) for m in net.modules())
+    assert sum(s.clamp == (0.0, 6.0) for s in convs) == relu6 > 0
+    assert all(s.bn and s.signed == (s.clamp is None) for s in convs)
+    assert all(s.clamp is None and s.signed for s in steps if s.op == "add")
+    assert kinds[-3:] == ["avgpool", "flatten", "linear"]

@@ -140,10 +140,15 @@ def test_multirun_gives_each_job_its_own_directory(tmp_path: Path) -> None:
         (["quant.act_bits=9"], "inq-train: error: quant.act_bits: from 2 to 8, got 9"),
         (["prune.layers=[head:0.9]"], "inq-train: error: prune.layers: pattern 'head' matches no"),
         (["prune.schedule=exp"], "Invalid value 'exp', expected one of [cubic, linear]"),
-        (  # refused before any training: ReLU6 has no integer form here
-            ["data=synthetic", "model=torchvision", "model.name=mobilenet_v2", "quant.act_bits=8"],
-            "inq-train: error: quant.act_bits: no integer model of mobilenet_v2: the integer "
-            "model cannot express module 'features.0.2' (ReLU6)",
+        (  # refused before any training: Hardswish has no integer form here
+            [
+                "data=synthetic",
+                "model=torchvision",
+                "model.name=mobilenet_v3_small",
+                "quant.act_bits=8",
+            ],
+            "inq-train: error: quant.act_bits: no integer model of mobilenet_v3_small: the "
+            "integer model cannot express module 'features.0.2' (Hardswish)",
         ),
     ],
 )

@@ -2,16 +2,21 @@
 
 Every activation is an integer tensor ``q`` standing for ``q * scale`` (int8, or uint8 where
 it cannot be negative); the scale of each value is fixed at calibration and, by default, a power
-of two. Ops (``IntOp.op``):
+of two. Every value has attributes ``scale``, ``lo``, ``hi`` and dtype ``value_dtype(lo, hi)``;
+its op clamps it to ``[lo, hi]``, which may be narrower than the dtype's range (a ReLU6 at scale
+``2**-5``: ``0..192``, uint8). Ops (``IntOp.op``):
 
 - ``input``: ``q = clamp(floor(x / scale + 1/2), lo, hi)`` — the only float arithmetic;
 - ``conv`` / ``linear``: ``acc = inq::shift_conv2d_int8 / shift_linear_int8(q, codes, frac)``
   (int32 shifts and adds), then :func:`requantize` ``(acc + bias) * multiplier >> shift``
-  per output channel, clamped to ``[lo, hi]`` (a folded ReLU sets ``lo = 0``). BatchNorm's scale
+  per output channel, clamped to ``[lo, hi]`` (a folded ReLU sets ``lo = 0``, a ReLU6 or Hardtanh
+  cuts the range to its bounds' integers, :func:`inq.quant.lower.clamp_range`). BatchNorm's scale
   lives in the multipliers, its shift in the int32 bias. The model's last op keeps int32;
-- ``add``: ``(a * m_a + b * m_b) >> shift``, clamped (residual connections, ReLU folded);
+- ``add``: ``(a * m_a + b * m_b) >> shift``, clamped (residual connections, activation folded);
 - ``avgpool``: the window sum, ``* multiplier >> shift`` (the 1/count is in the multiplier);
-- ``maxpool``, ``relu``, ``flatten``, ``slice``, ``pad``: exact on the integers, same scale.
+- ``maxpool``, ``relu``, ``flatten``, ``slice``, ``pad``: exact on the integers, same scale;
+- ``clamp``: ``x.clamp(lo, hi)``, same scale (a ReLU6 or Hardtanh no op folds), ``lo..hi``
+  within its input's range.
 
 ``x >> s`` rounds half up: ``(v + 2**(s-1)) >> s`` with an arithmetic shift. Overflow cannot
 happen: :func:`program_problems` checks, from the codes and the value ranges, that every int32
@@ -22,10 +27,10 @@ requantization by a power of two is a pure shift; those of ``add`` and ``avgpool
 
 :func:`program_problems` is what makes a file valid, whatever its digest says: besides the
 overflow bounds, every attribute has its type and range (bits 2..8, scales finite and > 0,
-every value a 2..8-bit activation range, ``act_bits``/``input_bits`` where the file records
-them, except an int32 conv/linear at the end; shifts 0..62, multipliers within int32, geometry
-a convolution can have) and the file's descriptions theirs (``act_bits`` 2..8, ``model`` and
-``data`` JSON objects, ...).
+every value's range within a 2..8-bit activation range, ``act_bits``/``input_bits`` where the
+file records them, except an int32 conv/linear at the end; shifts 0..62, multipliers within
+int32, geometry a convolution can have) and the file's descriptions theirs (``act_bits`` 2..8,
+``model`` and ``data`` JSON objects, ...).
 
 The file (``inq calibrate``) is safetensors with integer tensors only: per op ``<op>.codes``
 (packed, :mod:`inq.packed`), ``<op>.bias``, ``<op>.multiplier``, ``<op>.shift`` (int32); the
@@ -276,6 +281,7 @@ _RUN = {
     "avgpool": _avgpool,
     "maxpool": _maxpool,
     "relu": lambda op, t, x: _clamped(op, x.clamp(min=0)),
+    "clamp": lambda op, t, x: _clamped(op, x.clamp(op.attrs["lo"], op.attrs["hi"])),
     "flatten": lambda op, t, x: torch.flatten(x, op.attrs["start_dim"], op.attrs["end_dim"]),
     "slice": _slice,
     "pad": lambda op, t, x: F.pad(x, op.attrs["pad"]),
@@ -477,24 +483,25 @@ def _multiplier_problem(op: IntOp) -> str | None:
 
 
 def _range_problem(op: IntOp, last: bool, info: dict[str, Any]) -> str | None:
-    """A value an op creates is a ``bits``-bit activation (``input_bits`` for the input,
-    ``act_bits`` otherwise, any of 2..8 if the file records none); only a conv/linear that
-    ends the program keeps int32 (its lower end 0 after a ReLU)."""
+    """A value an op creates lies within a ``bits``-bit activation range (``input_bits`` for
+    the input, ``act_bits`` otherwise, any of 2..8 if the file records none; a clamp makes it
+    narrower); only a conv/linear that ends the program keeps int32."""
     lo, hi = _value_range(op)
-    if last and op.op in _WEIGHT_OPS and hi == INT32_MAX and lo in (0, INT32_MIN):
+    if last and op.op in _WEIGHT_OPS:
         return None
     key = "input_bits" if op.op == "input" else "act_bits"
     recorded = info.get(key)
     widths = [recorded] if _is_bits(recorded) else range(MIN_BITS, MAX_BITS + 1)
-    if any((lo, hi) in (_act_range(b, True), _act_range(b, False)) for b in widths):
+    ranges = [_act_range(b, signed) for b in widths for signed in (True, False)]
+    if any(low <= lo and hi <= high for low, high in ranges):
         return None
     if _is_bits(recorded):
         signed, unsigned = _act_range(recorded, True), _act_range(recorded, False)
         return (
-            f"range {lo}..{hi} is not {key}={recorded}'s ({signed[0]}..{signed[1]} or "
+            f"range {lo}..{hi} is not within {key}={recorded}'s ({signed[0]}..{signed[1]} or "
             f"{unsigned[0]}..{unsigned[1]})"
         )
-    return f"range {lo}..{hi} is not an activation range of {MIN_BITS} to {MAX_BITS} bits"
+    return f"range {lo}..{hi} is not within an activation range of {MIN_BITS} to {MAX_BITS} bits"
 
 
 def _act_range(bits: int, signed: bool) -> tuple[int, int]:
@@ -523,10 +530,12 @@ def _op_problem(
     if len(op.inputs) != arity or (op.op == "input") != (not seen):
         return f"{op.op} takes {arity} input(s), and only the first op is the input"
     ins = [seen[i] for i in op.inputs]
-    if op.op in _PASS_THROUGH:  # the range is the input's (a ReLU cuts it at 0), and the scale
+    if op.op in _PASS_THROUGH:  # the input's scale, and its range (a ReLU cuts it at 0)
         lo, hi = _value_range(ins[0])
         expected = (max(lo, 0), hi) if op.op == "relu" else (lo, hi)
-        if _value_range(op) != expected:
+        if op.op == "clamp" and not lo <= a["lo"] <= a["hi"] <= hi:
+            return f"range {a['lo']}..{a['hi']} is not within its input's {lo}..{hi}"
+        if op.op != "clamp" and _value_range(op) != expected:
             return f"range {a['lo']}..{a['hi']} is not its input's {expected[0]}..{expected[1]}"
         if a["scale"] != ins[0].attrs["scale"]:
             return f"scale {a['scale']!r} is not its input's {ins[0].attrs['scale']!r}"
@@ -548,7 +557,7 @@ def _op_problem(
     return None
 
 
-_PASS_THROUGH = ("maxpool", "relu", "flatten", "slice", "pad")
+_PASS_THROUGH = ("maxpool", "relu", "clamp", "flatten", "slice", "pad")
 
 
 def _magnitude(op: IntOp) -> int:

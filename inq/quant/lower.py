@@ -1,12 +1,13 @@
 """From a packed (float-activation) INQ model to an integer model.
 
 :class:`Lowering` plans the model's integer ops with :mod:`inq.quant.trace` (``torch.fx``: a
-packed layer with the BatchNorm and ReLU that follow it, an add with its ReLU, pooling, ops
-exact on integers). Each value an op creates is a *quantization point*: the model input, every
-conv/linear block, add and average pool. :meth:`Lowering.calibrate` runs the float model on
-batches and observes each point (:mod:`inq.quant.observers`); :meth:`Lowering.fake_quant_model`
-gives the model with :class:`inq.quant.fakequant.FakeQuant` at each point for fine-tuning; and
-:meth:`Lowering.integer_model` computes the integers of :mod:`inq.quant.integer`:
+packed layer with the BatchNorm and activation that follow it, an add with its activation,
+pooling, ops exact on integers). Each value an op creates is a *quantization point*: the model
+input, every conv/linear block, add and average pool. :meth:`Lowering.calibrate` runs the float
+model on batches and observes each point (:mod:`inq.quant.observers`);
+:meth:`Lowering.fake_quant_model` gives the model with :class:`inq.quant.fakequant.FakeQuant` at
+each point for fine-tuning; and :meth:`Lowering.integer_model` computes the integers of
+:mod:`inq.quant.integer`:
 
 - a block's accumulator carries ``frac`` fractional bits, the largest offset its codes use (then
   every shift is exact), capped so the int32 sum cannot overflow;
@@ -15,7 +16,11 @@ gives the model with :class:`inq.quant.fakequant.FakeQuant` at each point for fi
   ``a * s_acc / s_out`` per channel, as 31-bit integer times ``2**-shift``
   (:func:`quantize_multiplier`); where that ratio is a power of two (no BatchNorm, power-of-two
   scales) it is a pure shift;
-- the last block keeps int32 outputs (logits), scaled by the smallest channel scale.
+- the last block keeps int32 outputs (logits), scaled by the smallest channel scale;
+- an activation (ReLU, ReLU6, Hardtanh) is a clamp to real bounds: it cuts the value's integer
+  range ``lo..hi`` to the bounds' integers (:func:`clamp_range`), in the op that folds it or in
+  a ``relu``/``clamp`` op of its own. Calibration observes the clamped values, so the scale fits
+  them.
 
 Example:
     >>> from torch import nn
@@ -57,7 +62,13 @@ from inq.quant.observers import Observer, act_range
 from inq.quant.trace import IntegerModelError, Step, check_expressible, plan, trace_model
 
 # IntegerModelError and check_expressible live in inq.quant.trace; importers use them from here too
-__all__ = ["IntegerModelError", "Lowering", "check_expressible", "quantize_multiplier"]
+__all__ = [
+    "IntegerModelError",
+    "Lowering",
+    "check_expressible",
+    "clamp_range",
+    "quantize_multiplier",
+]
 
 MULTIPLIER_BITS = 31
 
@@ -90,6 +101,31 @@ def quantize_multiplier(value: float, bits: int = MULTIPLIER_BITS) -> tuple[int,
     while shift > 0 and m % 2 == 0:
         m, shift = m // 2, shift - 1
     return m, shift
+
+
+def clamp_range(
+    scale: float, lo: int, hi: int, bounds: tuple[float, float] | None
+) -> tuple[int, int]:
+    """The integer range ``lo..hi`` (at ``scale``) of a value clamped to the real ``bounds``.
+
+    Quantizing, ``q(v) = clamp(floor(v / scale + 1/2), lo, hi)`` (round half up, as the model
+    input), is monotone, so quantizing a clamped value equals clamping the quantized value:
+    ``q(clamp(v, low, high)) = clamp(q(v), q(low), q(high))``. The integer op clamps to
+    ``q(low)..q(high)`` and computes exactly what the float model's clamp gives.
+
+    Example:
+        >>> clamp_range(2**-5, 0, 255, (0.0, 6.0))  # ReLU6: 6 / 2**-5 = 192
+        (0, 192)
+        >>> clamp_range(2**-6, -128, 127, (-1.0, 1.0)), clamp_range(0.5, -128, 127, (0, math.inf))
+        ((-64, 64), (0, 127))
+    """
+    if bounds is None:
+        return lo, hi
+
+    def q(v: float) -> int:
+        return math.floor(min(max(v / scale + 0.5, lo), hi))
+
+    return q(bounds[0]), q(bounds[1])
 
 
 # ---------------------------------------------------------------------------------- lowering
@@ -176,7 +212,7 @@ class Lowering:
         last = {s.nodes[-1]: s.name for s in self.steps if s.name in self.observers}
         for node in self.graph_module.graph.nodes:
             env[node] = graph.node_copy(node, lambda n: env[n])
-            if node in last:
+            if node in last:  # a folded clamp needs no narrower range: the graph clamps first
                 name = last[node]
                 bits = self.bits(name)
                 lo, hi = act_range(bits, self.observers[name].signed)
@@ -235,8 +271,9 @@ class Lowering:
                 signed = self.observers[step.name].signed
                 lo, hi = act_range(self.bits(step.name), signed)
                 out = {"scale": scales[step.name], "lo": lo, "hi": hi}
-            else:
-                out = dict(ins[0].attrs) if ins else {}
+            else:  # an op on one value, or the last conv/linear (its range: _weight_op)
+                out = dict(ins[0].attrs)
+            out["lo"], out["hi"] = clamp_range(out["scale"], out["lo"], out["hi"], step.clamp)
             op = IntOp(step.name, step.op, step.inputs, {**step.attrs})
             if step.op in ("conv", "linear"):
                 tensors.update(self._weight_op(step, op, ins[0].attrs, out))
@@ -246,8 +283,6 @@ class Lowering:
                 op.attrs.update(out, **self._avgpool_params(step, ins[0].attrs, out["scale"]))
             else:
                 op.attrs.update({k: out[k] for k in ("scale", "lo", "hi")})
-                if step.op == "relu":
-                    op.attrs["lo"] = max(0, op.attrs["lo"])
             values[step.name] = op
         return IntegerModel(list(values.values()), tensors, info)
 
@@ -281,7 +316,8 @@ class Lowering:
         if last:  # logits: int32 at the finest channel scale
             nonzero = (a * acc_scale).abs()[a != 0]
             scale = float(nonzero.min()) if nonzero.numel() else 1.0
-            out = {"scale": scale, "lo": 0 if step.relu else INT32_MIN, "hi": INT32_MAX}
+            lo, hi = clamp_range(scale, INT32_MIN, INT32_MAX, step.clamp)
+            out = {"scale": scale, "lo": lo, "hi": hi}
         bound = accumulator_bound(codes, layer.bits, frac, max(-x["lo"], x["hi"]))
         ratio = a * acc_scale / out["scale"]
         bias = torch.zeros(rows, dtype=torch.int64)
@@ -316,7 +352,8 @@ class Lowering:
                             groups=layer.groups)  # fmt: skip
         else:
             op.attrs.update(in_features=layer.in_features, out_features=layer.out_features)
-        op.attrs.update(module=step.module, bn=step.bn, relu=step.relu)
+        clamp = None if step.clamp is None or step.relu else list(step.clamp)  # ReLU6, Hardtanh
+        op.attrs.update(module=step.module, bn=step.bn, relu=step.relu, clamp=clamp)
         return {
             f"{step.name}.codes": layer.packed.detach().cpu().contiguous(),
             f"{step.name}.bias": bias.to(torch.int32),

@@ -3,7 +3,9 @@
 An activation tensor is stored as integers ``q`` in ``[lo, hi]`` standing for ``q * scale``;
 signed tensors use ``[-2**(b-1), 2**(b-1) - 1]``, tensors that cannot be negative (after a
 ReLU) use ``[0, 2**b - 1]``, so ``b`` bits are never wasted on a sign. A power-of-two scale
-``2**-f`` is stored as its exponent ``f``.
+``2**-f`` is stored as its exponent ``f``. The output of a ReLU6 or Hardtanh is observed after
+the clamp, so its scale fits the clamped values; the integer model then cuts ``[lo, hi]`` to the
+clamp's bounds (:func:`inq.quant.lower.clamp_range`).
 
 Methods (``CALIBRATIONS``):
 
@@ -73,7 +75,7 @@ def fake_quantize(x: Tensor, scale: float, lo: int, hi: int) -> Tensor:
 class Observer:
     """Range statistics of one activation tensor over calibration batches.
 
-    ``signed`` False: the tensor cannot be negative (it follows a ReLU), or was never seen
+    ``signed`` False: the tensor cannot be negative (a ReLU or ReLU6 clamps it), or was never seen
     negative (the model input, when ``signed`` is None: decided by the data).
     """
 

@@ -2,11 +2,11 @@
 
 :func:`trace_model` traces the model with ``torch.fx``; the packed layers
 :class:`inq.nn.ShiftConv2d` and :class:`inq.nn.ShiftLinear` stay leaves. :func:`plan` groups its
-nodes into integer ops (:class:`Step`): a packed layer with the BatchNorm and ReLU that follow it;
-an add with its ReLU; average pooling; and ops that are exact on integers (max pooling, ReLU,
-flatten, slicing, zero padding, dropout in eval). Each value an op creates is a *quantization
-point*: the model input, every conv/linear block, add and average pool
-(:mod:`inq.quant.lower` calibrates and lowers them).
+nodes into integer ops (:class:`Step`): a packed layer with the BatchNorm and activation (ReLU,
+ReLU6 or Hardtanh) that follow it; an add with its activation; average pooling; and ops that are
+exact on integers (max pooling, ReLU, ReLU6/Hardtanh as a clamp, flatten, slicing, zero padding,
+dropout in eval). Each value an op creates is a *quantization point*: the model input, every
+conv/linear block, add and average pool (:mod:`inq.quant.lower` calibrates and lowers them).
 
 Which node becomes which op is one table, ``_HANDLERS``, from the node's kind (a module type, a
 function, a method name) to a small handler: a new op is one entry and one handler. A module
@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,9 +42,10 @@ from inq.nn import ShiftConv2d, ShiftLinear
 
 __all__ = ["IntegerModelError", "Step", "check_expressible", "plan", "trace_model"]
 
+_RELU = (0.0, math.inf)  # a ReLU's bounds
 _SUPPORTED = (
-    "packed conv2d/linear with BatchNorm and ReLU, add, ReLU, max/average pooling, flatten, "
-    "slicing, zero padding"
+    "packed conv2d/linear with BatchNorm and ReLU/ReLU6/Hardtanh, add, ReLU, ReLU6, Hardtanh, "
+    "max/average pooling, flatten, slicing, zero padding"
 )
 
 
@@ -56,8 +58,10 @@ class Step:
     """Consecutive FX nodes that become one integer op; ``nodes[-1]`` gives its value.
 
     ``name`` is the op's (and its value's) name, ``op`` its kind in :mod:`inq.quant.integer`,
-    ``inputs`` the names of the steps it reads; ``module``/``bn``/``relu`` say what a conv or
-    linear block folds.
+    ``inputs`` the names of the steps it reads; ``module``/``bn`` say what a conv or linear block
+    folds. ``clamp`` holds the real bounds its value is clamped to: of the activation a conv,
+    linear or add folds (ReLU ``(0, inf)``, ReLU6 ``(0, 6)``, Hardtanh ``(min_val, max_val)``),
+    or of a ``relu``/``clamp`` op; None where there is none.
     """
 
     name: str
@@ -67,8 +71,13 @@ class Step:
     attrs: dict[str, Any] = field(default_factory=dict)
     module: str | None = None  # the packed layer
     bn: str | None = None
-    relu: bool = False
+    clamp: tuple[float, float] | None = None
     signed: bool | None = None  # of a quantization point; None: decided by the data
+
+    @property
+    def relu(self) -> bool:
+        """Whether its activation is a ReLU."""
+        return self.clamp == _RELU
 
     @property
     def point(self) -> bool:
@@ -123,10 +132,10 @@ def check_expressible(model: nn.Module) -> None:
     Example:
         >>> check_expressible(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(),
         ...                                 nn.Linear(144, 10)))
-        >>> check_expressible(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU6()))
+        >>> check_expressible(nn.Sequential(nn.Conv2d(1, 4, 3), nn.SiLU()))
         Traceback (most recent call last):
         ...
-        inq.quant.trace.IntegerModelError: the integer model cannot express module '1' (ReLU6); supported: packed conv2d/linear with BatchNorm and ReLU, add, ReLU, max/average pooling, flatten, slicing, zero padding
+        inq.quant.trace.IntegerModelError: the integer model cannot express module '1' (SiLU); supported: packed conv2d/linear with BatchNorm and ReLU/ReLU6/Hardtanh, add, ReLU, ReLU6, Hardtanh, max/average pooling, flatten, slicing, zero padding
     """  # noqa: E501
     plan(trace_model(model), float_layers=True)
 
@@ -203,8 +212,29 @@ def _module(node: fx.Node, modules: dict[str, nn.Module]) -> nn.Module | None:
     return modules.get(str(node.target)) if node.op == "call_module" else None
 
 
-def _is_relu(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
-    return _handler(node, modules) is _relu
+def _fold_activation(
+    p: _Planner, node: fx.Node
+) -> tuple[list[fx.Node], tuple[float, float] | None]:
+    """The ReLU, ReLU6 or Hardtanh that is ``node``'s only user (a list: empty if there is
+    none), and its bounds, to fold into ``node``'s op."""
+    act = _only_user(node, lambda u: _handler(u, p.modules) in (_relu, _clamp))
+    return ([], None) if act is None else ([act], _bounds(p, act))
+
+
+def _bounds(p: _Planner, node: fx.Node) -> tuple[float, float]:
+    """The real bounds a ReLU, ReLU6 or Hardtanh node clamps its input to."""
+    module = p.module(node)
+    if _handler(node, p.modules) is _relu:
+        return _RELU
+    if module is not None:
+        low, high = module.min_val, module.max_val
+    elif node.target is F.relu6:
+        low, high = 0.0, 6.0
+    else:
+        low, high = _arg(node, 1, "min_val", -1.0), _arg(node, 2, "max_val", 1.0)
+    if not (isinstance(low, int | float) and isinstance(high, int | float) and low <= high):
+        raise IntegerModelError(f"{node.name}: the bounds must be numbers min <= max")
+    return float(low), float(high)
 
 
 def _only_user(node: fx.Node, test: Callable[[fx.Node], bool]) -> fx.Node | None:
@@ -244,7 +274,8 @@ def _value_op(handler: _Handler) -> _Handler:
 
 
 def _weight_layer(p: _Planner, node: fx.Node, inputs: list[str]) -> Step:
-    """A packed conv/linear with the BatchNorm and ReLU that follow it (each the only user)."""
+    """A packed conv/linear with the BatchNorm and activation that follow it (each the only
+    user)."""
     module = p.module(node)
     pre_pad = module.pre_pad if isinstance(module, ShiftConv2d) else None
     if isinstance(module, nn.Conv2d) and (
@@ -253,18 +284,16 @@ def _weight_layer(p: _Planner, node: fx.Node, inputs: list[str]) -> Step:
         pre_pad = module.padding_mode
     if pre_pad is not None:
         raise IntegerModelError(f"layer {node.target!r}: only zero padding is supported")
-    nodes, bn, relu = [node], None, False
+    nodes, bn = [node], None
     bn_node = _only_user(node, lambda u: isinstance(p.module(u), nn.modules.batchnorm._BatchNorm))
     if bn_node is not None:
         nodes.append(bn_node)
         bn = str(bn_node.target)
-    relu_node = _only_user(nodes[-1], lambda u: _is_relu(u, p.modules))
-    if relu_node is not None:
-        nodes.append(relu_node)
-        relu = True
+    folded, clamp = _fold_activation(p, nodes[-1])
+    nodes += folded
     op = "conv" if isinstance(module, ShiftConv2d | nn.Conv2d) else "linear"
-    return Step(node.name, op, inputs, nodes, module=str(node.target), bn=bn, relu=relu,
-                signed=not relu)  # fmt: skip
+    return Step(node.name, op, inputs, nodes, module=str(node.target), bn=bn, clamp=clamp,
+                signed=clamp is None or clamp[0] < 0)  # fmt: skip
 
 
 def _float_layer(p: _Planner, node: fx.Node, inputs: list[str]) -> Step:
@@ -302,7 +331,15 @@ def _alias(p: _Planner, node: fx.Node, inputs: list[str]) -> None:
 
 @_value_op
 def _relu(p: _Planner, node: fx.Node, inputs: list[str]) -> Step:
-    return Step(node.name, "relu", inputs[:1], [node], signed=False)
+    return Step(node.name, "relu", inputs[:1], [node], clamp=_RELU, signed=False)
+
+
+@_value_op
+def _clamp(p: _Planner, node: fx.Node, inputs: list[str]) -> Step:
+    """ReLU6 or Hardtanh not folded into a conv/linear/add: a clamp of the integers."""
+    low, high = _bounds(p, node)
+    signed = p.signed(inputs[0]) if low < 0 else False
+    return Step(node.name, "clamp", inputs[:1], [node], clamp=(low, high), signed=signed)
 
 
 @_value_op
@@ -345,15 +382,13 @@ def _flatten(p: _Planner, node: fx.Node, inputs: list[str]) -> Step:
 
 @_value_op
 def _add(p: _Planner, node: fx.Node, inputs: list[str]) -> Step:
-    """The sum of two values, with the ReLU that follows it (its only user)."""
+    """The sum of two values, with the activation that follows it (its only user)."""
     if len(inputs) != 2 or node.kwargs.get("alpha", 1) != 1:
         raise IntegerModelError(f"{node.name}: only the sum of two tensors is supported")
-    nodes = [node]
-    relu = _only_user(node, lambda u: _is_relu(u, p.modules))
-    if relu is not None:
-        nodes.append(relu)
-    signed = relu is None and any(p.signed(i) is not False for i in inputs)
-    return Step(node.name, "add", inputs, nodes, relu=relu is not None, signed=signed)
+    folded, clamp = _fold_activation(p, node)
+    cut = clamp is not None and clamp[0] >= 0  # clamped at >= 0: unsigned
+    signed = not cut and any(p.signed(i) is not False for i in inputs)
+    return Step(node.name, "add", inputs, [node, *folded], clamp=clamp, signed=signed)
 
 
 @_value_op
@@ -399,6 +434,9 @@ _HANDLERS: dict[tuple[str, Any], _Handler] = {
     ("call_function", torch.relu_): _relu,
     ("call_method", "relu"): _relu,
     ("call_method", "relu_"): _relu,
+    ("call_module", nn.Hardtanh): _clamp,  # and nn.ReLU6, a Hardtanh
+    ("call_function", F.hardtanh): _clamp,
+    ("call_function", F.relu6): _clamp,
     ("call_module", nn.MaxPool2d): _maxpool,
     ("call_module", nn.AvgPool2d): _avgpool,
     ("call_module", nn.AdaptiveAvgPool2d): _avgpool,
