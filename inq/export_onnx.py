@@ -114,19 +114,23 @@ def export_onnx(
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ValueError(f"ONNX cannot express the model: {first}") from None
     proto = program.model_proto
-    _fold_constants(proto)
+    _simplify(proto)
     _check_weights(proto, packed, onnx)
     return _save(proto, path, onnx, packed.model, packed.data)
 
 
-def _fold_constants(proto: Any) -> None:
+def _simplify(proto: Any) -> None:
     """Fold what the exporter computes from constants (a bias-less conv's zero bias is a
-    ``Shape``/``Expand`` of its weight): then ONNX Runtime folds BatchNorm into the convolution
-    when it loads the file, and runs the graph a plain ``optimize=True`` export gives, while the
-    file keeps the power-of-two weights and BatchNorm apart."""
+    ``Shape``/``Expand`` of its weight; a flatten's target shape), in place: then ONNX Runtime
+    folds BatchNorm into the convolutions when it loads the file and runs what a plain
+    ``optimize=True`` export runs, while the file keeps the power-of-two weights and BatchNorm
+    apart."""
+    from onnxscript import rewriter
     from onnxscript.optimizer import fold_constants, remove_unused_nodes
+    from onnxscript.rewriter.rules.common import materialize_reshape_shape_rule
 
     fold_constants(proto)
+    proto.CopyFrom(rewriter.rewrite(proto, pattern_rewrite_rules=[materialize_reshape_shape_rule]))
     remove_unused_nodes(proto)
 
 
