@@ -84,6 +84,12 @@ class LRConfig:
 
 
 @dataclass
+class DistillConfig:
+    weight: float = 0.0  # share of the distillation loss, in [0, 1]; 0 = off
+    temperature: float = 4.0  # softens teacher and student logits; > 0
+
+
+@dataclass
 class INQConfig:
     method: Method = Method.inq  # oneshot/ste: baselines on the same level sets (inq.baselines)
     bits: int = 5
@@ -97,6 +103,8 @@ class INQConfig:
     exclude: list[str] | None = None
     reset_optimizer: bool = True  # fresh optimizer state at every stage
     final_epochs: int = 0  # after the last stage: train biases and norm layers only
+    layer_bits: list[str] = field(default_factory=list)  # ["GLOB:BITS", ...]; first match wins
+    distill: DistillConfig = field(default_factory=DistillConfig)  # from the float model
 
 
 @dataclass
