@@ -26,9 +26,10 @@ which the integer model keeps in int32, gives float logits.
 
 Where a layer's integers do not fit int8 (``+128`` at 5 bits, wider level sets at 6-8 bits),
 its weights are float initializers of the same values, exact (``±2**k`` times a float32
-scale), and its input ``DequantizeLinear`` repeats the scale per channel: ONNX Runtime then runs
-the layer as a float convolution instead of re-quantizing its weights to per-tensor int8 (its
-WeightBiasQuantization rewrite would). :func:`export_qdq` reports how many layers took each
+scale), and its input is dequantized by ``Cast``, ``Sub`` and ``Mul`` (the same arithmetic):
+ONNX Runtime then runs the layer as a float convolution instead of re-quantizing its weights to
+per-tensor int8 (its WeightBiasQuantization rewrite would, for a float conv between a
+``DequantizeLinear`` and a ``QuantizeLinear``). :func:`export_qdq` reports how many layers took each
 form. ONNX Runtime rounds half to even where the integer model rounds half up, and computes
 requantization in float32: a value exactly (or within float32 precision) halfway between two
 integers can differ by one step, e.g. average pooling by a power of two.
@@ -285,20 +286,29 @@ class _QdqGraph:
         self.nodes.append(self.onnx.helper.make_node(kind, inputs, [out], **attrs))
         return out
 
-    def real(self, name: str, channels: int = 0) -> str:
-        """A DequantizeLinear of value ``name`` (one per consumer, as runtimes expect); with
-        ``channels``, its scale repeated per channel (axis 1)."""
+    def real(self, name: str) -> str:
+        """A DequantizeLinear of value ``name`` (one per consumer, as runtimes expect)."""
         op = self.ops[name]
         if _is_real(op):
             return self.values[name]
-        return self.node("DequantizeLinear", [self.values[name], *self.scale_zero(op, channels)],
-                         f"{name}_dq", axis=1)  # fmt: skip
+        return self.node("DequantizeLinear", [self.values[name], *self.scale_zero(op)],
+                         f"{name}_dq")  # fmt: skip
 
-    def scale_zero(self, op: IntOp, channels: int = 0) -> list[str]:
-        """The scale and zero point of ``op``'s value, scalars or ``channels`` long."""
-        shape = (channels,) if channels else ()
-        return [self.const("scale", np.full(shape, op.attrs["scale"], np.float32)),
-                self.const("zero", np.full(shape, _zero_point(op), np.uint8))]  # fmt: skip
+    def real_by_hand(self, name: str) -> str:
+        """``(Cast(q) - zero) * scale``: what DequantizeLinear computes, but no Q/DQ node unit
+        forms around its reader."""
+        op = self.ops[name]
+        x = self.node("Cast", [self.values[name]], f"{name}_float", to=self.onnx.TensorProto.FLOAT)
+        if _zero_point(op):
+            x = self.node("Sub", [x, self.const("zero", np.array(_zero_point(op), np.float32))],
+                          f"{name}_centred")  # fmt: skip
+        scale = self.const("scale", np.array(op.attrs["scale"], np.float32))
+        return self.node("Mul", [x, scale], f"{name}_real")
+
+    def scale_zero(self, op: IntOp) -> list[str]:
+        """The scale and zero point of ``op``'s value."""
+        return [self.const("scale", np.array(op.attrs["scale"], np.float32)),
+                self.const("zero", np.array(_zero_point(op), np.uint8))]  # fmt: skip
 
     def quantize(self, y: str, op: IntOp) -> str:
         """QuantizeLinear with the op's scale, then a Clip of the integers where the op's range
@@ -399,12 +409,12 @@ class _QdqGraph:
                 self.const("b_scale", bias_scale),
                 self.const("b_zero", np.zeros(rows, np.int32)),
             ], f"{op.name}_b", axis=0)  # fmt: skip
-        else:  # a per-channel input scale keeps ONNX Runtime from re-quantizing the weights
+            x = self.real(op.inputs[0])
+        else:  # an input dequantized by hand keeps ONNX Runtime from re-quantizing the weights
             view = (-1, *[1] * (w.ints.dim() - 1))  # (per tensor, to int8: its WeightBias-
             weight = self.const("w", (w.ints.float() * scale.reshape(view)).numpy())  # Quanti-
             bias = self.const("b", (w.bias * torch.from_numpy(bias_scale).double()).float().numpy())
-        channels = 0 if w.int8 else w.ints.shape[1] * a.get("groups", 1)  # zation rewrite)
-        x = self.real(op.inputs[0], channels)
+            x = self.real_by_hand(op.inputs[0])  # zation rewrite would, between DQ and Q)
         if op.op == "linear":
             return self.node("Gemm", [x, weight, bias], op.name, transB=1)
         return self.node("Conv", [x, weight, bias], op.name, strides=a["stride"],

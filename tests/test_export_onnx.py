@@ -174,8 +174,11 @@ def test_every_conv_and_linear_runs_in_an_integer_kernel(qdq, tmp_path: Path) ->
         assert fits == len(layers) == 4
     ops = read_file(path, tmp_path).ops
     assert sum(ops.integer.values()) == fits and sum(ops.float.values()) == len(layers) - fits
-    kinds = {n.op_type for n in onnx.load(str(path)).graph.node}
-    assert not kinds & {"Mul", "BatchNormalization"}
+    nodes = onnx.load(str(path)).graph.node
+    outputs = {n.output[0] for n in nodes if n.op_type in ("Conv", "Gemm")}
+    after = {n.op_type for n in nodes if set(n.input) & outputs}
+    assert after <= {"Relu", "QuantizeLinear", "Identity"}, after
+    assert "BatchNormalization" not in {n.op_type for n in nodes}
     assert f"{fits} conv/linear layers with int8 weights, {len(layers) - fits} with" in printed
 
 
@@ -297,3 +300,69 @@ def test_a_file_that_does_not_fit_its_model_or_data_is_one_message(
     assert not (tmp_path / "x.onnx").exists()
     with pytest.raises(ValueError, match=r"takes inputs of shape \['N', 1, 8, 8\], the data"):
         OnnxModel(onnx_file)(torch.zeros(2, 1, 16, 16))
+
+
+def test_a_mixed_bits_model_exports_both_ways_and_runs_in_onnx_runtime(tmp_path: Path) -> None:
+    """A MobileNetV2-style model with its first conv and last linear at 8 bits, the other layers
+    at 4: the float export holds every layer's exact weights; in the Q/DQ export (each op at
+    its own bits) the 4-bit layers run in int8 kernels and the 8-bit ones, whose integers do
+    not fit int8, as exact float layers; ONNX Runtime computes what the integer model does."""
+    from export_fixtures import mobilenet_style
+
+    from inq.export import save_masked
+    from inq.nn import convert_model
+    from inq.scheduler import INQScheduler
+
+    model = mobilenet_style()
+    sched = INQScheduler(
+        model, bits=4, portions=(1.0,), layer_bits={"features.0": 8, "classifier.1": 8}
+    )
+    sched.step()
+    save_masked(tmp_path / "m.safetensors", model, sched, {"name": "mobilenet_style"})
+    packed = packed_from_masked(load_masked(tmp_path / "m.safetensors"))
+    bits = {key: layer.bits for key, layer in packed.layers.items()}
+    assert bits["features.0.weight"] == bits["classifier.1.weight"] == 8
+    assert sorted(bits.values()) == [4] * (len(bits) - 2) + [8, 8]
+    x = mobilenet_inputs(16, seed=1)
+
+    export_onnx(packed, tmp_path / "m.onnx", (3, 16, 16), model=mobilenet_style())
+    proto = onnx.load(str(tmp_path / "m.onnx"))
+    arrays = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    for key, layer in packed.layers.items():
+        assert np.array_equal(arrays[key], layer.weight().numpy()), key
+    with torch.no_grad():
+        expected = convert_model(mobilenet_style(), packed).eval()(x)
+    got = OnnxModel(tmp_path / "m.onnx")(x)
+    assert float((got - expected).abs().max()) <= 1e-4 * float(expected.abs().max())
+
+    lowering = Lowering(convert_model(mobilenet_style(), packed).eval(), act_bits=8)
+    lowering.calibrate(mobilenet_inputs(64).split(16))
+    int_model = lowering.integer_model({"act_bits": 8, "input_bits": 8, "weight_bits": [4, 8]})
+    weighted = [op for op in int_model.ops if op.op in ("conv", "linear")]
+    assert [op.attrs["bits"] for op in weighted] == [8] + [4] * (len(weighted) - 2) + [8]
+    assert [w.int8 for w in _layers(int_model)] == [op.attrs["bits"] == 4 for op in weighted]
+    path = tmp_path / "m.qdq.onnx"
+    stats = export_qdq(int_model, path, (3, 16, 16))
+    assert (stats["int8_layers"], stats["float_layers"]) == (len(weighted) - 2, 2)
+    ops = read_file(path, tmp_path).ops
+    assert sum(ops.integer.values()) == len(weighted) - 2
+    assert ops.float == {"Conv": 1, "Gemm": 1}  # the 8-bit layers: float, not re-quantized
+    got, want = OnnxModel(path)(x), RealOutput(int_model)(x)
+    assert torch.equal(got.argmax(1), want.argmax(1))
+    kinds = _ops_within_one_step(int_model, (3, 16, 16), tmp_path)
+    assert kinds.count("conv") + kinds.count("linear") == len(weighted)
+
+
+def test_float_weights_on_a_single_channel_input_stay_exact(tmp_path: Path) -> None:
+    """8-bit layers (integers beyond int8) whose input has one channel, as a grayscale stem:
+    ONNX Runtime runs them as float convolutions, not re-quantized to int8, within one step."""
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    lowering = Lowering(packed_model(net, bits=8), act_bits=8)
+    lowering.calibrate([torch.randn(32, 1, 8, 8, generator=torch.Generator().manual_seed(0))])
+    model = lowering.integer_model({})
+    assert [w.int8 for w in _layers(model)] == [False, False]
+    path = tmp_path / "m.qdq.onnx"
+    assert export_qdq(model, path, (1, 8, 8))["float_layers"] == 2
+    ops = read_file(path, tmp_path).ops
+    assert not ops.integer and ops.float == {"Conv": 1, "Gemm": 1}
+    assert _ops_within_one_step(model, (1, 8, 8), tmp_path) == ["conv", "linear"]
