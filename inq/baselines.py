@@ -16,7 +16,7 @@ Both take the level sets (n1 per layer or channel, by the scheduler's ``n1_rule`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -35,6 +35,7 @@ def oneshot_quantize(
     exclude: str | Sequence[str] | None = None,
     n1_rule: str = "max",
     granularity: str = "layer",
+    layer_bits: Mapping[str, int] | None = None,
 ) -> INQScheduler:
     """Snap every target weight of ``model`` to its power-of-two level set, all at once.
 
@@ -46,6 +47,8 @@ def oneshot_quantize(
         >>> sched = oneshot_quantize(model, bits=3)
         >>> sched.done, sched.quantized_fraction()
         (True, 1.0)
+        >>> oneshot_quantize(model, bits=3, layer_bits={"0": 8}).layer_bits
+        {'0': 8, '2': 3}
 
     Raises:
         ValueError: as :class:`~inq.scheduler.INQScheduler` (bad bits, patterns, NaN weights).
@@ -58,6 +61,7 @@ def oneshot_quantize(
         exclude=exclude,
         n1_rule=n1_rule,
         granularity=granularity,
+        layer_bits=layer_bits,
     )
     scheduler.step()
     return scheduler
@@ -72,7 +76,8 @@ class STEQuantizer:
     ``state_dict()`` is all a checkpoint needs. While active, each target module's ``weight`` is
     parametrized (:mod:`torch.nn.utils.parametrize`): the parameter, under
     ``<module>.parametrizations.weight.original`` in the state dict, is the float shadow; the
-    forward pass uses ``pow2_quantize(shadow, n1, bits)`` exactly.
+    forward pass uses ``pow2_quantize(shadow, n1, bits)`` exactly, with each layer's own ``n1`` and
+    ``bits`` (:attr:`~inq.scheduler.QuantizedLayer.bits`).
 
     Example:
         >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
@@ -107,9 +112,7 @@ class STEQuantizer:
         ]
         scheduler.fix_level_sets()
         for module, layer in self._modules:
-            parametrize.register_parametrization(
-                module, "weight", _StraightThrough(layer, scheduler.bits)
-            )
+            parametrize.register_parametrization(module, "weight", _StraightThrough(layer))
         self.active = True
 
     def finalize(self) -> INQScheduler:
@@ -134,12 +137,12 @@ class STEQuantizer:
 class _StraightThrough(nn.Module):
     """Forward: the power-of-two values, exactly; backward: the identity (``d q / d w = 1``)."""
 
-    def __init__(self, layer: QuantizedLayer, bits: int) -> None:
+    def __init__(self, layer: QuantizedLayer) -> None:
         super().__init__()
-        self.layer, self.bits = layer, bits  # n1 is read live: a resume may restore it later
+        self.layer = layer  # n1 is read live: a resume may restore it later
 
     def forward(self, shadow: torch.Tensor) -> torch.Tensor:
-        snapped = pow2_quantize(shadow, self.layer.n1, self.bits)
+        snapped = pow2_quantize(shadow, self.layer.n1, self.layer.bits)
         through = snapped + (shadow - shadow.detach())  # exactly ``snapped``; gradient 1
         if self.layer.count == 0:
             return through

@@ -466,12 +466,15 @@ def integer_table(model: IntegerModel, path: str) -> str:
     """What ``inq info`` shows of an integer model: its settings, then one line per op with
     bits, accumulator fraction bits, output scale (as log2), range and requantization."""
     info = model.info
+    weight_bits = info.get("weight_bits")  # every bit-width the layers use (each op: its own)
+    if isinstance(weight_bits, list):
+        weight_bits = "/".join(map(str, weight_bits))
     lines = [
         f"{path}: {INT_FORMAT}, model {json.dumps(info.get('model', {}))}",
         f"activations {info.get('act_bits')}-bit, input {info.get('input_bits')}-bit "
         f"({info.get('calibration')} calibration, "
         f"{'power-of-two' if info.get('pow2_scales', True) else 'float'} scales), weights "
-        f"{info.get('weight_bits')}-bit; output scale {model.output_scale()!r}",
+        f"{weight_bits}-bit; output scale {model.output_scale()!r}",
     ]
     width = max(len("op"), *(len(op.name) for op in model.ops))
     lines.append(f"{'op':<{width}}  {'kind':<8} {'bits':>4} {'frac':>4} {'log2 scale':>10}  "

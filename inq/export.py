@@ -4,14 +4,16 @@ A ``.safetensors`` file anyone can read with the ``safetensors`` library:
 
 - every tensor of ``model.state_dict()`` under its usual key (quantized weights exact);
 - one bool mask per quantized weight under ``"<weight key>.inq_mask"`` (True = quantized);
-- string metadata: ``format`` (``"inq-masked/2"``), ``bits``, ``portions``, ``stage``,
-  ``strategy``, ``n1_rule``, ``granularity``, ``layers`` (JSON ``{weight key: {"module": name,
-  "n1": n1}}``, n1 an int, or a list with one int per output channel) and ``model`` (JSON the
-  caller passes to name the model, e.g. its config, so it can be rebuilt) and ``data`` (JSON: the
-  data config the model was trained on, ``{}`` if not given; ``inq eval`` starts from it).
+- string metadata: ``format`` (``"inq-masked/3"``), ``bits`` (the default bit-width),
+  ``portions``, ``stage``, ``strategy``, ``n1_rule``, ``granularity``, ``layers`` (JSON
+  ``{weight key: {"module": name, "bits": bits, "n1": n1}}``: the layer's own bit-width, and n1
+  an int, or a list with one int per output channel) and ``model`` (JSON the caller passes to
+  name the model, e.g. its config, so it can be rebuilt) and ``data`` (JSON: the data config the
+  model was trained on, ``{}`` if not given; ``inq eval`` starts from it).
 
-Files of format ``"inq-masked/1"`` (one n1 per layer, no ``n1_rule``/``granularity``: the
-paper's "max" rule per layer) still load.
+Files of format ``"inq-masked/2"`` (no per-layer bits: every layer at ``bits``) and
+``"inq-masked/1"`` (also one n1 per layer, no ``n1_rule``/``granularity``: the paper's "max"
+rule per layer) still load.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from torch import nn
 
 from inq.io import digest_problem, metadata_n1, n1_json, read_safetensors, write_safetensors
-from inq.pow2 import N1
+from inq.pow2 import N1, check_bits
 from inq.scheduler import INQScheduler
 
 __all__ = [
@@ -37,8 +39,8 @@ __all__ = [
     "save_masked",
 ]
 
-MASKED_FORMAT = "inq-masked/2"
-MASKED_FORMATS = ("inq-masked/1", MASKED_FORMAT)  # what load_masked reads
+MASKED_FORMAT = "inq-masked/3"
+MASKED_FORMATS = ("inq-masked/1", "inq-masked/2", MASKED_FORMAT)  # what load_masked reads
 MASK_SUFFIX = ".inq_mask"
 
 
@@ -48,8 +50,9 @@ class MaskedCheckpoint:
 
     ``state`` is the model state dict; ``masks`` and ``n1`` are keyed by weight key (e.g.
     ``"features.0.weight"``), n1 an int or an int32 tensor ``[O]`` (one per output channel);
-    ``model`` is the caller's model description; ``digest_problem`` says why the file's contents
-    do not match the digest written with them (None if they do).
+    ``bits`` is the default bit-width and ``layer_bits`` each layer's own (a key it lacks is at
+    ``bits``: :meth:`bits_of`); ``model`` is the caller's model description; ``digest_problem``
+    says why the file's contents do not match the digest written with them (None if they do).
     """
 
     state: dict[str, torch.Tensor]
@@ -64,6 +67,18 @@ class MaskedCheckpoint:
     digest_problem: str | None = None
     n1_rule: str = "max"
     granularity: str = "layer"
+    layer_bits: dict[str, int] = field(default_factory=dict)
+
+    def bits_of(self, key: str) -> int:
+        """The bit-width of quantized weight ``key``: its own, else the checkpoint's ``bits``.
+
+        Example:
+            >>> ckpt = MaskedCheckpoint({}, {}, {}, 4, (1.0,), 1, "magnitude",
+            ...                         layer_bits={"conv1.weight": 8})
+            >>> ckpt.bits_of("conv1.weight"), ckpt.bits_of("fc.weight")
+            (8, 4)
+        """
+        return self.layer_bits.get(key, self.bits)
 
 
 def save_masked(
@@ -88,6 +103,8 @@ def save_masked(
         >>> ckpt = load_masked(file)
         >>> ckpt.bits, ckpt.model, bool(ckpt.masks["0.weight"].all())
         (4, {'name': 'toy'}, True)
+        >>> ckpt.layer_bits
+        {'0.weight': 4}
     """
     scheduler.enforce()
     keys: dict[int, str] = {}
@@ -105,7 +122,8 @@ def save_masked(
     for layer in scheduler.layers:
         key = keys[id(layer.weight)]
         tensors[key + MASK_SUFFIX] = layer.mask.cpu().contiguous()
-        layers[key] = {"module": layer.name, "n1": None if layer.n1 is None else n1_json(layer.n1)}
+        n1 = None if layer.n1 is None else n1_json(layer.n1)
+        layers[key] = {"module": layer.name, "bits": layer.bits, "n1": n1}
     metadata = {
         "format": MASKED_FORMAT,
         "bits": str(scheduler.bits),
@@ -138,11 +156,12 @@ def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
         stray = [k for k in tensors if k.endswith(MASK_SUFFIX)]
         if stray:
             raise ValueError(f"masks {stray} have no layer metadata")
+        bits = check_bits(int(metadata["bits"]))
         return MaskedCheckpoint(
             state=tensors,
             masks=masks,
             n1={key: _n1(info["n1"]) for key, info in layers.items()},
-            bits=int(metadata["bits"]),
+            bits=bits,
             portions=tuple(json.loads(metadata["portions"])),
             stage=int(metadata["stage"]),
             strategy=metadata["strategy"],
@@ -151,6 +170,8 @@ def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
             digest_problem=digest_problem(tensors_read, metadata),
             n1_rule=metadata.get("n1_rule", "max"),
             granularity=metadata.get("granularity", "layer"),
+            # inq-masked/1 and /2: every layer at the file's bits
+            layer_bits={key: check_bits(info.get("bits", bits)) for key, info in layers.items()},
         )
     except (KeyError, ValueError, TypeError) as err:
         raise ValueError(f"{path}: corrupt INQ masked checkpoint metadata ({err!r})") from err

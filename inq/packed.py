@@ -13,16 +13,18 @@ A packed file is a ``.safetensors`` file, readable with the ``safetensors`` libr
     the file smaller than the dense rows do;
 
 - every other tensor of the model's state (biases, norm layers, buffers) as it is;
-- string metadata: ``format`` (``"inq-packed/3"``), ``bits``, ``portions``, ``strategy``,
-  ``n1_rule``, ``granularity``, ``layers`` (JSON ``{weight key: {"module", "bits", "n1", "shape",
-  "width", "dtype", "storage"}}``, n1 an int or a list with one int per row; sparse layers add
+- string metadata: ``format`` (``"inq-packed/3"``), ``bits`` (the default bit-width; each layer's
+  own is in ``layers``), ``portions``, ``strategy``, ``n1_rule``, ``granularity``, ``layers``
+  (JSON ``{weight key: {"module", "bits", "n1", "shape", "width", "dtype", "storage"}}``, the
+  layer's own bits, n1 an int or a list with one int per row; sparse layers add
   ``"nonzero"``, ``"gap_bits"`` and ``"symbols"``), ``model`` (the masked checkpoint's model
   description, to rebuild the model) and ``data`` (the data config it was trained on; absent in
   older files).
 
 Decoding reproduces the masked checkpoint's weights bit for bit; in memory every layer holds its
 dense rows (:attr:`PackedLayer.packed`), which the inference ops read. Files of format
-``"inq-packed/2"`` (dense only) and ``"inq-packed/1"`` (also one n1 per layer) still load.
+``"inq-packed/2"`` (dense only) and ``"inq-packed/1"`` (also one n1 per layer) still load; every
+format records each layer's bits, so a model with per-layer bit-widths needs no newer one.
 """
 
 from __future__ import annotations
@@ -172,7 +174,7 @@ def masked_layer_problem(ckpt: MaskedCheckpoint, key: str) -> str | None:
 
     Checks that the weight and its mask exist with the same shape, that the mask is fully set,
     and that every value (bit pattern included: ``-0.0`` has no code) lies in the level set of
-    the layer's ``n1`` (per row if it is a tensor) and the checkpoint's ``bits``.
+    the layer's ``n1`` (per row if it is a tensor) and bits (:meth:`MaskedCheckpoint.bits_of`).
 
     Example:
         >>> w = torch.tensor([[0.5, -0.25], [0.3, 0.0]])
@@ -192,8 +194,9 @@ def masked_layer_problem(ckpt: MaskedCheckpoint, key: str) -> str | None:
             f"mask not fully set: {int((~mask).sum())} of {mask.numel()} entries still float "
             f"(first at flat index {index})"
         )
+    bits = ckpt.bits_of(key)
     try:
-        snapped = pow2_quantize(weight, ckpt.n1[key], ckpt.bits)
+        snapped = pow2_quantize(weight, ckpt.n1[key], bits)
     except (ValueError, TypeError) as err:
         return str(err)
     off = _bits(snapped) != _bits(weight)
@@ -206,7 +209,7 @@ def masked_layer_problem(ckpt: MaskedCheckpoint, key: str) -> str | None:
         else:
             where = f"level set of n1={n1} (first:"
         return (
-            f"{int(off.sum())} weight(s) off the {ckpt.bits}-bit {where} "
+            f"{int(off.sum())} weight(s) off the {bits}-bit {where} "
             f"{weight.flatten()[index].item()!r} at flat index {index})"
         )
     return None
@@ -493,20 +496,20 @@ def _pack(ckpt: MaskedCheckpoint, sparse: bool) -> tuple[dict[str, torch.Tensor]
         problem = masked_layer_problem(ckpt, key)
         if problem:
             raise ValueError(f"cannot pack {key!r}: {problem}")
-        weight, n1 = ckpt.state[key], ckpt.n1[key]
+        weight, n1, bits = ckpt.state[key], ckpt.n1[key], ckpt.bits_of(key)
         dtype = next(name for name, d in _DTYPES.items() if d == weight.dtype)
-        codes = pow2_encode(weight, n1, ckpt.bits)
-        dense = pack_codes(codes, ckpt.bits)
+        codes = pow2_encode(weight, n1, bits)
+        dense = pack_codes(codes, bits)
         layers[key] = {
             "module": key.rpartition(".")[0],
-            "bits": ckpt.bits,
+            "bits": bits,
             "n1": n1_json(n1),
             "shape": list(weight.shape),
-            "width": code_width(ckpt.bits),
+            "width": code_width(bits),
             "dtype": dtype,
             "storage": "dense",
         }
-        small = encode_sparse(codes, ckpt.bits) if sparse else None
+        small = encode_sparse(codes, bits) if sparse else None
         if small is not None and small.nbytes + SPARSE_HEADER_BYTES < dense.numel():
             tensors[key + VALUES_SUFFIX], tensors[key + INDEX_SUFFIX] = small.values, small.index
             layers[key].update(

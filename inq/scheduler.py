@@ -13,13 +13,17 @@ byte is the whole state: no bool mask beside it, no float shadow copy. Freezing 
 Pruning (:meth:`INQScheduler.prune`, before the first stage) uses the same state: a pruned weight
 is frozen with the zero code, so it stays exactly 0.0 through retraining, every stage and every
 export, and the portions of the stages count the remaining weights only.
+
+Every layer has its own bit-width (:attr:`QuantizedLayer.bits`): ``bits`` unless a
+``layer_bits`` glob names it (most low-bit work keeps the first and last layer at 8 bits), and
+everything per layer (level set, n1 rule, partition, codes) uses it.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +49,7 @@ __all__ = [
     "TARGET_TYPES",
     "INQScheduler",
     "QuantizedLayer",
+    "assign_layer_bits",
     "check_portions",
 ]
 
@@ -58,8 +63,9 @@ TARGET_TYPES = (
     nn.ConvTranspose2d,
     nn.ConvTranspose3d,
 )
-# 2 added n1_rule and granularity (version 1 loads as "max"/"layer"); 3 added pruned counts
-_STATE_VERSION = 3
+# 2 added n1_rule and granularity (version 1 loads as "max"/"layer"); 3 added pruned counts;
+# 4 added each layer's bits (versions 1-3 load with every layer at the state's "bits")
+_STATE_VERSION = 4
 FLOAT_CODE = 1  # valid codes are 0 and 2**(bits-1) .. 2**bits - 1, so 1 never is one
 
 
@@ -71,7 +77,8 @@ class QuantizedLayer:
     of each quantized entry and :data:`FLOAT_CODE` where the weight is still float; ``n1`` is None
     until the first partition, then an int (one level set) or an int32 tensor ``[O]`` on the CPU
     (one per output channel); ``count`` is the number of frozen entries, ``pruned`` of those
-    the ones pruned before the first stage (zero codes; the stages' portions count the rest).
+    the ones pruned before the first stage (zero codes; the stages' portions count the rest);
+    ``bits`` is the layer's bit-width (the scheduler's ``bits`` or its ``layer_bits`` entry).
     """
 
     name: str
@@ -80,6 +87,7 @@ class QuantizedLayer:
     n1: N1 | None = None
     count: int = 0
     pruned: int = 0
+    bits: int = 5
 
     @property
     def mask(self) -> torch.Tensor:
@@ -87,10 +95,12 @@ class QuantizedLayer:
         self._follow_weight_device()
         return self.codes != FLOAT_CODE
 
-    def frozen_values(self, bits: int) -> torch.Tensor:
-        """The snapped values of the quantized entries (NaN where the weight is still float)."""
+    def frozen_values(self, bits: int | None = None) -> torch.Tensor:
+        """The snapped values of the quantized entries (NaN where the weight is still float), at
+        the layer's own ``bits`` unless given."""
         self._follow_weight_device()
         n1 = 0 if self.n1 is None else self.n1
+        bits = self.bits if bits is None else bits
         return decode_unchecked(self.codes, n1, bits, self.weight.dtype)
 
     def _follow_weight_device(self) -> None:
@@ -112,9 +122,16 @@ class INQScheduler:
         >>> round(sched.quantized_fraction(), 2)
         0.3
 
+        Per-layer bit-widths: the first layer at 8 bits, the others at ``bits``:
+
+        >>> sched = INQScheduler(model, bits=4, layer_bits={"0": 8})
+        >>> [(layer.name, layer.bits) for layer in sched.layers]
+        [('0', 8), ('2', 4)]
+
     Args:
         model: the float model; its conv/linear weights are the targets (never biases or norms).
-        bits: bit-width b in [2, 8]; 2**(b-2) magnitudes plus zero, signed.
+        bits: bit-width b in [2, 8]; 2**(b-2) magnitudes plus zero, signed. The default of
+            every layer that ``layer_bits`` does not name.
         portions: accumulated quantized fractions, strictly increasing, ending at 1.0.
         strategy: ``"magnitude"`` (largest weights first), ``"random"`` or ``"error"``
             (smallest rounding error to the level set first; see :mod:`inq.partition`).
@@ -126,10 +143,14 @@ class INQScheduler:
             output channel: per slice along the weight's dim 0).
         include: glob patterns (``fnmatch``) of module names to quantize; default all targets.
         exclude: glob patterns of module names to leave in float.
+        layer_bits: ``{glob: bits}``: a quantized layer whose module name a glob matches
+            (``fnmatch``; the first match, in the mapping's order) gets that bit-width instead
+            of ``bits`` (see :func:`assign_layer_bits`).
 
     Raises:
         ValueError: on bad bits, portions, strategy, n1_rule or granularity, a pattern that
-            matches no conv/linear layer, or a model with no target layer left.
+            matches no conv/linear layer, a model with no target layer left, or a
+            ``layer_bits`` glob that sets no layer's bits.
     """
 
     def __init__(
@@ -143,6 +164,7 @@ class INQScheduler:
         exclude: str | Sequence[str] | None = None,
         n1_rule: str = "max",
         granularity: str = "layer",
+        layer_bits: Mapping[str, int] | None = None,
     ) -> None:
         self.bits = check_bits(bits)
         self.portions = check_portions(portions)
@@ -152,13 +174,16 @@ class INQScheduler:
         self.strategy, self.n1_rule, self.granularity = strategy, n1_rule, granularity
         self.seed = int(seed)
         self.stage = 0
+        targets = _select_targets(model, include, exclude)
+        own_bits = assign_layer_bits([name for name, _ in targets], self.bits, layer_bits)
         self._layers = tuple(
             QuantizedLayer(
                 name=name,
                 weight=weight,
                 codes=torch.full_like(weight, FLOAT_CODE, dtype=torch.uint8),
+                bits=own_bits[name],
             )
-            for name, weight in _select_targets(model, include, exclude)
+            for name, weight in targets
         )
         # attached optimizers and their step post-hooks, in attach order
         self._optimizers: dict[torch.optim.Optimizer, RemovableHandle] = {}
@@ -172,6 +197,11 @@ class INQScheduler:
     def layers(self) -> tuple[QuantizedLayer, ...]:
         """The target layers, in module order."""
         return self._layers
+
+    @property
+    def layer_bits(self) -> dict[str, int]:
+        """``{layer name: bits}`` of every target layer, in module order."""
+        return {layer.name: layer.bits for layer in self._layers}
 
     @property
     def done(self) -> bool:
@@ -327,7 +357,7 @@ class INQScheduler:
         """
         if layer.n1 is not None:
             return layer.n1
-        n1 = select_n1(layer.weight.detach(), self.bits, self.n1_rule, self.granularity)
+        n1 = select_n1(layer.weight.detach(), layer.bits, self.n1_rule, self.granularity)
         return n1.cpu() if isinstance(n1, torch.Tensor) else n1
 
     @torch.no_grad()
@@ -340,7 +370,7 @@ class INQScheduler:
         for layer in self._layers:
             if layer.count == 0:
                 continue
-            values = layer.frozen_values(self.bits)
+            values = layer.frozen_values()
             if layer.count == layer.weight.numel():
                 layer.weight.copy_(values)
             else:
@@ -373,7 +403,8 @@ class INQScheduler:
         self._optimizers.clear()
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed for an exact resume: settings, stage, and per layer n1 and codes.
+        """Everything needed for an exact resume: settings, stage, and per layer bits, n1, codes
+        and pruned count.
 
         Holds only ints, floats, strings and tensors: loads with ``torch.load(weights_only=True)``.
         """
@@ -387,7 +418,12 @@ class INQScheduler:
             "granularity": self.granularity,
             "stage": self.stage,
             "layers": {
-                layer.name: {"n1": layer.n1, "codes": layer.codes.cpu(), "pruned": layer.pruned}
+                layer.name: {
+                    "bits": layer.bits,
+                    "n1": layer.n1,
+                    "codes": layer.codes.cpu(),
+                    "pruned": layer.pruned,
+                }
                 for layer in self._layers
             },
         }
@@ -395,11 +431,13 @@ class INQScheduler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output and write the frozen values into the model.
 
+        States of versions 1 to 3 (before per-layer bits) hold every layer at their ``bits``.
+
         Raises:
-            ValueError: if the state was made with other settings or for another model, or
-                holds codes that are not valid ``bits``-bit codes.
+            ValueError: if the state was made with other settings (per-layer bits included) or
+                for another model, or holds codes that are not valid codes of a layer's bits.
         """
-        if state.get("version") not in (1, 2, _STATE_VERSION):
+        if state.get("version") not in (1, 2, 3, _STATE_VERSION):
             raise ValueError(f"unsupported INQ scheduler state version {state.get('version')!r}")
         state = {"n1_rule": "max", "granularity": "layer", **state}  # version 1: the paper's
         for key in ("bits", "portions", "strategy", "seed", "n1_rule", "granularity"):
@@ -417,11 +455,21 @@ class INQScheduler:
                 f"INQ state holds layers {list(saved)} but this model's target layers are "
                 f"{names}; resume with the same model and include/exclude patterns"
             )
+        own = self.layer_bits
+        # versions 1-3 hold every layer at the state's bits
+        differ = {n: saved[n].get("bits", state["bits"]) for n in names}
+        differ = {n: b for n, b in differ.items() if b != own[n]}
+        if differ:
+            wanted = {n: own[n] for n in differ}
+            raise ValueError(
+                f"INQ state was saved with layer bits {differ} but this scheduler has {wanted}; "
+                "build the scheduler with the same bits and layer_bits to resume"
+            )
         stage = int(state["stage"])
         if not 0 <= stage <= len(self.portions):
             raise ValueError(f"INQ state has stage {stage}, outside 0..{len(self.portions)}")
-        top = 1 << (self.bits - 1)
         for layer in self._layers:  # check everything before changing anything
+            top = 1 << (layer.bits - 1)
             codes, n1 = saved[layer.name]["codes"], saved[layer.name]["n1"]
             pruned = saved[layer.name].get("pruned", 0)  # versions 1 and 2 knew no pruning
             if not isinstance(pruned, int) or isinstance(pruned, bool):
@@ -432,7 +480,7 @@ class INQScheduler:
                 expected += quantized_count(self.portions[stage - 1], numel - pruned)
             if codes.shape != layer.weight.shape or codes.dtype != torch.uint8:
                 raise ValueError(f"INQ state for {layer.name!r} does not match the weight's shape")
-            valid = (codes == FLOAT_CODE) | (codes == 0) | ((codes >= top) & (codes < 2 * top))
+            valid = (codes == FLOAT_CODE) | (codes == 0) | ((codes >= top) & (codes <= 2 * top - 1))
             frozen = int((codes != FLOAT_CODE).sum())
             if (
                 not bool(valid.all())
@@ -460,8 +508,10 @@ class INQScheduler:
         self.enforce()
 
     def __repr__(self) -> str:
+        own = {name: b for name, b in self.layer_bits.items() if b != self.bits}
         return (
-            f"INQScheduler(bits={self.bits}, portions={self.portions}, strategy={self.strategy!r}, "
+            f"INQScheduler(bits={self.bits}, {f'layer_bits={own}, ' if own else ''}"
+            f"portions={self.portions}, strategy={self.strategy!r}, "
             f"n1_rule={self.n1_rule!r}, granularity={self.granularity!r}, "
             f"stage={self.stage}/{len(self.portions)}, layers={len(self._layers)}, "
             f"quantized={self.quantized_fraction():.1%})"
@@ -498,12 +548,12 @@ class INQScheduler:
         count = layer.pruned + quantized_count(portion, weight.numel() - layer.pruned)
         key = f"{layer.name}/stage{self.stage + 1}"
         old = layer.mask
-        snapped = pow2_quantize(weight, n1, self.bits) if self.strategy == "error" else None
+        snapped = pow2_quantize(weight, n1, layer.bits) if self.strategy == "error" else None
         new = grow_mask(weight, old, count, self.strategy, self.seed, key, snapped)
         new &= ~old
         codes = layer.codes.clone()  # a new tensor: state_dict() copies taken earlier keep theirs
         n1_new = n1 if isinstance(n1, int) else broadcast_n1(n1, weight).expand(weight.shape)[new]
-        codes[new] = pow2_quantize_codes(weight[new], n1_new, self.bits)  # only the new weights
+        codes[new] = pow2_quantize_codes(weight[new], n1_new, layer.bits)  # only the new ones
         layer.n1, layer.codes, layer.count = n1, codes, count
 
     @staticmethod
@@ -541,7 +591,7 @@ def _select_targets(
     model: nn.Module,
     include: str | Sequence[str] | None,
     exclude: str | Sequence[str] | None,
-) -> Iterable[tuple[str, nn.Parameter]]:
+) -> list[tuple[str, nn.Parameter]]:
     candidates: dict[str, nn.Parameter] = {}
     seen: set[int] = set()
     for name, module in model.named_modules():
@@ -570,6 +620,54 @@ def _select_targets(
     if not chosen:
         raise ValueError("include/exclude leave no layer to quantize; relax the patterns")
     return [(name, candidates[name]) for name in chosen]
+
+
+def assign_layer_bits(
+    names: Sequence[str], bits: int, layer_bits: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """The bit-width of each layer: the first ``layer_bits`` glob (``fnmatch``, in the mapping's
+    order) that matches its name, else ``bits``.
+
+    Globs may overlap (the first match wins), but every glob must set at least one layer: one
+    that matches no layer, or only layers an earlier glob already set, is refused (a typo, or an
+    order that silently does nothing).
+
+    Example:
+        >>> assign_layer_bits(["conv1", "conv2", "fc"], 4, {"conv1": 8, "fc": 8})
+        {'conv1': 8, 'conv2': 4, 'fc': 8}
+        >>> assign_layer_bits(["conv1", "conv2", "fc"], 4, {"conv1": 6, "conv*": 3})
+        {'conv1': 6, 'conv2': 3, 'fc': 4}
+        >>> assign_layer_bits(["conv1", "fc"], 4, {"conv9": 8})
+        Traceback (most recent call last):
+        ...
+        ValueError: layer_bits glob 'conv9' matches no quantized layer; layers are ['conv1', 'fc']
+
+    Raises:
+        ValueError: on bits outside 2..8 (for ``bits`` or any glob), or a glob that sets no
+            layer's bits.
+    """
+    check_bits(bits)
+    rules = dict(layer_bits or {})
+    for glob, value in rules.items():
+        try:
+            check_bits(value)
+        except ValueError as err:
+            raise ValueError(f"layer_bits[{glob!r}]: {err}") from None
+    chosen: dict[str, int] = {}
+    for glob, value in rules.items():
+        matched = [name for name in names if fnmatch.fnmatchcase(name, glob)]
+        mine = [name for name in matched if name not in chosen]
+        if not mine:
+            shown = list(names[:8]) + (["..."] if len(names) > 8 else [])
+            why = (
+                f"sets no layer: every layer it matches ({', '.join(matched[:4])}"
+                f"{', ...' if len(matched) > 4 else ''}) is set by an earlier glob; put it first"
+                if matched
+                else "matches no quantized layer"
+            )
+            raise ValueError(f"layer_bits glob {glob!r} {why}; layers are {shown}")
+        chosen.update(dict.fromkeys(mine, value))
+    return {name: chosen.get(name, bits) for name in names}
 
 
 def check_portions(portions: Sequence[float]) -> tuple[float, ...]:

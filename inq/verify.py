@@ -119,9 +119,9 @@ def verify_masked(ckpt: MaskedCheckpoint, path: str = "") -> VerifyReport:
     reports = []
     for key in ckpt.masks:
         problem = masked_layer_problem(ckpt, key)
-        weight = ckpt.state.get(key)
-        codes = None if problem or weight is None else pow2_encode(weight, ckpt.n1[key], ckpt.bits)
-        reports.append(_report(key, ckpt.bits, ckpt.n1[key], codes, problem))
+        weight, bits = ckpt.state.get(key), ckpt.bits_of(key)  # each layer's own level set
+        codes = None if problem or weight is None else pow2_encode(weight, ckpt.n1[key], bits)
+        reports.append(_report(key, bits, ckpt.n1[key], codes, problem))
     others = tuple(masked_problems(ckpt))
     return VerifyReport(path, "masked", tuple(reports), ckpt.digest_problem, others)
 

@@ -205,3 +205,42 @@ def test_ste_quantizes_every_user_of_a_tied_weight() -> None:
     n1 = ste.scheduler.layers[0].n1
     assert_in_level_set(model[0].weight, n1, 2)
     assert_in_level_set(model[1].weight, n1, 2)
+
+
+# ------------------------------------------------------------------------- per-layer bits
+
+
+def test_oneshot_takes_per_layer_bits() -> None:
+    model = net()
+    before = {k: w.detach().clone() for k, w in targets(model).items()}
+    sched = oneshot_quantize(model, bits=3, layer_bits={"0": 8})
+    assert sched.layer_bits == {"0": 8, "4": 3}
+    for layer in sched.layers:
+        expected = inq.pow2_quantize(before[layer.name], layer.n1, layer.bits)
+        assert torch.equal(layer.weight, expected)
+        assert_in_level_set(layer.weight, layer.n1, layer.bits)
+    with pytest.raises(ValueError, match="layer_bits glob 'fc' matches no quantized layer"):
+        oneshot_quantize(net(), bits=3, layer_bits={"fc": 8})
+
+
+def test_ste_forward_and_finalize_use_each_layers_own_bits(tmp_path: Path) -> None:
+    model = net()
+    sched = INQScheduler(model, bits=2, portions=(1.0,), layer_bits={"4": 8})
+    ste = STEQuantizer(model, sched)
+    train_steps(model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), 3)
+    with torch.no_grad():
+        seen = {k: model.get_submodule(k).weight.clone() for k in ("0", "4")}  # the forward's
+    shadows = {k: model.get_submodule(k).parametrizations.weight.original for k in ("0", "4")}
+    for layer in sched.layers:
+        own = inq.pow2_quantize(shadows[layer.name].detach(), layer.n1, layer.bits)
+        assert torch.equal(seen[layer.name], own)
+    assert len(seen["0"].unique()) <= 3  # ternary
+    assert len(seen["4"].unique()) > 3  # an 8-bit level set
+    sched = ste.finalize()
+    for layer in sched.layers:
+        assert torch.equal(layer.weight.detach(), seen[layer.name])
+        assert_in_level_set(layer.weight, layer.n1, layer.bits)
+    save_masked(tmp_path / "ste.safetensors", model, sched)
+    ckpt = load_masked(tmp_path / "ste.safetensors")
+    assert ckpt.layer_bits == {"0.weight": 2, "4.weight": 8}
+    assert verify_masked(ckpt).ok

@@ -435,3 +435,44 @@ def test_float_onnx_export_expresses_relu6_as_clip(tmp_path: Path) -> None:
         expected = convert_model(mobilenet_style(), packed).eval()(x)
     got = OnnxModel(out)(x)
     assert float((got - expected).abs().max()) <= 1e-4 * float(expected.abs().max())
+
+
+def test_a_mixed_bits_model_exports_verifies_shows_and_calibrates(capsys, tmp_path: Path) -> None:
+    """digits_cnn with its first and last layer at 8 bits, the others at 4: every command shows
+    and checks each layer at its own bits, and the integer model carries them per op."""
+    from export_fixtures import DIGITS_MODEL
+
+    from inq.export import save_masked
+    from inq.models import build_model
+    from inq.quant.integer import load_integer
+    from inq.scheduler import INQScheduler
+
+    torch.manual_seed(0)
+    model = build_model(DIGITS_MODEL)
+    sched = INQScheduler(model, bits=4, portions=(1.0,), layer_bits={"0": 8, "12": 8})
+    sched.step()
+    masked = tmp_path / "d.safetensors"
+    save_masked(masked, model, sched, DIGITS_MODEL, DIGITS_DATA)
+    packed = tmp_path / "d.inq.safetensors"
+    assert run(capsys, "export", masked, "-o", packed)[0] == 0
+    bits = {"0.weight": 8, "3.weight": 4, "7.weight": 4, "12.weight": 8}
+    for path in (masked, packed):
+        code, out, err = run(capsys, "verify", path)
+        assert code == 0 and not err and "OK: 4 quantized tensors" in out, err
+        for key, b in bits.items():
+            assert re.search(rf"^{re.escape(key)} +{b} ", out, re.M), (key, out)
+    code, out, _ = run(capsys, "info", packed)
+    assert code == 0 and "4 quantized layers (bits [4, 8])" in out
+    for key, b in bits.items():
+        assert re.search(rf"^{re.escape(key)} +\S+ +{b} ", out, re.M), (key, out)
+
+    code, out, err = run(capsys, "calibrate", packed, "--data", "digits", "--batches", "1")
+    assert code == 0, err
+    integer = load_integer(tmp_path / "d.int.safetensors")
+    assert integer.info["weight_bits"] == [4, 8]
+    weighted = [op for op in integer.ops if op.op in ("conv", "linear")]
+    assert [op.attrs["bits"] for op in weighted] == [8, 4, 4, 8]
+    code, out, _ = run(capsys, "info", tmp_path / "d.int.safetensors")
+    assert code == 0 and "weights 4/8-bit" in out
+    assert "conv        8" in out and "conv        4" in out and "linear      8" in out
+    assert run(capsys, "verify", tmp_path / "d.int.safetensors")[0] == 0

@@ -14,6 +14,7 @@ from torch import nn
 import inq
 from inq import INQScheduler
 from inq.export import MASK_SUFFIX, MASKED_FORMAT, load_masked, save_masked
+from inq.io import read_safetensors, write_safetensors
 
 
 def small_cnn(seed: int) -> nn.Sequential:
@@ -102,7 +103,7 @@ def test_file_is_plain_safetensors_with_documented_metadata(tmp_path: Path) -> N
     assert metadata["bits"] == "5" and metadata["stage"] == "1"
     assert json.loads(metadata["portions"]) == [0.5, 0.75, 0.875, 1.0]
     layers = json.loads(metadata["layers"])
-    assert layers["0.weight"] == {"module": "0", "n1": sched.layers[0].n1}
+    assert layers["0.weight"] == {"module": "0", "bits": 5, "n1": sched.layers[0].n1}
     assert json.loads(metadata["model"]) == {"arch": "cnn"}
     assert keys == set(model.state_dict()) | {k + MASK_SUFFIX for k in layers}
     assert mask.dtype == torch.bool and torch.equal(mask, sched.layers[0].mask)
@@ -171,6 +172,8 @@ def test_other_safetensors_files_are_rejected(tmp_path: Path, metadata: dict | N
         {"layers": "{not json"},
         {"layers": json.dumps({"missing.weight": {"module": "m", "n1": 0}})},
         {"bits": "five"},
+        {"bits": "9"},
+        {"layers": json.dumps({"0.weight": {"module": "0", "bits": 9, "n1": 0}})},
         {"stage": None},
     ],
 )
@@ -190,3 +193,52 @@ def test_corrupt_metadata_raises_value_error(tmp_path: Path, broken: dict) -> No
     save_file(tensors, bad, metadata=metadata)
     with pytest.raises(ValueError, match="corrupt INQ masked checkpoint"):
         load_masked(bad)
+
+
+# ---------------------------------------------------------------- per-layer bits
+
+
+def test_each_layers_bits_round_trip(tmp_path: Path) -> None:
+    model = small_cnn(seed=0)
+    sched = INQScheduler(model, bits=4, portions=(0.5, 1.0), layer_bits={"0": 8, "5": 2})
+    sched.step()
+    path = tmp_path / "mixed.safetensors"
+    save_masked(path, model, sched)
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata()
+    assert metadata["format"] == MASKED_FORMAT == "inq-masked/3" and metadata["bits"] == "4"
+    layers = json.loads(metadata["layers"])
+    assert {key: info["bits"] for key, info in layers.items()} == {
+        "0.weight": 8,
+        "4.weight": 4,
+        "5.weight": 2,
+    }
+    ckpt = load_masked(path)
+    assert ckpt.bits == 4 and ckpt.layer_bits == {"0.weight": 8, "4.weight": 4, "5.weight": 2}
+    assert [ckpt.bits_of(key) for key in ("0.weight", "4.weight", "5.weight")] == [8, 4, 2]
+    for layer in sched.layers:
+        key = f"{layer.name}.weight"
+        assert torch.equal(ckpt.state[key], layer.weight.detach())
+        frozen = ckpt.state[key][ckpt.masks[key]]
+        assert bool(torch.isin(frozen, inq.pow2_levels(layer.n1, layer.bits)).all())
+
+
+def test_masked_files_before_per_layer_bits_load_with_every_layer_at_bits(
+    tmp_path: Path,
+) -> None:
+    """Format /2 (and /1) wrote no bits per layer: every layer is at the file's bits."""
+    model, sched = quantized_model(stages=4, bits=3)
+    path = tmp_path / "new.safetensors"
+    save_masked(path, model, sched)
+    tensors, metadata = read_safetensors(path)
+    layers = json.loads(metadata["layers"])
+    for info in layers.values():
+        del info["bits"]
+    metadata.update(format="inq-masked/2", layers=json.dumps(layers))
+    old = tmp_path / "old.safetensors"
+    write_safetensors(old, tensors, {k: v for k, v in metadata.items() if k != "sha256"})
+    ckpt, new = load_masked(old), load_masked(path)
+    assert ckpt.digest_problem is None
+    assert ckpt.bits == 3 and ckpt.layer_bits == new.layer_bits == dict.fromkeys(layers, 3)
+    for key, value in new.state.items():
+        assert torch.equal(ckpt.state[key], value)

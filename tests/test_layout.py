@@ -106,7 +106,15 @@ def test_the_package_names_load_on_use() -> None:
 
 
 LAYERS = (  # README's code map, top to bottom; a module may import its own layer or one above
-    ("inq.pow2", "inq.levels", "inq.partition", "inq.prune", "inq.scheduler", "inq.baselines"),
+    (
+        "inq.pow2",
+        "inq.levels",
+        "inq.partition",
+        "inq.prune",
+        "inq.scheduler",
+        "inq.baselines",
+        "inq.distill",
+    ),
     ("inq.codes",),
     ("inq.kernels",),
     ("inq.io", "inq.export", "inq.sparse", "inq.packed", "inq.verify", "inq.runfiles"),

@@ -456,3 +456,57 @@ def test_the_data_description_must_be_a_json_object(packed_file: Path, value: st
     found = json.loads(value)
     cause = TypeError(f"'data' must be a JSON object, got {found!r}")
     assert str(err.value) == f"{bad}: corrupt INQ packed file metadata ({cause!r})"
+
+
+# ---------------------------------------------------------------- per-layer bits
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_mixed_bits_round_trip_masked_packed_decoded(tmp_path: Path, sparse: bool) -> None:
+    """Nibble- and byte-packed layers in one file, each at its own bits, decode bit for bit."""
+    from inq.codes import code_width
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 5, 3), nn.Conv2d(5, 5, 3, groups=5), nn.Linear(64, 64), nn.Linear(64, 3)
+    )
+    layer_bits = {"0": 8, "2": 5, "3": 2}  # the depthwise conv: the default 3
+    sched = INQScheduler(model, bits=3, portions=(0.5, 1.0), layer_bits=layer_bits)
+    if sparse:
+        sched.prune({"2": 0.9})
+    while not sched.done:
+        sched.step()
+    save_masked(tmp_path / "m.safetensors", model, sched, {"name": "mixed"})
+    export_packed(tmp_path / "m.safetensors", tmp_path / "p.safetensors", sparse=sparse)
+    ckpt, packed = load_masked(tmp_path / "m.safetensors"), load_packed(tmp_path / "p.safetensors")
+    expected = {"0.weight": 8, "1.weight": 3, "2.weight": 5, "3.weight": 2}
+    assert ckpt.layer_bits == expected
+    assert {key: layer.bits for key, layer in packed.layers.items()} == expected
+    assert packed.metadata["bits"] == "3"
+    info = json.loads(packed.metadata["layers"])
+    assert {key: (i["bits"], i["width"]) for key, i in info.items()} == {
+        key: (bits, code_width(bits)) for key, bits in expected.items()
+    }
+    assert packed.layers["2.weight"].storage == ("gaps" if sparse else "dense")
+    state = packed.state_dict()
+    for key, value in model.state_dict().items():
+        assert torch.equal(state[key], value), key
+    for key, layer in packed.layers.items():
+        assert torch.equal(layer.codes(), pow2_encode(ckpt.state[key], layer.n1, layer.bits))
+
+
+def test_old_masked_files_pack_with_every_layer_at_bits(tmp_path: Path) -> None:
+    path, model = masked_file(tmp_path, 4)
+    tensors, metadata = read_safetensors(path)
+    layers = json.loads(metadata["layers"])
+    for info in layers.values():
+        del info["bits"]
+    metadata.update(format="inq-masked/2", layers=json.dumps(layers))
+    old = tmp_path / "old.safetensors"
+    write_safetensors(old, tensors, {k: v for k, v in metadata.items() if k != DIGEST_KEY})
+    export_packed(old, tmp_path / "p.safetensors")
+    packed = load_packed(tmp_path / "p.safetensors")
+    assert {layer.bits for layer in packed.layers.values()} == {4}
+    state = packed.state_dict()
+    for key, value in model.state_dict().items():
+        assert torch.equal(state[key], value), key

@@ -342,3 +342,51 @@ def test_torchvision_mobilenet_v2_lowers_and_tracks_the_float_model() -> None:
     relative = (logits - reference).abs().mean() / reference.std()
     assert relative < 0.1, relative
     assert float((logits.argmax(1) == reference.argmax(1)).double().mean()) >= 0.9
+
+
+# ------------------------------------------------------------------ per-layer bits
+
+
+def _mixed_bits_model(model: nn.Module, bits: int, layer_bits: dict[str, int]) -> nn.Module:
+    """``model`` quantized (no training) with per-layer bits, as packed shift modules."""
+    from inq.export import MaskedCheckpoint
+    from inq.nn import convert_model
+    from inq.packed import packed_from_masked
+    from inq.scheduler import INQScheduler
+
+    sched = INQScheduler(model, bits=bits, portions=(1.0,), layer_bits=layer_bits)
+    sched.step()
+    keys = {layer.name: f"{layer.name}.weight" for layer in sched.layers}
+    ckpt = MaskedCheckpoint(
+        {k: v.detach().clone() for k, v in model.state_dict().items()},
+        {keys[layer.name]: layer.mask.clone() for layer in sched.layers},
+        {keys[layer.name]: layer.n1 for layer in sched.layers},
+        bits,
+        sched.portions,
+        sched.stage,
+        sched.strategy,
+        layer_bits={keys[name]: b for name, b in sched.layer_bits.items()},
+    )
+    return convert_model(model, packed_from_masked(ckpt)).eval()
+
+
+def test_each_layer_lowers_at_its_own_bits_and_stays_exact() -> None:
+    torch.manual_seed(0)
+    model = _mixed_bits_model(
+        nn.Sequential(nn.Linear(12, 8), nn.ReLU(), nn.Linear(8, 5, bias=False)), 3, {"2": 8}
+    )
+    assert (model[0].bits, model[2].bits) == (3, 8)  # inq.nn modules carry their own bits
+    x = torch.randn(6, 12, generator=_gen(3))
+    lowering = Lowering(model, act_bits=8)
+    lowering.calibrate([x])
+    int_model = lowering.integer_model({"act_bits": 8, "input_bits": 8, "weight_bits": [3, 8]})
+    assert program_problems(int_model) == []
+    _, first, last = int_model.ops
+    assert [(op.op, op.attrs["bits"]) for op in (first, last)] == [("linear", 3), ("linear", 8)]
+    values = int_model.run(x)
+    logits = values[last.name].double() * int_model.output_scale()
+    q_mid = values[first.name].double() * first.attrs["scale"]
+    assert torch.equal(logits, q_mid @ model[2].dequantize(torch.float64).T)  # 8-bit: exact
+    wrong = [op.name for op in int_model.ops if op.attrs.get("bits") == 8]
+    int_model.info["weight_bits"] = [3]
+    assert [where for where, _ in program_problems(int_model)] == wrong

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Iterator
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import inq
@@ -1168,3 +1170,158 @@ def test_current_n1_is_the_choice_the_first_stage_makes() -> None:
     for layer, n1 in zip(sched.layers, before, strict=True):
         assert torch.equal(torch.as_tensor(layer.n1), torch.as_tensor(n1))
         assert sched.current_n1(layer) is layer.n1
+
+
+# ---------------------------------------------------------------- per-layer bits
+
+
+class FourLayers(nn.Module):
+    """Two convs and two linear layers, for per-layer bit-widths."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3)
+        self.conv2 = nn.Conv2d(4, 5, 3)
+        self.fc1 = nn.Linear(20, 9)
+        self.fc2 = nn.Linear(9, 3)
+
+
+FOUR_LAYERS = ("conv1", "conv2", "fc1", "fc2")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    bits=st.integers(2, 8),
+    own=st.lists(st.one_of(st.none(), st.integers(2, 8)), min_size=4, max_size=4),
+    strategy=st.sampled_from(["magnitude", "random", "error"]),
+    n1_rule=st.sampled_from(["max", "mse"]),
+    granularity=st.sampled_from(["layer", "channel"]),
+    seed=st.integers(0, 2**16),
+)
+def test_every_weight_lies_in_its_own_layers_level_set(
+    bits: int, own: list[int | None], strategy: str, n1_rule: str, granularity: str, seed: int
+) -> None:
+    torch.manual_seed(seed)
+    model = FourLayers()
+    floats = {name: getattr(model, name).weight.detach().clone() for name in FOUR_LAYERS}
+    layer_bits = {name: b for name, b in zip(FOUR_LAYERS, own, strict=True) if b is not None}
+    sched = INQScheduler(
+        model,
+        bits=bits,
+        portions=(0.4, 0.7, 1.0),
+        strategy=strategy,
+        n1_rule=n1_rule,
+        granularity=granularity,
+        layer_bits=layer_bits,
+    )
+    sched.attach(optimizer := torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.1))
+    generator = torch.Generator().manual_seed(seed)
+    while not sched.done:
+        sched.step()
+        for p in model.parameters():  # a training step: every float weight moves
+            p.grad = torch.randn(p.shape, generator=generator)
+        optimizer.step()
+    for layer in sched.layers:
+        expected = layer_bits.get(layer.name, bits)  # no match: the default
+        assert layer.bits == sched.layer_bits[layer.name] == expected
+        weight = layer.weight.detach()
+        assert inq.pow2_n2(0, expected) == 1 - 2 ** (expected - 2)
+        n1 = select_n1(floats[layer.name], expected, n1_rule, granularity)
+        assert same_n1(layer.n1, n1)  # chosen at the layer's own bits
+        assert torch.equal(inq.pow2_quantize(weight, layer.n1, expected), weight)  # bit exact
+        assert torch.equal(inq.pow2_encode(weight, layer.n1, expected), layer.codes)
+        if granularity == "layer":
+            assert bool(torch.isin(weight, inq.pow2_levels(layer.n1, expected)).all())
+        else:
+            for row, row_n1 in zip(weight, layer.n1.tolist(), strict=True):
+                assert bool(torch.isin(row, inq.pow2_levels(row_n1, expected)).all())
+    assert sched.bits == bits
+
+
+def test_layer_bits_globs_first_match_wins_and_overlaps_are_fine() -> None:
+    sched = INQScheduler(FourLayers(), bits=4, layer_bits={"conv1": 8, "conv*": 3, "fc2": 8})
+    assert sched.layer_bits == {"conv1": 8, "conv2": 3, "fc1": 4, "fc2": 8}
+    assert "layer_bits={'conv1': 8, 'conv2': 3, 'fc2': 8}" in repr(sched)
+    assert "layer_bits" not in repr(INQScheduler(FourLayers(), bits=4, layer_bits={"fc1": 4}))
+    codes = sched.layers[0].codes  # 8-bit codes reach 255
+    sched.step()
+    assert int(sched.layers[0].codes.max()) >= 128 and codes.dtype == torch.uint8
+
+
+@pytest.mark.parametrize(
+    ("layer_bits", "message"),
+    [
+        ({"conv9": 8}, r"^layer_bits glob 'conv9' matches no quantized layer; layers are \["),
+        ({"conv*": 3, "conv1": 8}, r"^layer_bits glob 'conv1' sets no layer: every layer it "),
+        ({"fc1": 9}, r"^layer_bits\['fc1'\]: bits must be an integer from 2 to 8"),
+        ({"fc1": 1}, r"^layer_bits\['fc1'\]: bits must be an integer from 2 to 8"),
+        ({"fc1": 4.0}, r"^layer_bits\['fc1'\]: bits must be an integer"),
+        ({"fc2": 8}, r"^layer_bits glob 'fc2' matches no quantized layer"),  # excluded
+    ],
+)
+def test_bad_layer_bits_raise_one_message(layer_bits: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        INQScheduler(FourLayers(), exclude="fc2", layer_bits=layer_bits)
+    assert "\n" not in str(info.value)
+
+
+def test_an_unmatched_glob_lists_a_few_layer_names() -> None:
+    model = nn.Sequential(*(nn.Linear(2, 2) for _ in range(12)))
+    with pytest.raises(ValueError, match=r"layers are \['0', '1', .* '7', '\.\.\.'\]$"):
+        INQScheduler(model, layer_bits={"head": 8})
+
+
+def test_mixed_bits_state_round_trips_exactly_and_refuses_other_bits() -> None:
+    layer_bits = {"conv": 8, "fc": 3}
+    model, optimizer, sched = make_run(seed=0, strategy="random", layer_bits=layer_bits)
+    sched.step()
+    train_one_stage(model, optimizer, digits_batches()[:3])
+    saved = checkpoint(model, optimizer, sched)
+    assert saved["inq"]["version"] == 4 and saved["inq"]["bits"] == 5
+    assert {n: layer["bits"] for n, layer in saved["inq"]["layers"].items()} == layer_bits
+    finish(model, optimizer, sched)
+    assert_same_run(model, sched, *resume_and_finish(saved, "random", layer_bits=layer_bits))
+    for other, message in [
+        ({}, r"saved with layer bits \{'conv': 8, 'fc': 3\} but this scheduler has "
+             r"\{'conv': 5, 'fc': 5\}; build the scheduler with the same bits and layer_bits"),
+        ({"conv": 8}, r"saved with layer bits \{'fc': 3\} but this scheduler has \{'fc': 5\}"),
+    ]:  # fmt: skip
+        target = make_run(seed=1, strategy="random", layer_bits=other)[2]
+        with pytest.raises(ValueError, match=message):
+            target.load_state_dict(saved["inq"])
+        assert target.stage == 0
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_states_before_per_layer_bits_load_with_every_layer_at_bits(version: int) -> None:
+    source = INQScheduler(digits_net(0), bits=4)
+    source.step()
+    state = source.state_dict()
+    for layer in state["layers"].values():
+        del layer["bits"]
+    state["version"] = version
+    target = INQScheduler(digits_net(1), bits=4)
+    target.load_state_dict(state)
+    assert target.layer_bits == {"conv": 4, "fc": 4}
+    for original, copy in zip(source.layers, target.layers, strict=True):
+        assert torch.equal(copy.codes, original.codes)
+        assert torch.equal(copy.weight.detach()[copy.mask], original.weight.detach()[copy.mask])
+    with pytest.raises(
+        ValueError, match=r"saved with layer bits \{'conv': 4\} but .*\{'conv': 8\}"
+    ):
+        INQScheduler(digits_net(1), bits=4, layer_bits={"conv": 8}).load_state_dict(state)
+
+
+def test_mixed_bits_prune_and_codes_follow_each_layer() -> None:
+    model = digits_net(0)
+    sched = INQScheduler(model, bits=2, portions=(0.5, 1.0), layer_bits={"fc": 8})
+    sched.prune({"conv": 0.5, "fc": 0.25})
+    while not sched.done:
+        sched.step()
+    conv, fc = sched.layers
+    assert conv.pruned == 27 and fc.pruned == 240
+    assert set(conv.codes.unique().tolist()) <= {0, 2, 3}  # ternary: 2-bit codes
+    assert int(fc.codes.max()) >= 128  # 8-bit codes
+    for layer in sched.layers:
+        assert torch.equal(layer.frozen_values(), layer.weight.detach())
+        assert torch.equal(layer.frozen_values(layer.bits), layer.weight.detach())

@@ -11,11 +11,12 @@ import torch
 from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
+from train_helpers import TINY, inq_train
 
 from inq.data import FASHION_MNIST_ROOT, build_datasets
 from inq.errors import ConfigError
 from inq.models import build_model
-from inq.train.config import register, to_dict, validate
+from inq.train.config import layer_bits, prune_layers, register, to_dict, validate
 from inq.train.loop import build_lr_schedule, build_optimizer, plan_phases
 
 CONF = Path(__file__).parents[1] / "conf"
@@ -127,6 +128,12 @@ def test_a_value_of_the_wrong_type_is_refused(conf) -> None:
         ("prune.layers=[fc]", "prune.layers"),
         ("prune.layers=[fc:x]", "prune.layers"),
         ("prune.layers=[fc:0.9,fc:0.5]", "prune.layers"),
+        ("inq.layer_bits=[conv1:9]", "inq.layer_bits"),
+        ("inq.layer_bits=[conv1:1]", "inq.layer_bits"),
+        ("inq.layer_bits=[conv1]", "inq.layer_bits"),
+        ("inq.layer_bits=[conv1:x]", "inq.layer_bits"),
+        ("inq.layer_bits=[conv1:8.5]", "inq.layer_bits"),
+        ("inq.layer_bits=[conv1:8,conv1:4]", "inq.layer_bits"),
         ("prune.steps=0", "prune.steps"),
         ("prune.epochs=-1", "prune.epochs"),
         ("prune.lr=0", "prune.lr"),
@@ -176,3 +183,79 @@ def test_the_imagenet_experiment_needs_float_weights() -> None:
         cfg = compose("imagenet_resnet18_5bit", overrides=["hydra.searchpath=[pkg://inq.conf]"])
     with pytest.raises(ConfigError, match=r"^model\.checkpoint: no float weights"):
         validate(cfg)
+
+
+# ---------------------------------------------------------------- inq.layer_bits
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "inq.layer_bits=[conv1:9]",
+            "'conv1': bits must be an integer from 2 to 8 (one bit encodes zero), got 9",
+        ),
+        ("inq.layer_bits=[fc:x]", "entries are GLOB:BITS, e.g. conv1:8; got 'fc:x'"),
+        ("inq.layer_bits=[conv*:8,conv*:4]", "'conv*' is given twice"),
+    ],
+)
+def test_layer_bits_refusals_are_one_message(conf, override: str, message: str) -> None:
+    cfg = compose("config", overrides=[override])
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    assert str(info.value) == f"inq.layer_bits: {message}"
+
+
+def test_layer_bits_and_prune_layers_parse_alike(conf) -> None:
+    cfg = compose("config", overrides=["inq.layer_bits=[0:8,'conv*:3',12:8]"])
+    validate(cfg)
+    assert layer_bits(cfg) == {"0": 8, "conv*": 3, "12": 8}
+    assert layer_bits(compose("config")) == {}
+    cfg = compose("config", overrides=["prune.layers=[12:0.9,'f*:0.5']"])
+    assert prune_layers(cfg) == {"12": 0.9, "f*": 0.5}
+
+
+def test_a_layer_bits_glob_matching_no_layer_ends_the_run_before_training(
+    conf, tmp_path: Path
+) -> None:
+    from inq.train.app import run
+
+    cfg = compose("config", overrides=["inq.layer_bits=[0:8,conv9:8]", *TINY])
+    threads = torch.get_num_threads()  # run() sets trainer.num_threads
+    try:
+        with pytest.raises(ConfigError) as info:
+            run(cfg, tmp_path / "run")
+    finally:
+        torch.set_num_threads(threads)
+    assert info.value.key == "inq.layer_bits"
+    assert str(info.value) == (
+        "inq.layer_bits: layer_bits glob 'conv9' matches no quantized layer; layers are "
+        "['0', '3', '7', '12']"
+    )
+    assert not (tmp_path / "run" / "checkpoints" / "float.pt").exists()  # no training
+
+
+@pytest.mark.slow
+def test_a_run_with_layer_bits_records_each_layers_bits_in_its_files(tmp_path: Path) -> None:
+    import json
+
+    from inq.export import load_masked
+    from inq.packed import load_packed
+    from inq.quant.integer import load_integer
+
+    run_dir = tmp_path / "run"
+    settings = ("inq.bits=4", "inq.layer_bits=[0:8,12:8]", "quant.act_bits=8", "quant.batches=1")
+    proc = inq_train(*TINY, *settings, f"hydra.run.dir={run_dir}")
+    bits = {"0": 8, "3": 4, "7": 4, "12": 8}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["bits"] == 4 and summary["layer_bits"] == bits
+    assert "-> 4-bit INQ (8-bit: 0, 12) " in proc.stdout + proc.stderr
+    weights = {f"{name}.weight": b for name, b in bits.items()}
+    assert load_masked(run_dir / "model_masked.safetensors").layer_bits == weights
+    packed = load_packed(run_dir / "model.inq.safetensors")
+    assert {key: layer.bits for key, layer in packed.layers.items()} == weights
+    integer = load_integer(run_dir / "model.int.safetensors")
+    assert integer.info["weight_bits"] == [4, 8]
+    assert [op.attrs["bits"] for op in integer.ops if "bits" in op.attrs] == [8, 4, 4, 8]
+    state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["inq"]
+    assert {name: layer["bits"] for name, layer in state["layers"].items()} == bits

@@ -77,9 +77,10 @@ def test_a_train_step_keeps_the_quantized_weights_exact(cfg: DictConfig, tmp_pat
     generator = torch.Generator().manual_seed(0)
     x, y = torch.randn(32, 1, 8, 8, generator=generator), torch.arange(32) % 10
     before = {layer.name: layer.weight.detach().clone() for layer in trainer.sched.layers}
-    loss, logits, lr = trainer.train_step(x, y)
+    loss, logits, lr, kd = trainer.train_step(x, y)
     trainer.tb.close()
     assert logits.shape == (32, 10) and loss.ndim == 0 and lr == phase.lr
+    assert kd is None  # no distillation (inq.distill.weight 0)
     assert (trainer.progress.step, trainer.progress.batch) == (1, 1)
     for layer in trainer.sched.layers:
         frozen = layer.mask

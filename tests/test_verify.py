@@ -254,3 +254,48 @@ def test_inq_verify_refuses_an_impossible_integer_model(
     assert line.endswith(problem.partition(" ")[2])  # after "op"/"metadata"
     assert main(["eval", str(bad), "--data", "digits"]) == 1
     assert capsys.readouterr().err == f"inq eval: error: {bad}: {problem}\n"
+
+
+# ---------------------------------------------------------------- per-layer bits
+
+
+def _mixed_masked(folder: Path) -> Path:
+    """MixedNet quantized with ``conv`` at 8 bits, ``fc`` at 2 and the others at 4."""
+    from export_fixtures import MixedNet
+
+    from inq.export import save_masked
+    from inq.scheduler import INQScheduler
+
+    torch.manual_seed(0)
+    model = MixedNet()
+    sched = INQScheduler(model, bits=4, portions=(1.0,), layer_bits={"conv": 8, "fc": 2})
+    sched.step()
+    path = folder / "mixed.safetensors"
+    save_masked(path, model, sched, {"name": "mixed"})
+    return path
+
+
+def test_each_weight_is_checked_against_its_own_layers_level_set(tmp_path: Path) -> None:
+    masked = _mixed_masked(tmp_path)
+    export_packed(masked, tmp_path / "p.safetensors")
+    for path in (masked, tmp_path / "p.safetensors"):
+        report = verify_file(path)
+        assert report.ok
+        assert [(layer.key, layer.bits, layer.levels) for layer in report.layers] == [
+            ("conv.weight", 8, 129),
+            ("depthwise.weight", 4, 9),
+            ("seq.weight", 4, 9),
+            ("fc.weight", 2, 3),
+        ]
+        assert report.layers[0].levels_used > 9  # more levels than 4 bits have
+    tensors, metadata = read_safetensors(masked)
+    n1 = {key: info["n1"] for key, info in json.loads(metadata["layers"]).items()}
+    # 2**(n1 - 5): a level of an 8-bit set, a quarter of a 4-bit set's smallest magnitude
+    tensors["conv.weight"][0, 0, 0, 0] = 2.0 ** (n1["conv.weight"] - 5)  # fine at 8 bits
+    tensors["seq.weight"][2, 1, 0] = 2.0 ** (n1["seq.weight"] - 5)  # not at 4
+    planted = tmp_path / "planted.safetensors"
+    write_safetensors(planted, tensors, {k: v for k, v in metadata.items() if k != "sha256"})
+    report = verify_file(planted)
+    assert report.digest_problem is None and report.first_problem.key == "seq.weight"
+    assert "1 weight(s) off the 4-bit level set" in report.first_problem.problem
+    assert [layer.problem is None for layer in report.layers] == [True, True, False, True]

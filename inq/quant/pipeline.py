@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
 from inq.data import build_datasets
+from inq.distill import distill_loss
 from inq.nn import from_packed
 from inq.packed import PackedFile
 from inq.pow2 import MAX_BITS, MIN_BITS
@@ -92,6 +93,9 @@ def quantize(
     device: torch.device | None = None,
     on_epoch: Callable[[int, dict[str, float]], None] = lambda epoch, values: None,
     seed: int = 0,
+    teacher: nn.Module | None = None,
+    distill_weight: float = 0.0,
+    temperature: float = 4.0,
 ) -> tuple[IntegerModel, dict[str, Any]]:
     """The integer model of ``packed`` and a report (``calibration_s``, ``finetune_s``,
     ``scales``, and the fine-tuning loss per epoch, ``finetune_loss``).
@@ -99,10 +103,14 @@ def quantize(
     ``on_epoch(epoch, values)`` sees, before fine-tuning (epoch 0) and after each epoch, the
     log2 scale and clipped fraction of every point (``quant/log2_scale/<point>``,
     ``quant/clipped/<point>``) and the loss (``quant/loss``). ``seed`` picks the calibration
-    images and the fine-tuning batches.
+    images and the fine-tuning batches. With a ``teacher`` (a frozen model taking the same
+    input, e.g. :func:`inq.distill.frozen_teacher` of the float model, on ``device``) and
+    ``distill_weight`` > 0, the fine-tuning loss is :func:`inq.distill.distill_loss` with
+    ``temperature``.
 
     Raises:
-        ValueError: a setting out of range (:meth:`QuantSettings.problem`) or no ``act_bits``.
+        ValueError: a setting out of range (:meth:`QuantSettings.problem`) or no ``act_bits``;
+            a ``distill_weight`` outside [0, 1] or a ``temperature`` not > 0.
         IntegerModelError: if the model has a layer the integer model cannot express, or no
             calibration data.
     """
@@ -111,6 +119,14 @@ def quantize(
     )
     if problem is not None:
         raise ValueError(f"{problem[0]}: {problem[1]}")
+    if not (0.0 <= distill_weight <= 1.0 and temperature > 0):
+        raise ValueError(
+            f"distill_weight must lie in [0, 1] and temperature be > 0, got {distill_weight} "
+            f"and {temperature}"
+        )
+    distill = None
+    if teacher is not None and distill_weight > 0:
+        distill = (teacher, distill_weight, temperature)
     device = device or torch.device("cpu")
     with torch.random.fork_rng(devices=[]):  # seeded here, the caller's generator untouched
         torch.manual_seed(seed)
@@ -127,7 +143,9 @@ def quantize(
         on_epoch(0, _scale_values(lowering))
         if settings.epochs:
             start = time.perf_counter()
-            report["finetune_loss"] = _finetune(lowering, data, settings, device, on_epoch, seed)
+            report["finetune_loss"] = _finetune(
+                lowering, data, settings, device, on_epoch, seed, distill
+            )
             report["finetune_s"] = time.perf_counter() - start
     report["scales"] = lowering.scales()
     info = {
@@ -162,10 +180,11 @@ def _finetune(
     device: torch.device,
     on_epoch: Callable[[int, dict[str, float]], None],
     seed: int,
+    distill: tuple[nn.Module, float, float] | None = None,
 ) -> list[float]:
     """Adam on the BatchNorm affine parameters and the log2 scales; the packed weights are
     buffers and the BatchNorm statistics stay frozen (eval mode), as the integer model folds
-    them."""
+    them. ``distill``: ``(teacher, weight, temperature)`` to distill from, or None."""
     train = build_datasets(data)[0]  # augmented as in training (data.augment)
     fq_model = lowering.fake_quant_model().to(device)
     params = [p for p in fq_model.parameters() if p.requires_grad]
@@ -180,7 +199,14 @@ def _finetune(
         total = count = 0.0
         for x, y in loader:
             x, y = x.to(device), y.to(device)
-            loss = F.cross_entropy(fq_model(x), y)
+            logits = fq_model(x)
+            if distill is None:
+                loss = F.cross_entropy(logits, y)
+            else:
+                teacher, weight, temperature = distill
+                with torch.no_grad():
+                    teacher_logits = teacher(x)
+                loss = distill_loss(logits, teacher_logits, y, weight, temperature)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -5,11 +5,14 @@ partition + snap, restart the LR schedule (and the optimizer if ``inq.reset_opti
 and evaluate; optionally train only biases/norms at the end. ``inq.method`` selects a baseline on
 the same level sets instead: ``oneshot`` snaps every weight at once without retraining, ``ste``
 fine-tunes all weights with a straight-through estimator for INQ's epoch budget
-(:mod:`inq.baselines`). Everything lands in the Hydra run dir, which one process owns at a time
-and only ``trainer.resume`` continues (:mod:`inq.train.rundir`): ``tb/`` (TensorBoard),
-``checkpoints/{latest,float,stageK}.pt``, ``model_masked.safetensors``,
-``model.inq.safetensors``, ``app.log`` and ``summary.json``; with ``quant.act_bits``, the integer
-model ``model.int.safetensors`` (:mod:`inq.quant.pipeline`).
+(:mod:`inq.baselines`). With ``inq.distill.weight`` > 0, all retraining after the float phase
+(pruning rounds, stages, ``bias_norm``, ``ste``, the integer model's fine-tuning) also distills
+from the float model, frozen (:mod:`inq.distill`). Everything lands in the Hydra run dir, which
+one process owns at a time and only ``trainer.resume`` continues (:mod:`inq.train.rundir`):
+``tb/`` (TensorBoard), ``checkpoints/{latest,float,stageK}.pt`` (``float.pt`` also serves as the
+distillation teacher of a resumed run), ``model_masked.safetensors``, ``model.inq.safetensors``,
+``app.log`` and ``summary.json``; with ``quant.act_bits``, the integer model
+``model.int.safetensors`` (:mod:`inq.quant.pipeline`).
 
 Example (shell)::
 
@@ -186,7 +189,8 @@ def integer_phase(cfg: DictConfig, out_dir: Path, trainer: Trainer) -> dict[str,
         try:
             int_model, report = quantize(
                 load_packed(out_dir / PACKED), trainer.data_info, settings, env.device, on_epoch,
-                seed=cfg.trainer.seed,
+                seed=cfg.trainer.seed, teacher=trainer.teacher,
+                distill_weight=cfg.inq.distill.weight, temperature=cfg.inq.distill.temperature,
             )  # fmt: skip
             save_integer(out_dir / INTEGER, int_model)
         except ValueError as err:  # IntegerModelError among them: the model, not a bug

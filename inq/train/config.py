@@ -7,9 +7,10 @@ OmegaConf cannot express.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from hydra.core.config_store import ConfigStore
@@ -24,7 +25,9 @@ from inq.prune import SCHEDULES
 from inq.quant.pipeline import QuantSettings
 from inq.scheduler import check_portions
 
-__all__ = ["Config", "prune_layers", "to_dict", "validate"]
+__all__ = ["Config", "layer_bits", "prune_layers", "to_dict", "validate"]
+
+_Value = TypeVar("_Value", int, float)
 
 
 # The library's options, as enums for the schema: a bad value fails with the list of good ones.
@@ -236,6 +239,11 @@ def validate(cfg: DictConfig) -> None:
         if not 0.0 <= value < 1.0:
             where = key if key == "prune.sparsity" else f"prune.layers {key}"
             raise ConfigError(where, f"a pruned fraction in [0, 1), got {value}")
+    for glob, bits in layer_bits(cfg).items():
+        try:
+            check_bits(bits)
+        except ValueError as err:
+            raise ConfigError("inq.layer_bits", f"{glob!r}: {err}") from None
     if cfg.trainer.grad_clip is not None and cfg.trainer.grad_clip <= 0:
         raise ConfigError("trainer.grad_clip", f"must be > 0 or null, got {cfg.trainer.grad_clip}")
     device = cfg.trainer.device
@@ -247,6 +255,11 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("lr.min_factor", f"must lie in [0, 1], got {cfg.lr.min_factor}")
     if any(not 0.0 < m < 1.0 for m in cfg.lr.milestones):
         raise ConfigError("lr.milestones", f"fractions of a stage, in (0, 1): {cfg.lr.milestones}")
+    distill = cfg.inq.distill
+    if not 0.0 <= distill.weight <= 1.0:
+        raise ConfigError("inq.distill.weight", f"must lie in [0, 1], got {distill.weight}")
+    if not distill.temperature > 0:
+        raise ConfigError("inq.distill.temperature", f"must be > 0, got {distill.temperature}")
 
 
 def prune_layers(cfg: DictConfig) -> dict[str, float]:
@@ -257,22 +270,44 @@ def prune_layers(cfg: DictConfig) -> dict[str, float]:
         {'fc*': 0.95, 'conv1': 0.5}
 
     Raises:
-        ConfigError: on an entry that is not ``GLOB:NUMBER``.
+        ConfigError: on an entry that is not ``GLOB:NUMBER``, or a glob given twice.
     """
-    overrides = {}
-    for item in cfg.prune.get("layers") or ():
+    return _glob_values(
+        cfg.prune.get("layers"), "prune.layers", "GLOB:SPARSITY, e.g. fc*:0.95", float
+    )
+
+
+def layer_bits(cfg: DictConfig) -> dict[str, int]:
+    """``inq.layer_bits`` (``["GLOB:BITS", ...]``) as ``{glob: bits}``, in order (the first glob
+    that matches a layer sets its bits; :func:`inq.scheduler.assign_layer_bits`).
+
+    Example:
+        >>> layer_bits(OmegaConf.create({"inq": {"layer_bits": ["conv1:8", "fc:8"]}}))
+        {'conv1': 8, 'fc': 8}
+
+    Raises:
+        ConfigError: on an entry that is not ``GLOB:INTEGER``, or a glob given twice (the range
+            of the bits is :func:`validate`'s).
+    """
+    return _glob_values(cfg.inq.get("layer_bits"), "inq.layer_bits", "GLOB:BITS, e.g. conv1:8", int)
+
+
+def _glob_values(
+    items: Any, key: str, form: str, parse: Callable[[str], _Value]
+) -> dict[str, _Value]:
+    """``["GLOB:VALUE", ...]`` as ``{glob: parse(VALUE)}``, in order; errors name ``key``."""
+    values: dict[str, _Value] = {}
+    for item in items or ():
         glob, _, value = str(item).rpartition(":")
-        if glob in overrides:
-            raise ConfigError("prune.layers", f"{glob!r} is given twice")
+        if glob in values:
+            raise ConfigError(key, f"{glob!r} is given twice")
         try:
-            overrides[glob] = float(value)
+            values[glob] = parse(value)
         except ValueError:
             glob = ""
         if not glob:
-            raise ConfigError(
-                "prune.layers", f"entries are GLOB:SPARSITY, e.g. fc*:0.95; got {item!r}"
-            )
-    return overrides
+            raise ConfigError(key, f"entries are {form}; got {item!r}")
+    return values
 
 
 def _check_optimizer(optim: DictConfig) -> None:

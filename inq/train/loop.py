@@ -6,7 +6,10 @@ with pruning (``prune.sparsity`` or ``prune.layers``) ``prune1`` .. ``pruneR`` (
 ``stage1`` .. ``stageK`` (one per INQ portion) and, if ``inq.final_epochs`` > 0, ``bias_norm``.
 The baselines (``inq.method``) replace the stages by one phase: ``oneshot`` (0 epochs) or
 ``ste`` (as many epochs as the INQ stages and ``bias_norm`` together).
-Every phase gets a fresh LR schedule; :mod:`inq.train.app` runs them.
+Every phase gets a fresh LR schedule; :mod:`inq.train.app` runs them. With
+``inq.distill.weight`` > 0, every phase after ``float`` distills from the float model (its
+weights at the end of the ``float`` phase, which ``checkpoints/float.pt`` holds), frozen
+(:mod:`inq.distill`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from inq.baselines import STEQuantizer
 from inq.data import batches_per_epoch, build_datasets, build_eval_loader, build_train_loader
+from inq.distill import distill_loss, frozen_teacher, kd_loss
 from inq.errors import ConfigError
 from inq.evaluation import evaluate
 from inq.models import build_model
@@ -42,7 +46,7 @@ from inq.prune import layer_targets, sparsity_schedule
 from inq.quant.lower import IntegerModelError, check_expressible
 from inq.scheduler import INQScheduler, check_portions
 from inq.train import checkpoint as ckpt
-from inq.train.config import prune_layers, to_dict
+from inq.train.config import layer_bits, prune_layers, to_dict
 from inq.train.distributed import (
     Dist,
     all_sum,
@@ -242,6 +246,8 @@ class Trainer:
             )
         self.cfg, self.out, self.env = cfg, out_dir, env
         self._ste: STEQuantizer | None = None  # active during the ``ste`` phase only
+        # the frozen float model, from the end of the float phase on when distilling
+        self.teacher: nn.Module | None = None
         _seed_everything(cfg.trainer.seed)
         data = to_dict(cfg.data)
         train_set, val_set = build_datasets(data)
@@ -355,7 +361,8 @@ class Trainer:
         t, device = self.cfg.trainer, self.env.device
         start = self.progress.batch * self._train_loader.batch_size
         self._train_loader.sampler.set_epoch(self.progress.phase * 100_000 + epoch, start=start)
-        window = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, hits, count
+        # loss sum, hits, count, distillation term sum
+        window = torch.zeros(4, dtype=torch.float64, device=device)
         totals = torch.zeros_like(window)  # the epoch's (this process's part of it)
         lr = self._lr_sched.get_last_lr()[0]
         bar = tqdm(
@@ -369,12 +376,13 @@ class Trainer:
         )
         for x, y in bar:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            loss, logits, lr = self.train_step(x, y)
+            loss, logits, lr, kd = self.train_step(x, y)
             window += torch.stack(
                 [
                     loss.detach().double() * len(y),
                     (logits.argmax(1) == y).sum(),
                     window.new_tensor(len(y)),
+                    (kd.double() if kd is not None else window.new_tensor(0.0)) * len(y),
                 ]
             )
             step = self.progress.step
@@ -394,16 +402,27 @@ class Trainer:
 
     def train_step(
         self, x: torch.Tensor, y: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """One optimizer step on the batch ``(x, y)``; returns the loss, the logits and the lr
-        it stepped with.
+    ) -> tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | None]:
+        """One optimizer step on the batch ``(x, y)``; returns the loss, the logits, the lr it
+        stepped with and, when distilling, the distillation term (:func:`inq.distill.kd_loss`;
+        else None).
 
         The INQ scheduler's step hook (:meth:`~inq.scheduler.INQScheduler.attach`) writes the
-        frozen weights back to their powers of two inside ``scaler.step``.
+        frozen weights back to their powers of two inside ``scaler.step``. With a teacher, the
+        loss is :func:`inq.distill.distill_loss`; the teacher (not wrapped in DDP) needs no
+        communication between processes.
         """
+        kd = None
         with torch.autocast(self.env.device.type, torch.float16, enabled=self._amp):
             logits = self._net(x)
-            loss = F.cross_entropy(logits, y)
+            if self.teacher is None:
+                loss = F.cross_entropy(logits, y)
+            else:
+                d = self.cfg.inq.distill
+                with torch.no_grad():
+                    teacher_logits = self.teacher(x)
+                    kd = kd_loss(logits, teacher_logits, d.temperature)
+                loss = distill_loss(logits, teacher_logits, y, d.weight, d.temperature)
         self._optimizer.zero_grad(set_to_none=True)
         self._scaler.scale(loss).backward()
         if self.cfg.trainer.grad_clip:
@@ -415,7 +434,7 @@ class Trainer:
         self._lr_sched.step()
         self.progress.batch += 1
         self.progress.step += 1
-        return loss, logits, lr
+        return loss, logits, lr, kd
 
     def evaluate(self) -> dict[str, float]:
         """Validation metrics, logged as ``val/*`` with the INQ state at the current step."""
@@ -456,6 +475,8 @@ class Trainer:
         self._clock = time.perf_counter()
         check_identical(self.model, self.sched)
         self.save(phase.name)
+        if phase.name == "float" and self.cfg.inq.distill.weight > 0:
+            self.teacher = frozen_teacher(self.model)  # = checkpoints/float.pt, which stays
 
     def save(self, *names: str) -> None:
         """Write ``checkpoints/latest.pt`` (and ``<name>.pt`` for each name); rank 0 only.
@@ -494,7 +515,7 @@ class Trainer:
     def _log_window(self, window: torch.Tensor, lr: float, phase: Phase, epoch: int) -> None:
         """``train/*`` scalars of the steps since the last ones; stop if the loss diverged."""
         step = self.progress.step
-        loss_sum, correct, count = window.tolist()
+        loss_sum, correct, count, kd_sum = window.tolist()
         diverged = all_sum(window.new_tensor(0.0 if math.isfinite(loss_sum) else 1.0))
         if bool(diverged):  # on every rank, before any save: no checkpoint holds NaN
             raise RunStopped(
@@ -503,11 +524,13 @@ class Trainer:
                 "trainer.grad_clip, and start again"
             )
         values = {"train/loss": loss_sum / count, "train/acc": correct / count, "train/lr": lr}
+        if self.teacher is not None:
+            values["train/kd_loss"] = kd_sum / count
         self.tb.scalars(step, values)
 
     def _log_epoch(self, totals: torch.Tensor, lr: float, phase: Phase, epoch: int) -> None:
         """The epoch's log line, with the time this process spent and the time left."""
-        loss_sum, correct, count = totals.tolist()
+        loss_sum, correct, count, _ = totals.tolist()
         if not count:  # resumed after the epoch's last batch: nothing trained here
             return
         seconds = time.perf_counter() - self._started[0]
@@ -535,6 +558,8 @@ class Trainer:
 
     def _restore(self, saved: dict[str, Any]) -> None:
         self.progress = Progress(**saved["progress"])
+        if self.progress.phase > 0 and self.cfg.inq.distill.weight > 0:
+            self.teacher = self._saved_teacher()  # before STE parametrizes self.model
         mid_phase = not self.at_phase_start()
         if mid_phase and self.phases[self.progress.phase].name == "ste":
             self._ste = STEQuantizer(self.model, self.sched)  # the state holds the shadows
@@ -554,6 +579,30 @@ class Trainer:
             self._lr_sched if mid_phase else None,
             self._scaler,
         )
+
+    def _saved_teacher(self) -> nn.Module:
+        """The teacher of a resumed run: the float model that ``checkpoints/float.pt`` holds,
+        in the run directory or, for a run resumed from a checkpoint file elsewhere, beside that
+        file (then linked into this run's, so that it resumes too).
+
+        Raises:
+            ConfigError: naming ``trainer.resume`` if there is no such file.
+        """
+        here = self.out / ckpt.CHECKPOINT_DIR / "float.pt"
+        path = here
+        if not here.is_file() and self.cfg.trainer.resume:
+            path = ckpt.resolve_resume(self.cfg.trainer.resume).parent / here.name
+        if not path.is_file():
+            raise ConfigError(
+                "trainer.resume",
+                f"distillation (inq.distill.weight > 0) needs the run's float model, {here}, "
+                "which is missing",
+            )
+        teacher = frozen_teacher(self.model)
+        teacher.load_state_dict(ckpt.load_checkpoint(path)["model"])
+        if path != here and self.env.main:
+            ckpt.link_checkpoint(path, here)
+        return teacher
 
 
 def _build_model(
@@ -575,6 +624,7 @@ def _build_model(
 
 
 def _build_scheduler(model: nn.Module, cfg: DictConfig) -> INQScheduler:
+    own_bits = layer_bits(cfg)  # outside the try: its ConfigError names its key already
     try:
         portions = check_portions(cfg.inq.portions)  # the baselines take their epochs from it
         return INQScheduler(
@@ -587,9 +637,10 @@ def _build_scheduler(model: nn.Module, cfg: DictConfig) -> INQScheduler:
             exclude=None if cfg.inq.exclude is None else list(cfg.inq.exclude),
             n1_rule=cfg.inq.n1_rule.name,
             granularity=cfg.inq.granularity.name,
+            layer_bits=own_bits,
         )
     except ValueError as err:
-        keys = ("portions", "include", "exclude", "strategy")
+        keys = ("layer_bits", "portions", "include", "exclude", "strategy")
         key = next((f"inq.{k}" for k in keys if k in str(err)), "inq")
         raise ConfigError(key, str(err)) from None
 

@@ -1,6 +1,7 @@
 """TensorBoard logging of a run (rank 0 only): train/val scalars and INQ progress per layer.
 
-Tags: ``train/{loss,acc,lr}``, ``val/{loss,acc,acc_top5}``, ``inq/stage``,
+Tags: ``train/{loss,acc,lr}`` (and ``train/kd_loss``, the distillation term, when
+``inq.distill.weight`` > 0), ``val/{loss,acc,acc_top5}``, ``inq/stage``,
 ``inq/quantized_fraction`` (total) and ``inq/quantized_fraction/<layer>``, with pruning
 ``prune/sparsity`` and ``prune/sparsity/<layer>`` (the pruned fractions),
 ``inq/quant_error/<layer>`` (mean |w - Q(w)| over the layer's still-float weights) and
@@ -98,7 +99,7 @@ class Monitor:
             free = ~layer.mask.to(weight.device)
             if bool(free.any()):
                 n1 = scheduler.current_n1(layer)  # before a stage: what one would choose
-                error = (weight - pow2_quantize(weight, n1, scheduler.bits))[free].abs().mean()
+                error = (weight - pow2_quantize(weight, n1, layer.bits))[free].abs().mean()
                 values[f"inq/quant_error/{layer.name}"] = error.item()
             if histograms:
                 copy = weight.to("cpu", torch.float32, copy=True)  # the weights train on

@@ -1,8 +1,10 @@
 """The results of a run: ``summary.json`` and the float-vs-INQ table ``inq-train`` prints.
 
 ``summary.json`` holds the accuracy of every phase (``float``, ``stages``), the level-set
-settings, the timings and, added by :mod:`inq.train.app`, the files the run wrote (``files``),
-the packed file's sizes (``packed``) and the integer model's accuracy (``integer``).
+settings (``bits`` and, where ``inq.layer_bits`` gives some layers other bits, ``layer_bits``:
+every quantized layer's own), the timings and, added by :mod:`inq.train.app`, the files the run
+wrote (``files``), the packed file's sizes (``packed``) and the integer model's accuracy
+(``integer``).
 """
 
 from __future__ import annotations
@@ -55,11 +57,13 @@ def summarize(
         (0.9, 0.8, 2)
     """
     stages = [p.name for p in phases if p.name != "float"]
+    mixed = any(bits != sched.bits for bits in sched.layer_bits.values())
     summary = {
         "method": method_name(cfg),
         "float_acc": history["float"]["acc"],
         "final_acc": history[phases[-1].name]["acc"],
         "bits": sched.bits,
+        **({"layer_bits": sched.layer_bits} if mixed else {}),
         "portions": list(sched.portions),
         "strategy": sched.strategy,
         "n1_rule": sched.n1_rule,
@@ -122,6 +126,13 @@ def table(summary: Mapping[str, Any]) -> str:
         float           0.0%   90.00%
         stage1        100.0%   91.00%
         float 90.00% -> 5-bit INQ 91.00% (+1.00 points)
+
+        Layers at other bits than the default are named:
+
+        >>> table({"method": "inq", "bits": 4, "layer_bits": {"0": 8, "3": 4, "12": 8},
+        ...        "float_acc": 0.9, "final_acc": 0.9, "float": {"portion": 0.0, "acc": 0.9},
+        ...        "stages": {}}).splitlines()[-1]
+        'float 90.00% -> 4-bit INQ (8-bit: 0, 12) 90.00% (+0.00 points)'
     """
     rows = [("float", summary["float"]), *summary["stages"].items()]
     pruned = any(m.get("pruned") for _, m in rows)  # a column only for runs that prune
@@ -133,9 +144,14 @@ def table(summary: Mapping[str, Any]) -> str:
     if "integer" in summary:
         act, acc = f"{summary['integer']['act_bits']}-bit act", summary["integer"]["acc"]
         lines.append(f"{'integer':<10} {act:>9} {100 * acc:>7.2f}%")
+    others: dict[int, list[str]] = {}  # layers at other bits than the default, by bits
+    for name, bits in summary.get("layer_bits", {}).items():
+        if bits != summary["bits"]:
+            others.setdefault(bits, []).append(name)
+    own = "".join(f" ({bits}-bit: {', '.join(names)})" for bits, names in sorted(others.items()))
     lines.append(
         f"float {100 * summary['float_acc']:.2f}% -> {summary['bits']}-bit "
-        f"{METHOD_LABELS[summary['method']]} "
+        f"{METHOD_LABELS[summary['method']]}{own} "
         f"{100 * summary['final_acc']:.2f}% ({delta:+.2f} points)"
     )
     return "\n".join(lines)
