@@ -110,6 +110,10 @@ def test_summarize_records_the_run_in_a_fixed_key_order() -> None:
     pruned = summarize(cfg, sched, phases, history, timings, prune_targets={"": 0.5}, world_size=1)
     assert list(pruned)[-1] == "prune" and pruned["prune"]["targets"] == {"": 0.5}
     assert pruned["prune"]["steps"] == cfg.prune.steps
+    cfg.inq.distill.weight = 0.5
+    distilled = summarize(cfg, sched, phases, history, timings, prune_targets={}, world_size=1)
+    assert distilled["distill"] == {"weight": 0.5, "temperature": 4.0}
+    assert list(distilled).index("distill") == list(distilled).index("retrain_epochs") + 1
 
 
 def test_write_summary_writes_indented_json_atomically(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 ``summary.json`` holds the accuracy of every phase (``float``, ``stages``), the level-set
 settings (``bits`` and, where ``inq.layer_bits`` gives some layers other bits, ``layer_bits``:
-every quantized layer's own), the timings and, added by :mod:`inq.train.app`, the files the run
+every quantized layer's own), ``distill`` (weight, temperature) where the run distilled, the
+timings and, added by :mod:`inq.train.app`, the files the run
 wrote (``files``), the packed file's sizes (``packed``) and the integer model's accuracy
 (``integer``).
 """
@@ -14,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from inq.io import atomic_path
 from inq.runfiles import SUMMARY
@@ -58,6 +59,7 @@ def summarize(
     """
     stages = [p.name for p in phases if p.name != "float"]
     mixed = any(bits != sched.bits for bits in sched.layer_bits.values())
+    distill = OmegaConf.select(cfg, "inq.distill")
     summary = {
         "method": method_name(cfg),
         "float_acc": history["float"]["acc"],
@@ -72,6 +74,7 @@ def summarize(
         "pruned_fraction": sched.pruned_fraction(),
         "seed": cfg.trainer.seed,
         "retrain_epochs": sum(p.epochs for p in phases if p.stage > 0),
+        **({"distill": dict(distill)} if distill is not None and distill.weight > 0 else {}),
         "stages": {name: history[name] for name in stages},
         "float": history["float"],
         "timings_s": timings,
