@@ -31,7 +31,11 @@ train() {  # train SEED NAME OVERRIDES...: one run into OUT_DIR/NAME/seedSEED, s
   [[ -f "$dir/summary.json" ]] && return 0
   mkdir -p "$out/$name"
   local start=("hydra.run.dir=$dir")
-  [[ -d "$dir" ]] && start=("hydra.run.dir=$dir" "trainer.resume=$dir")
+  if [[ -f "$dir/checkpoints/latest.pt" ]]; then
+    start+=("trainer.resume=$dir")
+  elif [[ -d "$dir" ]]; then  # stopped before its first checkpoint: keep it aside, start over
+    mv "$dir" "$dir.stopped.$(date +%s)"
+  fi
   inq-train --config-dir experiments --config-name "study_$config" "trainer.seed=$seed" \
     "${start[@]}" "$@" ${EXTRA:-} >>"$log" 2>&1 || { tail -n 20 "$log"; return 1; }
 }
