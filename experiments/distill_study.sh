@@ -17,6 +17,7 @@
 # runs' summary.json files are collected into OUT_DIR/RESULTS.md and a plot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source experiments/seeds.sh
 config=${1:?usage: experiments/distill_study.sh resnet20|fashion_mnist [OUT_DIR] [SEEDS]}
 [[ -f "experiments/study_$config.yaml" ]] ||
   { echo "distill_study: no experiments/study_$config.yaml" >&2; exit 2; }
@@ -61,12 +62,6 @@ one_seed() {
 mkdir -p "$out"
 start=$SECONDS
 echo "distillation study $config, seeds $seeds, ${JOBS:-1} at once -> $out"
-pids=()
-for seed in ${seeds//,/ }; do
-  while (($(jobs -rp | wc -l) >= ${JOBS:-1})); do wait -n; done
-  one_seed "$seed" &
-  pids+=($!)
-done
-for pid in "${pids[@]}"; do wait "$pid"; done
+run_seeds one_seed "$seeds"
 echo "all jobs done in $((SECONDS - start)) s; runs in $out"
 python experiments/collect_distill.py "$out" --name "$config"

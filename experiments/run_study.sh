@@ -19,6 +19,7 @@
 # Finally the runs' summary.json files are collected into OUT_DIR/RESULTS.md and a plot there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source experiments/seeds.sh
 dataset=${1:-digits}
 [[ -f "experiments/study_$dataset.yaml" ]] ||
   { echo "run_study: no experiments/study_$dataset.yaml (use digits or fashion_mnist)" >&2; exit 2; }
@@ -73,13 +74,7 @@ one_seed() {  # every job of one seed, in order
 mkdir -p "$out"
 start=$SECONDS
 echo "study $dataset, seeds $seeds, ${JOBS:-1} at once -> $out"
-pids=()
-for seed in ${seeds//,/ }; do
-  while (($(jobs -rp | wc -l) >= ${JOBS:-1})); do wait -n; done
-  one_seed "$seed" &
-  pids+=($!)
-done
-for pid in "${pids[@]}"; do wait "$pid"; done
+run_seeds one_seed "$seeds"
 echo "all jobs done in $((SECONDS - start)) s; runs in $out"
 update=()
 [[ -z ${UPDATE_RESULTS:-} ]] || update=(--update-results)

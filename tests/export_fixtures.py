@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,20 @@ def masked_file(
     path = folder / f"mixed{bits}.safetensors"
     save_masked(path, model, sched, {"name": "mixed"})
     return path, model
+
+
+def masked_v2(path: Path, out: Path) -> Path:
+    """The masked checkpoint at ``path`` rewritten as format ``inq-masked/2`` (no bits per
+    layer, before per-layer bit-widths) at ``out``, with a matching digest."""
+    from inq.io import DIGEST_KEY, read_safetensors, write_safetensors
+
+    tensors, metadata = read_safetensors(path)
+    layers = json.loads(metadata["layers"])
+    for info in layers.values():
+        del info["bits"]
+    metadata.update(format="inq-masked/2", layers=json.dumps(layers))
+    write_safetensors(out, tensors, {k: v for k, v in metadata.items() if k != DIGEST_KEY})
+    return out
 
 
 DIGITS_MODEL = {"name": "digits_cnn", "num_classes": 10, "in_channels": 1, "width": 8}

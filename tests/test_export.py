@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from export_fixtures import masked_v2
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -14,7 +15,7 @@ from torch import nn
 import inq
 from inq import INQScheduler
 from inq.export import MASK_SUFFIX, MASKED_FORMAT, load_masked, save_masked
-from inq.io import read_safetensors, write_safetensors
+from inq.io import read_safetensors
 
 
 def small_cnn(seed: int) -> nn.Sequential:
@@ -230,13 +231,8 @@ def test_masked_files_before_per_layer_bits_load_with_every_layer_at_bits(
     model, sched = quantized_model(stages=4, bits=3)
     path = tmp_path / "new.safetensors"
     save_masked(path, model, sched)
-    tensors, metadata = read_safetensors(path)
-    layers = json.loads(metadata["layers"])
-    for info in layers.values():
-        del info["bits"]
-    metadata.update(format="inq-masked/2", layers=json.dumps(layers))
-    old = tmp_path / "old.safetensors"
-    write_safetensors(old, tensors, {k: v for k, v in metadata.items() if k != "sha256"})
+    layers = json.loads(read_safetensors(path)[1]["layers"])
+    old = masked_v2(path, tmp_path / "old.safetensors")
     ckpt, new = load_masked(old), load_masked(path)
     assert ckpt.digest_problem is None
     assert ckpt.bits == 3 and ckpt.layer_bits == new.layer_bits == dict.fromkeys(layers, 3)

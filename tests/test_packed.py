@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from export_fixtures import MixedNet, masked_file, quantize
+from export_fixtures import MixedNet, masked_file, masked_v2, quantize
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -497,14 +497,7 @@ def test_mixed_bits_round_trip_masked_packed_decoded(tmp_path: Path, sparse: boo
 
 def test_old_masked_files_pack_with_every_layer_at_bits(tmp_path: Path) -> None:
     path, model = masked_file(tmp_path, 4)
-    tensors, metadata = read_safetensors(path)
-    layers = json.loads(metadata["layers"])
-    for info in layers.values():
-        del info["bits"]
-    metadata.update(format="inq-masked/2", layers=json.dumps(layers))
-    old = tmp_path / "old.safetensors"
-    write_safetensors(old, tensors, {k: v for k, v in metadata.items() if k != DIGEST_KEY})
-    export_packed(old, tmp_path / "p.safetensors")
+    export_packed(masked_v2(path, tmp_path / "old.safetensors"), tmp_path / "p.safetensors")
     packed = load_packed(tmp_path / "p.safetensors")
     assert {layer.bits for layer in packed.layers.values()} == {4}
     state = packed.state_dict()
