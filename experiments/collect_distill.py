@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collect_study import HERE, Stats, _relative, write_section
 
 JOB = re.compile(r"(?P<method>inq|ste)(?P<bits>\d)(?P<kd>_kd)?(?P<ends>_ends8)?")
-METHODS = ("INQ", "INQ + KD", "STE + KD", "INQ + KD, 8-bit ends")
+METHODS = ("INQ", "INQ + KD", "STE", "STE + KD", "INQ + KD, 8-bit ends")
 BITS = (5, 4, 3, 2)
 # The issue's goals: (method, bits) -> least difference to the float model, in points. The
 # ResNet-20 ternary goal is for all layers at 2 bits; the 8-bit-ends rows are shown against the
@@ -66,14 +66,14 @@ def method_of(job: str) -> tuple[str, int] | None:
     """The method and bits a job name stands for, ``None`` for the float job.
 
     Example:
-        >>> method_of("inq3_kd_ends8"), method_of("ste2_kd"), method_of("float")
-        (('INQ + KD, 8-bit ends', 3), ('STE + KD', 2), None)
+        >>> method_of("inq3_kd_ends8"), method_of("ste2_kd"), method_of("ste2"), method_of("float")
+        (('INQ + KD, 8-bit ends', 3), ('STE + KD', 2), ('STE', 2), None)
     """
     match = JOB.fullmatch(job)
     if match is None:
         return None
     kd, ends = bool(match["kd"]), bool(match["ends"])
-    name = "STE + KD" if match["method"] == "ste" else "INQ + KD" if kd else "INQ"
+    name = ("STE" if match["method"] == "ste" else "INQ") + (" + KD" if kd else "")
     return (name + ", 8-bit ends" if ends else name), int(match["bits"])
 
 

@@ -356,9 +356,13 @@ def time_setting(
     level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     runs = []
     for f in files:
-        session = ort.InferenceSession(
-            str(f.path), _options(ort, level, threads), providers=["CPUExecutionProvider"]
-        )
+        try:
+            session = ort.InferenceSession(
+                str(f.path), _options(ort, level, threads), providers=["CPUExecutionProvider"]
+            )
+        except Exception as err:  # onnxruntime raises its own kinds
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ValueError(f"{f.path}: cannot load with all optimizations: {first}") from None
         x = np.random.default_rng(SEED).standard_normal((batch, *f.shape), dtype=np.float32)
         runs.append((session, {f.input: x}))
     slowest = 0.0

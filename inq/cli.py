@@ -191,7 +191,7 @@ def _export_onnx(args: argparse.Namespace) -> int:
             what = (
                 f"Q/DQ graph of the integer model, {stats['int8_layers']} conv/linear layers "
                 f"with int8 weights, {stats['float_layers']} with exact float weights"
-                + (" (they do not fit int8)" if stats["float_layers"] else "")
+                + (" (integers beyond ±64)" if stats["float_layers"] else "")
             )
         else:
             packed, read = load_model(source)

@@ -164,9 +164,9 @@ def _layers(model: IntegerModel) -> list[QdqWeight]:
 
 
 def test_every_conv_and_linear_runs_in_an_integer_kernel(qdq, tmp_path: Path) -> None:
-    """ONNX Runtime's optimized graph: each layer whose weights fit int8 (every layer at 2-4
-    bits) is a QLinearConv/QGemm, the others (5 bits, +128) float convolutions; the file has no
-    Mul/Add chain between an op and its QuantizeLinear, and no BatchNormalization."""
+    """ONNX Runtime's optimized graph: each layer whose integers stay within +-64 (every layer
+    at 2-4 bits) is a QLinearConv/QGemm, the others (5 bits, 128) float convolutions; the file
+    has no Mul/Add chain between an op and its QuantizeLinear, and no BatchNormalization."""
     int_model, path, printed = qdq
     layers = _layers(int_model)
     fits = sum(w.int8 for w in layers)
@@ -183,9 +183,11 @@ def test_every_conv_and_linear_runs_in_an_integer_kernel(qdq, tmp_path: Path) ->
 
 
 def test_the_weights_are_the_integer_models_exactly(qdq) -> None:
-    """Per layer the file holds int8 integers +-2**k (or float initializers equal to integer x
-    scale) whose product with the scales is the integer model's weight x multiplier, bit for
-    bit (power-of-two activation scales: every product below is exact in float64)."""
+    """Per layer: the int8 initializers in the file are the integers +-2**k of :func:`qdq_weight`
+    and its scales, and those integers times the scales are the integer model's weights times
+    its multipliers, bit for bit (power-of-two activation scales: every product below is exact
+    in float64). (The float initializers of the other layers: integer x scale, built from the
+    same :class:`QdqWeight`.)"""
     int_model, path, _ = qdq
     proto = onnx.load(str(path))
     arrays = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
@@ -245,7 +247,7 @@ def test_each_requantizing_op_is_the_integer_models_within_one_step(qdq, tmp_pat
 
 def test_negative_multipliers_and_float_weights_are_within_one_step(tmp_path: Path) -> None:
     """The residual model's BatchNorm has negative scales (the sign moves into the weights) and
-    its 5-bit 3x3 conv needs +128 (exact float weights)."""
+    its 5-bit 3x3 conv needs 128 (exact float weights)."""
     model = residual_integer_model()
     assert [w.int8 for w in _layers(model)] == [False, True, True]
     assert _ops_within_one_step(model, (2, 4, 4), tmp_path) == ["conv", "conv", "avgpool", "linear"]
