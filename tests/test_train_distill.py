@@ -178,10 +178,15 @@ def test_the_integer_fine_tuning_distills_from_a_teacher(tmp_path: Path, threads
     settings = QuantSettings(act_bits=8, epochs=1, batches=1)
     plain, plain_report = quantize(packed, data, settings)
     zero, zero_report = quantize(packed, data, settings, teacher=teacher, distill_weight=0.0)
-    _, kd_report = quantize(packed, data, settings, teacher=teacher, distill_weight=0.5)
+    kd, kd_report = quantize(packed, data, settings, teacher=teacher, distill_weight=0.5)
     assert zero_report["finetune_loss"] == plain_report["finetune_loss"]
     assert states_equal(zero.state_dict(), plain.state_dict())
+    assert [op.attrs for op in zero.ops] == [op.attrs for op in plain.ops]  # the scales too
     assert kd_report["finetune_loss"] != plain_report["finetune_loss"]
+    trained_apart = not states_equal(kd.state_dict(), plain.state_dict()) or [
+        op.attrs for op in kd.ops
+    ] != [op.attrs for op in plain.ops]
+    assert trained_apart  # the teacher changed what the fine-tuning learned, not just its loss
     assert states_equal(teacher.state_dict(), before)
     with pytest.raises(ValueError, match="distill_weight must lie in"):
         quantize(packed, data, settings, teacher=teacher, distill_weight=2.0)
