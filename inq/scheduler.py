@@ -84,10 +84,10 @@ class QuantizedLayer:
     name: str
     weight: nn.Parameter
     codes: torch.Tensor
+    bits: int
     n1: N1 | None = None
     count: int = 0
     pruned: int = 0
-    bits: int = 5
 
     @property
     def mask(self) -> torch.Tensor:
@@ -95,13 +95,12 @@ class QuantizedLayer:
         self._follow_weight_device()
         return self.codes != FLOAT_CODE
 
-    def frozen_values(self, bits: int | None = None) -> torch.Tensor:
+    def frozen_values(self) -> torch.Tensor:
         """The snapped values of the quantized entries (NaN where the weight is still float), at
-        the layer's own ``bits`` unless given."""
+        the layer's own ``bits``."""
         self._follow_weight_device()
         n1 = 0 if self.n1 is None else self.n1
-        bits = self.bits if bits is None else bits
-        return decode_unchecked(self.codes, n1, bits, self.weight.dtype)
+        return decode_unchecked(self.codes, n1, self.bits, self.weight.dtype)
 
     def _follow_weight_device(self) -> None:
         # model.to(device) after the scheduler was built moves the weights but not our state

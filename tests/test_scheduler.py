@@ -1324,4 +1324,3 @@ def test_mixed_bits_prune_and_codes_follow_each_layer() -> None:
     assert int(fc.codes.max()) >= 128  # 8-bit codes
     for layer in sched.layers:
         assert torch.equal(layer.frozen_values(), layer.weight.detach())
-        assert torch.equal(layer.frozen_values(layer.bits), layer.weight.detach())
