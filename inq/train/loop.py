@@ -38,7 +38,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from inq.baselines import STEQuantizer
 from inq.data import batches_per_epoch, build_datasets, build_eval_loader, build_train_loader
-from inq.distill import distill_loss, frozen_teacher, kd_loss
+from inq.distill import blend, frozen_teacher, kd_loss
 from inq.errors import ConfigError
 from inq.evaluation import evaluate
 from inq.models import build_model
@@ -382,7 +382,7 @@ class Trainer:
                     loss.detach().double() * len(y),
                     (logits.argmax(1) == y).sum(),
                     window.new_tensor(len(y)),
-                    (kd.double() if kd is not None else window.new_tensor(0.0)) * len(y),
+                    (kd.detach().double() if kd is not None else window.new_tensor(0.0)) * len(y),
                 ]
             )
             step = self.progress.step
@@ -421,8 +421,8 @@ class Trainer:
                 d = self.cfg.inq.distill
                 with torch.no_grad():
                     teacher_logits = self.teacher(x)
-                    kd = kd_loss(logits, teacher_logits, d.temperature)
-                loss = distill_loss(logits, teacher_logits, y, d.weight, d.temperature)
+                kd = kd_loss(logits, teacher_logits, d.temperature)
+                loss = blend(lambda: F.cross_entropy(logits, y), kd, d.weight)  # distill_loss
         self._optimizer.zero_grad(set_to_none=True)
         self._scaler.scale(loss).backward()
         if self.cfg.trainer.grad_clip:
