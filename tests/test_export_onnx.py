@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 import torch
 from export_fixtures import (
@@ -239,6 +240,40 @@ def _ops_within_one_step(model: IntegerModel, shape: tuple[int, ...], folder: Pa
     return checked
 
 
+def _adds_within_one_step(model: IntegerModel, shape: tuple[int, ...], folder: Path) -> int:
+    """Cut each quantized add's node unit (its inputs' DequantizeLinear, Add, Relu, Quantize-
+    Linear, Clip) out of the whole model's Q/DQ file, feed it the integer model's two input
+    values and check its integers are the integer model's within one step; returns how many
+    adds were checked."""
+    values = model.run(torch.randn(64, *shape, generator=torch.Generator().manual_seed(0)))
+    export_qdq(model, folder / "whole.onnx", shape)
+    proto = onnx.load(str(folder / "whole.onnx"))
+    producer = {out: node for node in proto.graph.node for out in node.output}
+    reader = {i: node for node in proto.graph.node for i in node.input}
+    ops = {op.name: op for op in model.ops}
+    checked = 0
+    for op in (op for op in model.ops if op.op == "add" and op.attrs["hi"] <= 255):
+        add = next(n for n in proto.graph.node
+                   if n.op_type == "Add" and n.output[0].rsplit("_", 1)[0] == op.name)  # fmt: skip
+        feeds = [producer[i].input[0] for i in add.input]  # the uint8 values the DQs read
+        out = add.output[0]
+        while not (producer[out].op_type == "Clip" or (producer[out].op_type == "QuantizeLinear"
+                   and reader.get(out, add).op_type != "Clip")):  # fmt: skip
+            out = reader[out].output[0]
+        onnx.utils.extract_model(str(folder / "whole.onnx"), str(folder / "add.onnx"), feeds, [out])
+        session = onnxruntime.InferenceSession(
+            str(folder / "add.onnx"), providers=["CPUExecutionProvider"]
+        )
+        zero = [128 if ops[i].attrs["lo"] < 0 else 0 for i in [*op.inputs, op.name]]
+        inputs = {name: (values[i].int() + z).to(torch.uint8).numpy()
+                  for name, i, z in zip(feeds, op.inputs, zero[:2], strict=True)}  # fmt: skip
+        (got,) = session.run([out], inputs)
+        diff = torch.from_numpy(got).int() - zero[-1] - values[op.name].int()
+        assert int(diff.abs().max()) <= 1, op.name
+        checked += 1
+    return checked
+
+
 def test_each_requantizing_op_is_the_integer_models_within_one_step(qdq, tmp_path: Path) -> None:
     """ONNX Runtime rounds ties half to even (the integer model: half up) and requantizes in
     float32, so a value can differ by one step, never more."""
@@ -251,6 +286,7 @@ def test_negative_multipliers_and_float_weights_are_within_one_step(tmp_path: Pa
     model = residual_integer_model()
     assert [w.int8 for w in _layers(model)] == [False, True, True]
     assert _ops_within_one_step(model, (2, 4, 4), tmp_path) == ["conv", "conv", "avgpool", "linear"]
+    assert _adds_within_one_step(model, (2, 4, 4), tmp_path) == 1
 
 
 def test_relu6_blocks_run_in_integer_kernels_with_a_clip(tmp_path: Path) -> None:
@@ -268,6 +304,7 @@ def test_relu6_blocks_run_in_integer_kernels_with_a_clip(tmp_path: Path) -> None
     assert clipped and ops.other["Clip"] == len(clipped)  # at scale 2**-6, 6 is above 255 steps
     kinds = _ops_within_one_step(model, (3, 16, 16), tmp_path)
     assert kinds.count("conv") == len(layers) - 1 and "avgpool" in kinds
+    assert _adds_within_one_step(model, (3, 16, 16), tmp_path) >= 1
 
 
 def test_a_standalone_hardtanh_is_the_integer_models_clamp(tmp_path: Path) -> None:
