@@ -455,9 +455,8 @@ class INQScheduler:
                 f"{names}; resume with the same model and include/exclude patterns"
             )
         own = self.layer_bits
-        # versions 1-3 hold every layer at the state's bits
-        differ = {n: saved[n].get("bits", state["bits"]) for n in names}
-        differ = {n: b for n, b in differ.items() if b != own[n]}
+        saved_bits = {n: saved[n].get("bits", state["bits"]) for n in names}  # 1-3: all at bits
+        differ = {n: b for n, b in saved_bits.items() if b != own[n]}
         if differ:
             wanted = {n: own[n] for n in differ}
             raise ValueError(
@@ -479,6 +478,7 @@ class INQScheduler:
                 expected += quantized_count(self.portions[stage - 1], numel - pruned)
             if codes.shape != layer.weight.shape or codes.dtype != torch.uint8:
                 raise ValueError(f"INQ state for {layer.name!r} does not match the weight's shape")
+            # <= 2 * top - 1, not < 2 * top: at 8 bits 2 * top = 256 wraps to 0 in a uint8 compare
             valid = (codes == FLOAT_CODE) | (codes == 0) | ((codes >= top) & (codes <= 2 * top - 1))
             frozen = int((codes != FLOAT_CODE).sum())
             if (
