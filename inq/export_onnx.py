@@ -426,11 +426,13 @@ class _QdqGraph:
                 self.const("b_zero", np.zeros(rows, np.int32)),
             ], f"{op.name}_b", axis=0)  # fmt: skip
             x = self.real(op.inputs[0])
-        else:  # an input dequantized by hand keeps ONNX Runtime from re-quantizing the weights
-            view = (-1, *[1] * (w.ints.dim() - 1))  # (per tensor, to int8: its WeightBias-
-            weight = self.const("w", (w.ints.float() * scale.reshape(view)).numpy())  # Quanti-
+        else:
+            # an input dequantized by hand keeps ONNX Runtime from re-quantizing the weights (per
+            # tensor, to int8), as its WeightBiasQuantization rewrite would between DQ and Q
+            view = (-1, *[1] * (w.ints.dim() - 1))
+            weight = self.const("w", (w.ints.float() * scale.reshape(view)).numpy())
             bias = self.const("b", (w.bias * torch.from_numpy(bias_scale).double()).float().numpy())
-            x = self.real_by_hand(op.inputs[0])  # zation rewrite would, between DQ and Q)
+            x = self.real_by_hand(op.inputs[0])
         if op.op == "linear":
             return self.node("Gemm", [x, weight, bias], op.name, transB=1)
         return self.node("Conv", [x, weight, bias], op.name, strides=a["stride"],
