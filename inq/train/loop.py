@@ -422,7 +422,7 @@ class Trainer:
                 with torch.no_grad():
                     teacher_logits = self.teacher(x)
                 kd = kd_loss(logits, teacher_logits, d.temperature)
-                loss = blend(lambda: F.cross_entropy(logits, y), kd, d.weight)  # distill_loss
+                loss = blend(logits, y, kd, d.weight)  # distill_loss, reusing the logged term
         self._optimizer.zero_grad(set_to_none=True)
         self._scaler.scale(loss).backward()
         if self.cfg.trainer.grad_clip:
