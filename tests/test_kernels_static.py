@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from inq.cli import main
-from inq.kernels.static import H100, roofline, variants
+from inq.kernels.static import H100, loop_stats, roofline, variants
 
 pytestmark = pytest.mark.slow
 
@@ -22,17 +22,66 @@ def test_every_variant_compiles_for_sm90_and_passes(
     status = main(["bench", "kernel", "--static", "--bits", "4", "--json", str(out)])
     printed = capsys.readouterr().out
     assert status == 0, printed
-    compiled = json.loads(out.read_text())["compiled"]
-    assert len(compiled) == len(variants())
-    for row in compiled:
-        variant = row["variant"]
-        assert row["problems"] == [], variant["name"]
+    records = json.loads(out.read_text())
+    assert [r["name"] for r in records] == [v.name for v in variants()]
+    by_name = {v.name: v for v in variants()}
+    for row in records:
+        variant = by_name[row["name"]]
+        assert row["problems"] == [], row["name"]
         assert row["local_bytes"] == 0 and row["registers"] <= 255
-        if "gemv" in variant["name"]:
-            assert row["wide_loads"] > 0, variant["name"]
-        if variant["tensor_cores"]:
-            assert variant["dtype"] in ("fp16", "bf16") and row["mma"] > 0, variant["name"]
+        assert row["ctas_per_sm"] >= 1
+        if variant.kernel != "_reduce_kernel":  # a straight-line kernel has no loop
+            assert row["loop_instructions"] > 0 and row["instructions_per_weight"] > 0
+        if variant.tensor_cores:
+            assert row["dtype"] in ("fp16", "bf16") and row["mma"] > 0, row["name"]
+            assert row["lane_ops_per_mac"] > 0
     assert "roofline at H100 SXM" in printed
+
+
+def test_loop_stats_reads_the_largest_backward_branch_loop() -> None:
+    """The main loop is the longest span closed by a backward branch; a trailing self-branch
+    (the trap after EXIT) and forward branches are not loops; loads are counted by kind, and a
+    wgmma wait's depth is read."""
+    lines = [
+        "MOV R1, c[0x0][0x28]",
+        "@P0 BRA 0x90",  # forward: not a loop
+        "LDG.E.U8 R4, desc[UR4][R2.64]",  # 0x20: loop start
+        "LDGSTS.E.BYPASS.128 [R5], desc[UR4][R2.64]",
+        "SHF.R.U32.HI R6, RZ, 0x4, R4",
+        "HGMMA.64x64x16.F32 R24, gdesc[UR4], R24",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x1",
+        "SHFL.BFLY PT, R7, R6, 0x1, 0x1f",
+        "@P1 BRA 0x20",
+        "EXIT",
+        "BRA 0xa0",
+    ]
+    sass = "\n".join(f"/*{16 * i:04x}*/ {line} ;" for i, line in enumerate(lines))
+    stats = loop_stats(sass)
+    assert stats is not None
+    assert (stats.instructions, stats.int_ops, stats.shuffles, stats.mma) == (7, 1, 1, 1)
+    assert stats.loads == {"LDG.E.U8": 1} and stats.async_copies == 1 and stats.wgmma_wait == 1
+    assert loop_stats("/*0000*/ EXIT ;") is None
+
+
+def test_a_budget_fails_what_decides_speed() -> None:
+    """A variant over its lane-op budget, with byte loads, shuffles, or an MMA loop without
+    async copies, is named with each reason."""
+    from inq.kernels.static import Budget, CompiledVariant, LoopStats, Variant, _over_budget
+
+    budget = Budget(per_weight=5, int_per_weight=2.5, no_shuffles=True, async_copies=True)
+    variant = Variant("v", "linear", "k", "fp16", {}, num_warps=4, loop_weights=128,
+                      budget=budget)  # fmt: skip
+    loop = LoopStats(10, 4, {"LDG.E.128": 1}, 1, 0, 0, 0, None)  # 10 x 128 lanes / 128 = 10
+    result = CompiledVariant(variant, 64, 0, 0, 1, 0, [], 4, loop)
+    assert result.instructions_per_weight == 10 and result.int_ops_per_weight == 4
+    assert _over_budget(result) == ["lane-ops/weight 10.0 > 5", "integer lane-ops/weight 4.0 > 2.5"]
+    loop = LoopStats(4, 2, {"LDG.E.U8": 2}, 0, 3, 0, 0, None)
+    problems = _over_budget(CompiledVariant(variant, 64, 0, 0, 0, 0, [], 4, loop))
+    assert problems == [
+        "byte/halfword global loads in the main loop: LDG.E.U8",
+        "3 shuffles (SHFL) in the main loop",
+        "no async copy (LDGSTS/UTMALDG) in the main loop",
+    ]
 
 
 def test_roofline_counts_bytes_and_flops() -> None:

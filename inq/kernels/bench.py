@@ -398,11 +398,8 @@ def run_static(args: argparse.Namespace) -> int:
     failed = [r for r in results if r.problems]
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "compiled": [asdict(r) for r in results],
-            "roofline": [{**asdict(r), "speedup": r.speedup} for r in rows],
-        }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        records = [r.record() for r in results]  # one per variant, comparable across commits
+        args.json.write_text(json.dumps(records, indent=2) + "\n")
         print(f"wrote {args.json}")
     if failed:
         print(f"inq bench kernel --static: {len(failed)} variant(s) failed", file=sys.stderr)

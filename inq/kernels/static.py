@@ -9,7 +9,12 @@ sizes and row strides divisible by 16, unit strides). From the metadata and the 
 - no register spills (no local memory);
 - registers and shared memory within the SM's budget (65536 registers, 227 KiB);
 - 64/128-bit code loads (``LDG.E.64`` / ``LDG.E.128``) in the GEMV;
-- tensor-core instructions (``HMMA``/``HGMMA``) in every fp16/bf16 GEMM and conv tile.
+- tensor-core instructions (``HMMA``/``HGMMA``) in every fp16/bf16 GEMM and conv tile;
+- and, for a variant with a :class:`Budget`, what decides its speed, read in its main loop (the
+  largest loop closed by a backward branch, :func:`loop_stats`): issued lane-ops (instructions x
+  32 lanes x warps) per decoded weight or per multiply-accumulate, integer-pipe lane-ops likewise,
+  no byte/halfword global loads, no shuffles in a GEMV loop, async copies feeding a tensor-core
+  loop.
 
 :func:`roofline` turns the benchmark shapes (:mod:`inq.kernels.shapes`) into bytes moved and
 flops, and the time each op and its cuBLAS/cuDNN fp16 baseline would take at the device's peak
@@ -26,7 +31,7 @@ import re
 import subprocess
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +40,16 @@ from inq.kernels.shapes import CONV_BATCHES, LINEAR_BATCHES, LINEAR_SHAPES, resn
 
 __all__ = [
     "H100",
+    "Budget",
     "CompiledVariant",
+    "LoopStats",
     "Roofline",
     "Variant",
     "compile_variant",
+    "ctas_per_sm",
     "format_roofline",
     "format_static",
+    "loop_stats",
     "roofline",
     "static_check",
     "variants",
@@ -48,7 +57,21 @@ __all__ = [
 
 _MAX_REGISTERS = 65536  # per SM (sm_90)
 _MAX_SHARED = 227 * 1024  # per block (sm_90)
+_SM_SHARED = 228 * 1024  # per SM
 _MIN_EXP = {"fp16": -24, "bf16": -133, "fp32": -149}  # as inq.kernels.triton.decode.MIN_EXP
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a variant's main loop may cost (``None``: not checked). Lane-ops are SASS
+    instructions x 32 lanes x warps, per decoded weight or per multiply-accumulate (MAC)."""
+
+    per_weight: float | None = None  # issued lane-ops per decoded weight
+    int_per_weight: float | None = None  # integer-pipe lane-ops per decoded weight
+    per_mac: float | None = None  # issued lane-ops per MAC (tensor-core tiles)
+    int_per_mac: float | None = None  # integer-pipe lane-ops per MAC
+    no_shuffles: bool = False  # no SHFL (a reduction) in the loop
+    async_copies: bool = False  # LDGSTS/UTMALDG in the loop (operands fed to the MMA)
 
 
 @dataclass(frozen=True)
@@ -64,6 +87,23 @@ class Variant:
     num_stages: int = 3
     wide_loads: bool = False  # the SASS must hold 64/128-bit global loads
     tensor_cores: bool = False  # the SASS must hold HMMA/HGMMA
+    loop_weights: int = 0  # weights one CTA decodes per main-loop iteration
+    loop_macs: int = 0  # multiply-accumulates one CTA does per main-loop iteration
+    budget: Budget | None = None
+
+
+@dataclass
+class LoopStats:
+    """The main loop of a kernel's SASS: instruction counts by kind (per warp, one iteration)."""
+
+    instructions: int
+    int_ops: int  # integer-pipe instructions (IMAD, IADD3, LOP3, SHF, ISETP, SEL, LEA, PRMT, ...)
+    loads: dict[str, int]  # global loads by kind, e.g. {"LDG.E.128": 2}
+    async_copies: int  # LDGSTS, UTMALDG, UBLKCP
+    shuffles: int  # SHFL
+    barriers: int  # BAR
+    mma: int  # HMMA, HGMMA, IMMA
+    wgmma_wait: int | None  # smallest N of WARPGROUP.DEPBAR.LE gsb0, N (0: waits for every MMA)
 
 
 @dataclass
@@ -77,6 +117,57 @@ class CompiledVariant:
     wide_loads: int  # LDG.E.64 / LDG.E.128 instructions
     mma: int  # HMMA / HGMMA instructions
     problems: list[str]
+    ctas_per_sm: int = 0
+    loop: LoopStats | None = None
+
+    def _per(self, count: int | None, amount: int) -> float | None:
+        if self.loop is None or count is None or not amount:
+            return None
+        return count * 32 * self.variant.num_warps / amount
+
+    @property
+    def instructions_per_weight(self) -> float | None:
+        return self._per(self.loop and self.loop.instructions, self.variant.loop_weights)
+
+    @property
+    def int_ops_per_weight(self) -> float | None:
+        return self._per(self.loop and self.loop.int_ops, self.variant.loop_weights)
+
+    @property
+    def lane_ops_per_mac(self) -> float | None:
+        return self._per(self.loop and self.loop.instructions, self.variant.loop_macs)
+
+    @property
+    def int_lane_ops_per_mac(self) -> float | None:
+        return self._per(self.loop and self.loop.int_ops, self.variant.loop_macs)
+
+    def record(self) -> dict[str, Any]:
+        """One flat JSON record (``inq bench kernel --static --json``)."""
+        v, loop = self.variant, self.loop
+        return {
+            "name": v.name,
+            "kernel": v.kernel,
+            "dtype": v.dtype,
+            "bits": v.constexprs.get("BITS"),
+            "num_warps": v.num_warps,
+            "registers": self.registers,
+            "shared_bytes": self.shared_bytes,
+            "local_bytes": self.local_bytes,
+            "ctas_per_sm": self.ctas_per_sm,
+            "loop_instructions": loop and loop.instructions,
+            "instructions_per_weight": self.instructions_per_weight,
+            "int_ops_per_weight": self.int_ops_per_weight,
+            "lane_ops_per_mac": self.lane_ops_per_mac,
+            "int_lane_ops_per_mac": self.int_lane_ops_per_mac,
+            "loop_loads": loop and loop.loads,
+            "async_copies": loop and loop.async_copies,
+            "shuffles": loop and loop.shuffles,
+            "barriers": loop and loop.barriers,
+            "mma": self.mma,
+            "wgmma_wait": loop and loop.wgmma_wait,
+            "budget": None if v.budget is None else asdict(v.budget),
+            "problems": self.problems,
+        }
 
 
 def variants() -> list[Variant]:
@@ -108,12 +199,15 @@ def variants() -> list[Variant]:
             if cfg.kernel == "gemv":
                 tiles |= {"BLOCK_O": cfg.block_n, "BLOCK_B": cfg.block_k * width // 8}
                 cx = flags | tiles
-                out.append(Variant(name, "linear", "_gemv_kernel", dtype, cx, *launch, True))
+                work = _work(cfg.block_m, cfg.block_n, cfg.block_k)
+                kernel = "_gemv_kernel"
+                out.append(Variant(name, "linear", kernel, dtype, cx, *launch, True, **work))
             else:
                 tiles |= {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": 8}
                 cx = flags | tiles | {"UPCAST": False, "IEEE": ieee}
                 kernel = "_gemm_kernel"
-                out.append(Variant(name, "linear", kernel, dtype, cx, *launch, False, mma))
+                work = _work(cfg.block_m, cfg.block_n, cfg.block_k)
+                out.append(Variant(name, "linear", kernel, dtype, cx, *launch, False, mma, **work))
         for pixels, og, cg in ((12544, 64, 64), (196, 512, 256), (12544, 1, 1)):
             cfg = conv_config(pixels, og, cg, 9, fp32=ieee)  # ResNet-18 early, late; depthwise
             cx = flags | {"KH": 3, "KW": 3, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}
@@ -125,7 +219,8 @@ def variants() -> list[Variant]:
                 name = f"conv implicit gemm {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{suffix}"
                 cx |= {"UPCAST": False, "IEEE": ieee, "BLOCK_K": cfg.block_k}
                 kernel = "_implicit_gemm_kernel"
-                out.append(Variant(name, "conv", kernel, dtype, cx, *launch, False, mma))
+                work = _work(cfg.block_m, cfg.block_n, cfg.block_k)
+                out.append(Variant(name, "conv", kernel, dtype, cx, *launch, False, mma, **work))
     for dtype in ("fp16", "bf16", "fp32"):
         reduce = {"SPLIT_K": 4, "HAS_BIAS": True, "BLOCK": 1024}
         out.append(Variant("linear split-K reduce", "linear", "_reduce_kernel", dtype, reduce))
@@ -134,15 +229,24 @@ def variants() -> list[Variant]:
     for dtype in ("int8", "uint8"):  # the load and its widening differ
         for bits in (4, 8):
             codes = {"BITS": bits, "WIDTH": 4 if bits <= 4 else 8}
-            out.append(Variant(name, "int8", "_int8_kernel", dtype, codes | tiles))
+            work = _work(int8.BLOCK_M, int8.BLOCK_O, int8.BLOCK_K)
+            out.append(Variant(name, "int8", "_int8_kernel", dtype, codes | tiles, **work))
             for og in (64, 1):  # a full channel tile; depthwise
                 cfg = int8.conv_int8_config(og)
                 m, n, k = cfg.block_m, cfg.block_n, cfg.block_k
                 cx = codes | {"KH": 3, "KW": 3, "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}
                 conv = f"int8 conv shift-add {m}x{n}x{k}"
                 launch = (cfg.num_warps, cfg.num_stages)
-                out.append(Variant(conv, "int8", "_conv_int8_kernel", dtype, cx, *launch))
+                out.append(
+                    Variant(conv, "int8", "_conv_int8_kernel", dtype, cx, *launch, **_work(m, n, k))
+                )
     return out
+
+
+def _work(rows: int, cols: int, depth: int) -> dict[str, int]:
+    """Weights decoded and MACs done per main-loop iteration of a ``rows x cols x depth`` tile
+    (``cols x depth`` weights)."""
+    return {"loop_weights": cols * depth, "loop_macs": rows * cols * depth}
 
 
 # pointer arguments by name; every other non-constexpr argument is an i32
@@ -203,7 +307,106 @@ def compile_variant(variant: Variant, arch: int = 90) -> CompiledVariant:
         problems.append("no 64/128-bit global loads (LDG.E.64/.128)")
     if variant.tensor_cores and not mma:
         problems.append("no tensor-core instruction (HMMA/HGMMA)")
-    return CompiledVariant(variant, registers, local, shared, wide, mma, problems)
+    result = CompiledVariant(
+        variant, registers, local, shared, wide, mma, problems,
+        ctas_per_sm(registers, variant.num_warps, shared), loop_stats(sass),
+    )  # fmt: skip
+    problems += _over_budget(result)
+    return result
+
+
+def ctas_per_sm(registers: int, warps: int, shared_bytes: int) -> int:
+    """CTAs of one kernel an sm_90 SM holds at once: registers (allocated per warp in units of
+    256), warps (64), shared memory (228 KiB, 1 KiB reserved per CTA) and 32 CTAs bound it.
+
+    Example:
+        >>> ctas_per_sm(128, 8, 64 * 1024)
+        2
+    """
+    per_warp = -(-max(registers, 1) * 32 // 256) * 256
+    limits = [32, 64 // warps, _MAX_REGISTERS // (per_warp * warps)]
+    if shared_bytes:
+        limits.append(_SM_SHARED // (shared_bytes + 1024))
+    return max(0, min(limits))
+
+
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+# integer-pipe opcodes (the name before the first dot); uniform-datapath (U*) ones are per warp
+_INT_PIPE = frozenset({"IMAD", "IADD", "IADD3", "LOP", "LOP3", "SHF", "SHL", "SHR", "ISETP", "SEL",
+                       "LEA", "PRMT", "VIADD", "IMNMX", "VIMNMX", "SGXT", "BMSK", "IABS", "FLO",
+                       "POPC", "BREV", "IDP", "ICMP"})  # fmt: skip
+
+
+def loop_stats(sass: str) -> LoopStats | None:
+    r"""Counts of the main loop: the longest run of instructions closed by a backward ``BRA``
+    (software-pipelined loops keep one iteration in it), or ``None`` without a loop.
+
+    Example:
+        >>> sass = (
+        ...     "/*0000*/ MOV R1, c[0x0][0x28] ;\n/*0010*/ LDG.E.128 R4, desc[UR4][R2.64] ;\n"
+        ...     "/*0020*/ LOP3.LUT R5, R4, 0xf, RZ, 0xc0, !PT ;\n/*0030*/ FFMA R6, R5, R5, R6 ;\n"
+        ...     "/*0040*/ @P0 BRA 0x10 ;\n/*0050*/ EXIT ;"
+        ... )
+        >>> stats = loop_stats(sass)
+        >>> stats.instructions, stats.int_ops, stats.loads
+        (4, 1, {'LDG.E.128': 1})
+    """
+    code = [(int(a, 16), op, rest) for a, op, rest in _INSTRUCTION.findall(sass)]
+    index = {address: i for i, (address, _, _) in enumerate(code)}
+    loops = []
+    for end, (address, op, rest) in enumerate(code):
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        if target and int(target.group(1), 16) < address and int(target.group(1), 16) in index:
+            loops.append((end - index[int(target.group(1), 16)] + 1, end))
+    if not loops:
+        return None
+    size, end = max(loops)
+    body = code[end - size + 1 : end + 1]
+    ops = [op for _, op, _ in body]
+    loads: dict[str, int] = {}
+    for op in ops:
+        if op.split(".")[0] == "LDG":
+            loads[op] = loads.get(op, 0) + 1
+    waits = [int(m.group(1), 16) if m.group(1).startswith("0x") else int(m.group(1))
+             for _, op, rest in body if op.startswith("WARPGROUP.DEPBAR")
+             for m in [re.search(r"gsb0,\s*(0x[0-9a-f]+|\d+)", rest)] if m]  # fmt: skip
+    return LoopStats(
+        instructions=len(ops),
+        int_ops=sum(op.split(".")[0] in _INT_PIPE for op in ops),
+        loads=loads,
+        async_copies=sum(op.startswith(("LDGSTS", "UTMALDG", "UBLKCP")) for op in ops),
+        shuffles=sum(op.startswith("SHFL") for op in ops),
+        barriers=sum(op.startswith("BAR") for op in ops),
+        mma=sum(op.startswith(("HMMA", "HGMMA", "IMMA", "IGMMA")) for op in ops),
+        wgmma_wait=min(waits) if waits else None,
+    )
+
+
+def _over_budget(result: CompiledVariant) -> list[str]:
+    """Why ``result`` leaves its variant's :class:`Budget` (empty: within it)."""
+    budget, loop = result.variant.budget, result.loop
+    if budget is None:
+        return []
+    if loop is None:
+        return ["no main loop found in the SASS"]
+    problems = []
+    limits = [
+        ("lane-ops/weight", result.instructions_per_weight, budget.per_weight),
+        ("integer lane-ops/weight", result.int_ops_per_weight, budget.int_per_weight),
+        ("lane-ops/MAC", result.lane_ops_per_mac, budget.per_mac),
+        ("integer lane-ops/MAC", result.int_lane_ops_per_mac, budget.int_per_mac),
+    ]
+    for what, value, limit in limits:
+        if limit is not None and (value is None or value > limit):
+            problems.append(f"{what} {value if value is None else round(value, 3)} > {limit}")
+    narrow = sorted(k for k in loop.loads if re.search(r"\.(?:U|S)(?:8|16)\b", k))
+    if narrow:
+        problems.append(f"byte/halfword global loads in the main loop: {', '.join(narrow)}")
+    if budget.no_shuffles and loop.shuffles:
+        problems.append(f"{loop.shuffles} shuffles (SHFL) in the main loop")
+    if budget.async_copies and not loop.async_copies:
+        problems.append("no async copy (LDGSTS/UTMALDG) in the main loop")
+    return problems
 
 
 def _inspect_cubin(cubin: bytes) -> tuple[dict[str, int], str]:
@@ -239,20 +442,32 @@ def static_check(jobs: int | None = None) -> list[CompiledVariant]:
 
 
 def format_static(results: list[CompiledVariant]) -> str:
-    """The table ``inq bench kernel --static`` prints."""
+    """The table ``inq bench kernel --static`` prints: resources, then the main loop's cost
+    (lane-ops per weight, or per MAC for tensor-core tiles; integer pipe after the slash)."""
     head = (
-        f"{'kernel (sm_90)':<34}{'dtype':>6}{'bits':>5}{'warps':>6}{'regs':>6}{'smem KiB':>10}"
-        f"{'local':>7}{'wide LDG':>9}{'MMA':>6}  check"
+        f"{'kernel (sm_90)':<36}{'dtype':>6}{'bits':>5}{'warps':>6}{'regs':>5}{'CTA/SM':>7}"
+        f"{'smem KiB':>9}{'loop':>6}{'ops/w':>14}{'ops/MAC':>14}{'shfl':>5}{'async':>6}"
+        f"{'MMA':>5}  loads in loop; check"
     )
     rows = []
+
+    def pair(total: float | None, integer: float | None, digits: int) -> str:
+        return "-" if total is None else f"{total:.{digits}f}/{integer:.{digits}f}"
+
     for r in results:
-        v = r.variant
+        v, loop = r.variant, r.loop
         bits = v.constexprs.get("BITS", "")
-        verdict = "ok" if not r.problems else "FAIL: " + "; ".join(r.problems)
+        loads = "-" if loop is None else " ".join(f"{k}x{n}" for k, n in sorted(loop.loads.items()))
+        verdict = ("ok" if v.budget else "ok (no budget)") if not r.problems else (
+            "FAIL: " + "; ".join(r.problems))  # fmt: skip
         rows.append(
-            f"{v.name:<34}{v.dtype:>6}{bits!s:>5}{v.num_warps:>6}{r.registers:>6}"
-            f"{r.shared_bytes / 1024:>10.1f}{r.local_bytes:>7}{r.wide_loads:>9}{r.mma:>6}"
-            f"  {verdict}"
+            f"{v.name:<36}{v.dtype:>6}{bits!s:>5}{v.num_warps:>6}{r.registers:>5}"
+            f"{r.ctas_per_sm:>7}{r.shared_bytes / 1024:>9.1f}"
+            f"{'-' if loop is None else loop.instructions:>6}"
+            f"{pair(r.instructions_per_weight, r.int_ops_per_weight, 2):>14}"
+            f"{pair(r.lane_ops_per_mac, r.int_lane_ops_per_mac, 3):>14}"
+            f"{'-' if loop is None else loop.shuffles:>5}"
+            f"{'-' if loop is None else loop.async_copies:>6}{r.mma:>5}  {loads}; {verdict}"
         )
     return "\n".join([head, "-" * len(head), *rows])
 
