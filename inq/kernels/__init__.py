@@ -33,7 +33,7 @@ if _triton is not None:
     def _shift_linear_cuda(x, packed, bits, n1, in_features, bias, n1_rows=None):
         if x.dtype not in _FLOATS:  # float64: the reference (cuBLAS)
             return shift_linear_reference(x, packed, bits, n1, in_features, bias, n1_rows)
-        return _triton.shift_linear(x, packed, bits, effective_n1(n1, n1_rows), in_features, bias)
+        return _triton.shift_linear(x, packed, bits, n1, in_features, bias, n1_rows=n1_rows)
 
     @torch.library.register_kernel("inq::shift_conv2d", "cuda")
     def _shift_conv2d_cuda(x, packed, bits, n1, weight_shape, bias, stride, padding, dilation,

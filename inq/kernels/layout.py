@@ -47,14 +47,23 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from inq.codes import code_width, unpack_codes
+from inq.pow2 import check_top_level
 
-__all__ = ["CHUNK_WORDS", "KernelWeight", "dequantize", "kernel_weight", "layout_format"]
+__all__ = [
+    "CHUNK_WORDS",
+    "KernelWeight",
+    "cached_kernel_weight",
+    "dequantize",
+    "kernel_weight",
+    "layout_format",
+]
 
 CHUNK_WORDS = 16
 # exponent of the smallest power of two each activation dtype holds (as the kernels' MIN_EXP)
@@ -90,7 +99,12 @@ def kernel_weight(
 ) -> KernelWeight | None:
     """``packed`` codes (``uint8 [rows, row_bytes]``, top exponent ``n1``: an int or one per
     row) in the layout of the kernels for ``dtype`` activations, or ``None`` where that layout
-    cannot hold the weight exactly (see the module docstring). Runs on ``packed``'s device."""
+    cannot hold the weight exactly (see the module docstring). Runs on ``packed``'s device.
+
+    Raises:
+        ValueError: where a top level ``2**n1`` overflows ``dtype``.
+    """
+    check_top_level(n1, dtype)
     rows = packed.shape[0]
     device = packed.device
     codes = unpack_codes(packed, bits, in_features).to(torch.int32)
@@ -124,6 +138,68 @@ def kernel_weight(
     scale = torch.where(any_live, scale, 0).to(torch.int32)
     field = torch.where(live, (sign << (7 if per_word == 4 else 3)) | stored, 0)
     return KernelWeight(_pack(field, per_word, fmt), scale, in_features, per_word, fmt)
+
+
+# id(packed) -> (weak reference to packed, {(bits, in_features, dtype, n1, id(n1 rows)):
+# (versions, weak reference to the n1 rows or None, layout)}); by id, as tensors do not hash by
+# value, and dropped when packed dies
+_CACHE: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def _entries(packed: Tensor) -> dict:
+    held = _CACHE.get(id(packed))
+    if held is None or held[0]() is not packed:
+        key = id(packed)
+
+        def forget(ref: weakref.ref) -> None:
+            if _CACHE.get(key, (None,))[0] is ref:
+                del _CACHE[key]
+
+        held = _CACHE[key] = (weakref.ref(packed, forget), {})
+    return held[1]
+
+
+def cached_kernel_weight(
+    packed: Tensor,
+    bits: int,
+    n1: int | Tensor,
+    in_features: int,
+    dtype: torch.dtype,
+    n1_rows: Tensor | None = None,
+) -> KernelWeight | None:
+    """:func:`kernel_weight` (top exponents ``n1``, plus ``n1_rows`` per row if given), made
+    once per weight and kept as long as ``packed`` lives.
+
+    The entry belongs to the ``packed`` tensor object (and to the per-row tensor, if any):
+    replacing one gives a new entry, and changing one in place (which bumps its version
+    counter) rebuilds it, so a layout is never stale. Entries of per-row tensors that died are
+    dropped.
+
+    Example:
+        >>> from inq.codes import pack_codes
+        >>> packed = pack_codes(torch.tensor([[8, 13]], dtype=torch.uint8), 4)
+        >>> first = cached_kernel_weight(packed, 4, 0, 2, torch.float16)
+        >>> first is cached_kernel_weight(packed, 4, 0, 2, torch.float16)
+        True
+        >>> packed.fill_(0x88)  # in place: the next call rebuilds
+        tensor([[136]], dtype=torch.uint8)
+        >>> first is cached_kernel_weight(packed, 4, 0, 2, torch.float16)
+        False
+    """
+    rows = n1 if isinstance(n1, Tensor) else n1_rows
+    base = 0 if isinstance(n1, Tensor) else int(n1)
+    key = (bits, in_features, dtype, base, None if rows is None else id(rows))
+    versions = (packed._version, 0 if rows is None else rows._version)
+    entries = _entries(packed)
+    hit = entries.get(key)
+    if hit is not None and hit[0] == versions and (hit[1] is None or hit[1]() is rows):
+        return hit[2]
+    for stale in [k for k, (_, ref, _) in entries.items() if ref is not None and ref() is None]:
+        del entries[stale]
+    effective = n1 if rows is None else rows.to(torch.int64) + base
+    layout = kernel_weight(packed, bits, effective, in_features, dtype)
+    entries[key] = (versions, None if rows is None else weakref.ref(rows), layout)
+    return layout
 
 
 def _pack(field: Tensor, per_word: int, fmt: str) -> Tensor:

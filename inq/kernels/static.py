@@ -250,9 +250,11 @@ def _work(rows: int, cols: int, depth: int) -> dict[str, int]:
 
 
 # pointer arguments by name; every other non-constexpr argument is an i32
-_POINTERS = {"codes_ptr": "*u8", "n1_ptr": "*i32", "part_ptr": "*fp32"}
+_POINTERS = {"codes_ptr": "*u8", "n1_ptr": "*i32", "part_ptr": "*fp32", "words_ptr": "*i32",
+             "scale_ptr": "*i32"}  # fmt: skip
 # integer arguments that are multiples of 16 for the benchmark shapes (Triton specialises them)
-_DIVISIBLE = {"K", "KB", "N", "row_stride", "stride_xm", "bytes_per_split", "total", "sxn"}
+_DIVISIBLE = {"K", "KB", "KW", "N", "row_stride", "stride_xm", "bytes_per_split", "words_per_split",
+              "total", "sxn"}  # fmt: skip
 _UNIT = {"stride_xk", "sxw"}  # unit strides: Triton makes them constants at run time
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "MIN_EXP",
     "check_devices",
     "check_n1",
+    "check_n1_rows",
     "check_operands",
     "decode",
     "decode_weight",
@@ -168,15 +169,21 @@ def decode_weight(
 def check_n1(n1: int | torch.Tensor, rows: int, dtype: torch.dtype) -> None:
     """Raise ``ValueError`` unless ``n1`` is an int, or an integer tensor ``[rows]``, whose top
     level ``2**n1`` fits ``dtype``."""
+    check_n1_rows(n1 if isinstance(n1, torch.Tensor) else None, rows)
     if isinstance(n1, torch.Tensor):
-        if n1.dtype not in (torch.int32, torch.int64) or n1.shape != (rows,):
-            raise ValueError(
-                f"a per-row n1 must be an integer tensor [{rows}], got {n1.dtype} {list(n1.shape)}"
-            )
         if n1.numel():
             check_top_level(int(n1.max()), dtype)
     else:
         check_top_level(int(n1), dtype)
+
+
+def check_n1_rows(n1: torch.Tensor | None, rows: int) -> None:
+    """Raise ``ValueError`` unless ``n1`` is None or an integer tensor ``[rows]`` (no device
+    sync: the values are checked where they are read)."""
+    if n1 is not None and (n1.dtype not in (torch.int32, torch.int64) or n1.shape != (rows,)):
+        raise ValueError(
+            f"a per-row n1 must be an integer tensor [{rows}], got {n1.dtype} {list(n1.shape)}"
+        )
 
 
 def n1_args(

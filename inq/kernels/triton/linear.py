@@ -29,10 +29,14 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.codes import code_width
+from inq.kernels.layout import cached_kernel_weight
+from inq.kernels.ops import effective_n1
 from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
     MIN_EXP,
     check_devices,
+    check_n1,
+    check_n1_rows,
     check_operands,
     decode,
     dot,
@@ -43,6 +47,7 @@ from inq.kernels.triton.decode import (
     output_tensor,
     sm_count,
 )
+from inq.kernels.triton.swar import swar_linear
 
 __all__ = ["GEMV_MAX_ROWS", "SKINNY_MAX_ROWS", "LinearConfig", "linear_config", "shift_linear"]
 
@@ -231,12 +236,16 @@ def shift_linear(
     bias: Tensor | None,
     split_k: int | None = None,
     out: Tensor | None = None,
+    n1_rows: Tensor | None = None,
 ) -> Tensor:
     """``inq::shift_linear`` on Triton kernels (CUDA tensors, or CPU under the interpreter).
 
-    ``n1`` may be an int32 tensor ``[O]`` (one exponent per output row); ``split_k`` overrides
-    the heuristic (tests use it to reach every path); ``out``, a contiguous ``[rows, O]`` tensor
-    of ``x``'s dtype, receives the result.
+    ``n1`` may be an int32 tensor ``[O]`` (one exponent per output row), or an int with
+    ``n1_rows`` ``[O]`` added per row; ``split_k`` overrides the heuristic (tests use it to reach
+    every path); ``out``, a contiguous ``[rows, O]`` tensor of ``x``'s dtype, receives the
+    result. The weight is re-laid out for the kernels once and cached with ``packed``
+    (:func:`inq.kernels.layout.cached_kernel_weight`); the few weights that layout cannot hold
+    exactly run on the generic kernels of this module, which decode the packed codes.
 
     Example:
         >>> import os
@@ -255,20 +264,28 @@ def shift_linear(
         raise ValueError(f"shift_linear kernels take fp32, fp16 or bf16 input, got {x.dtype}")
     if x.shape[-1] != in_features:
         raise ValueError(f"shift_linear: x has {x.shape[-1]} features, the weight {in_features}")
-    check_devices("shift_linear", x, packed, bias, n1 if isinstance(n1, Tensor) else None)
+    per_row = n1 if isinstance(n1, Tensor) else n1_rows
+    check_devices("shift_linear", x, packed, bias, per_row)
     rows = x.reshape(math.prod(x.shape[:-1]), in_features)
     m, o = rows.shape[0], packed.shape[0]
     check_operands("shift_linear", packed, bits, o, in_features, bias, x.numel(), m * o * 16)
+    check_n1_rows(per_row, o)
     b = None if bias is None else bias.to(x.dtype).contiguous()
-    n1_ptr, n1_value, per_row = n1_args(n1, o, x.dtype, x.device)
     out = output_tensor(out, (m, o), x.dtype, x.device)
-    if m and o:
-        if in_features == 0:
-            out.zero_()
-            if b is not None:
-                out += b
-        else:
-            _launch(rows, packed.contiguous(), bits, n1_ptr, n1_value, per_row, b, out, split_k)
+    if not (m and o):
+        return out.reshape(*x.shape[:-1], o)
+    if in_features == 0:
+        check_n1(effective_n1(n1, n1_rows), o, x.dtype)
+        out.zero_()
+        if b is not None:
+            out += b
+        return out.reshape(*x.shape[:-1], o)
+    layout = cached_kernel_weight(packed, bits, n1, in_features, x.dtype, n1_rows)
+    if layout is not None:
+        swar_linear(rows.contiguous(), layout, b, out, sms=sm_count(x.device), split_k=split_k)
+    else:
+        n1_ptr, n1_value, per = n1_args(effective_n1(n1, n1_rows), o, x.dtype, x.device)
+        _launch(rows, packed.contiguous(), bits, n1_ptr, n1_value, per, b, out, split_k)
     return out.reshape(*x.shape[:-1], o)
 
 

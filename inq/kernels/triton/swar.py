@@ -1,0 +1,304 @@
+"""Linear kernels on the load-time weight layout (:mod:`inq.kernels.layout`).
+
+A pair of codes becomes two 16-bit floats with one shift and one mask on an int32 word (SWAR);
+``n1`` is applied once per output, as ``2**scale[row]`` on the fp32 sum. Which kernel runs:
+
+- ``M <= GEMV_MAX_ROWS``: :func:`_gemv_kernel` on CUDA cores. Each thread multiplies its
+  decoded weights with fp32 activations into per-thread partial sums (no reduction, shuffle or
+  barrier in the loop) and reduces once after it; 128-bit loads of four words (32 nibble codes).
+- otherwise :func:`_mma_kernel`: the output transposed (``out.T = W @ x.T``), the decoded weight
+  tile as the left operand (so a small batch sits on the narrow N side of the MMA), one K=16 step
+  per code slot.
+
+Results differ from the reference only by fp32 summation order (the bound of
+``tests/test_kernels_triton.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from inq.kernels.layout import CHUNK_WORDS, KernelWeight
+from inq.kernels.triton.decode import dot_upcast, downcast
+
+GEMV_MAX_ROWS = 8  # fp32 activations: CUDA-core GEMV up to here, then the FMA tile kernel
+_MAX_SPLIT = 16
+
+__all__ = ["SwarConfig", "decode_pair", "swar_config", "swar_linear"]
+
+
+def _s32(value: int) -> int:
+    """An unsigned 32-bit mask as the int32 Triton keeps it in (constants past 2**31 would be
+    int64 and widen every operation)."""
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+_NIB16 = tl.constexpr(_s32(0xCC00CC00))
+_NIB_BF = tl.constexpr(_s32(0xC180C180))
+_NIB_BF3 = tl.constexpr(_s32(0x81808180))
+_BYTE16 = tl.constexpr(_s32(0xFF00FF00))
+_BYTE_BF = tl.constexpr(_s32(0xBF80BF80))
+_SIGNS = tl.constexpr(_s32(0x80008000))
+_HIGH = tl.constexpr(_s32(0xFFFF0000))
+
+
+@triton.jit
+def decode_pair(w, G: tl.constexpr, PER_WORD: tl.constexpr, BF16: tl.constexpr):
+    """Two 16-bit float patterns in one int32 (slot ``2G`` low, ``2G + 1`` high) from words
+    ``w`` of the layout (see :mod:`inq.kernels.layout` for the bit positions)."""
+    if PER_WORD == 8:
+        if not BF16:
+            shift: tl.constexpr = 0 if G == 0 else 2 if G == 1 else 8 if G == 2 else 10
+            return (w << shift) & _NIB16
+        if G < 3:
+            return (w << (2 * G)) & _NIB_BF
+        return ((w << 6) & _NIB_BF3) | ((w << 14) & 0x40004000)
+    if not BF16:
+        return (w << (8 * G)) & _BYTE16
+    if G == 0:
+        return w & _BYTE_BF
+    return ((w << 1) & _SIGNS) | ((w << 7) & 0x3F803F80)
+
+
+@triton.jit
+def bf16_to_f32(pair, HIGH: tl.constexpr):
+    """The fp32 value of the low or high bf16 of ``pair``: its bits on top, zeros below."""
+    if HIGH:
+        return (pair & _HIGH).to(tl.float32, bitcast=True)
+    return (pair << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pow2(e):
+    """``2**e`` for int32 ``e`` in [-126, 127], built from its exponent bits (exact)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_step(acc, words, x_ptr, rm, cols, K, stride_xm,
+               PER_WORD: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """``acc[m, row, word] += sum over slots of w * x``, ``cols`` the slot-0 column of each
+    word; ``MASKED`` only for the last step, where columns may pass ``K``."""
+    for g in tl.static_range(PER_WORD // 2):
+        pair = decode_pair(words, g, PER_WORD, True)
+        for high in tl.static_range(2):
+            w = bf16_to_f32(pair, high)
+            k = cols + (2 * g + high) * 16
+            ptrs = x_ptr + rm * stride_xm + k
+            xv = tl.load(ptrs, mask=k < K, other=0.0) if MASKED else tl.load(ptrs)
+            acc += w * xv.to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, words_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr,
+    M, N, K, KW, stride_xm, words_per_split,
+    PER_WORD: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_W: tl.constexpr, SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    pid_o = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    # 3-d tiles [x rows, weight rows, words], so that words, activations and sums share one
+    # layout (2-d loads broadcast into a 3-d sum go through shared memory)
+    rows = pid_o * BLOCK_O + tl.arange(0, BLOCK_O)[None, :, None]
+    row_ok = rows < N
+    # rows of x past M read row M - 1 (never stored): the loads need no mask
+    rm = tl.minimum(tl.arange(0, BLOCK_M), M - 1)[:, None, None]
+    w_idx = tl.arange(0, BLOCK_W)[None, None, :]
+    chunk: tl.constexpr = 16 * PER_WORD
+    col0 = (w_idx // 16) * chunk + w_idx % 16  # slot-0 column of each word, from w0
+    word_ptrs = words_ptr + rows * KW + w_idx
+    acc = tl.zeros([BLOCK_M, BLOCK_O, BLOCK_W], tl.float32)
+    start = pid_k * words_per_split
+    stop = tl.minimum(start + words_per_split, KW)
+    # steps whose columns all lie below K need no mask; the rest (the last chunk) do
+    unmasked = tl.minimum(stop, K // chunk * 16)
+    full = start + tl.maximum(unmasked - start, 0) // BLOCK_W * BLOCK_W
+    for w0 in range(start, full, BLOCK_W):
+        words = tl.load(word_ptrs + w0, mask=row_ok, other=0)
+        cols = w0 // 16 * chunk + col0
+        acc = _gemv_step(acc, words, x_ptr, rm, cols, K, stride_xm, PER_WORD, False)
+    for w0 in range(full, stop, BLOCK_W):
+        words = tl.load(word_ptrs + w0, mask=row_ok & (w0 + w_idx < stop), other=0)
+        cols = w0 // 16 * chunk + col0
+        acc = _gemv_step(acc, words, x_ptr, rm, cols, K, stride_xm, PER_WORD, True)
+    total = tl.sum(acc, axis=2)
+    rm, rows = tl.arange(0, BLOCK_M), pid_o * BLOCK_O + tl.arange(0, BLOCK_O)
+    _finish_scaled(total, rm, rows, rm < M, rows < N, pid_k, scale_ptr, bias_ptr, out_ptr, part_ptr,
+                   M, N, HAS_BIAS, SPLIT_K)  # fmt: skip
+
+
+@triton.jit
+def _finish_scaled(acc, rm, rn, m_ok, n_ok, pid_k, scale_ptr, bias_ptr, out_ptr, part_ptr, M, N,
+                   HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+    """Store an fp32 ``[rows of x, outputs]`` tile: scaled by ``2**scale``, bias added and
+    rounded once; or, with K split, this split's unscaled partial sums (``part[pid_k, M, N]``)."""
+    mask = m_ok[:, None] & n_ok[None, :]
+    offsets = rm[:, None] * N + rn[None, :]
+    if SPLIT_K == 1:
+        acc = acc * _pow2(tl.load(scale_ptr + rn, mask=n_ok, other=0))[None, :]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offsets, downcast(acc, out_ptr.dtype.element_ty), mask)
+    else:
+        tl.store(part_ptr + pid_k * M * N + offsets, acc, mask)
+
+
+@triton.jit
+def _reduce_scaled_kernel(part_ptr, scale_ptr, bias_ptr, out_ptr, total, N,
+                          SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          BLOCK: tl.constexpr):  # fmt: skip
+    """``out = (sum over splits, in order) * 2**scale[column] + bias[column]``, one rounding."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < total
+    acc = tl.load(part_ptr + offs, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(part_ptr + s * total + offs, mask=ok, other=0.0)
+    acc = acc * _pow2(tl.load(scale_ptr + offs % N, mask=ok, other=0))
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, downcast(acc, out_ptr.dtype.element_ty), ok)
+
+
+@triton.jit
+def _mma_kernel(
+    x_ptr, words_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr,
+    M, N, K, KW, stride_xm, chunks_per_split,
+    PER_WORD: tl.constexpr, BF16: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_N: tl.constexpr,
+):  # fmt: skip
+    pid_n, pid_m = _grouped(tl.program_id(0), N, M, BLOCK_N, BLOCK_M, GROUP_N)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    x_rows = tl.minimum(rm, M - 1)  # rows past M read row M - 1 and are never stored
+    w16 = tl.arange(0, 16)
+    chunk: tl.constexpr = 16 * PER_WORD
+    word_ptrs = words_ptr + rn[:, None] * KW + w16[None, :]
+    x_ptrs = x_ptr + x_rows[None, :] * stride_xm + w16[:, None]  # x.T tile [16, BLOCK_M]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    first = pid_k * chunks_per_split
+    last = tl.minimum(first + chunks_per_split, KW // 16)
+    for c in range(first, last):
+        words = tl.load(word_ptrs + c * 16, mask=(rn < N)[:, None], other=0)
+        for g in tl.static_range(PER_WORD // 2):
+            pair = decode_pair(words, g, PER_WORD, BF16)
+            for high in tl.static_range(2):
+                k0 = c * chunk + (2 * g + high) * 16
+                xt = tl.load(x_ptrs + k0, mask=(k0 + w16 < K)[:, None], other=0.0)
+                if IEEE:  # fp32 activations, or bf16 under the interpreter (see dot_upcast)
+                    w = bf16_to_f32(pair, high)
+                    acc = tl.dot(w, xt.to(tl.float32), acc, input_precision="ieee")
+                else:
+                    half = (pair >> 16) if high else pair
+                    w = half.to(tl.int16).to(xt.dtype, bitcast=True)
+                    acc = tl.dot(w, xt, acc)
+    # acc is out.T: rows of the weight by rows of x
+    _finish_scaled(tl.trans(acc), rm, rn, rm < M, rn < N, pid_k, scale_ptr, bias_ptr, out_ptr,
+                   part_ptr, M, N, HAS_BIAS, SPLIT_K)  # fmt: skip
+
+
+@triton.jit
+def _grouped(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of a flat program id, ``GROUP_M`` row tiles at a time (L2 reuse);
+    one grid axis, so no dimension is limited to 65535 tiles."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * tiles_n)
+    first_m = group * GROUP_M
+    size = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % (GROUP_M * tiles_n)) % size, (pid % (GROUP_M * tiles_n)) // size
+
+
+@dataclass(frozen=True)
+class SwarConfig:
+    """Tiles of one launch on the kernel layout: ``kernel`` is "gemv" or "mma"; ``block_n``
+    counts weight rows; ``block_w`` words per GEMV step."""
+
+    kernel: str
+    block_m: int
+    block_n: int
+    block_w: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+
+def swar_config(
+    rows: int, out_features: int, chunks: int, fp32: bool, sms: int, split_k: int | None = None
+) -> SwarConfig:
+    """The kernel and tiles for ``rows`` of x times a weight of ``out_features`` rows and
+    ``chunks`` chunks of :data:`CHUNK_WORDS` words (see the module docstring).
+
+    fp16/bf16 run the tensor-core kernel at every batch: its decoded tile is the register
+    operand of the MMA, the batch the narrow side (16 at least), and async copies keep code
+    bytes in flight (the static check's figures per weight are below the GEMV's). fp32
+    activations multiply in IEEE fp32 (no TF32): the GEMV up to :data:`GEMV_MAX_ROWS` rows, then
+    an FMA tile. ``split_k`` (default: enough splits for a CTA per SM where the tiles alone do
+    not fill the GPU, at most 16) is clamped so that every split gets a chunk.
+
+    Example:
+        >>> swar_config(1, 4096, 32, fp32=False, sms=132)
+        SwarConfig(kernel='mma', block_m=16, block_n=128, block_w=16, split_k=5, num_warps=4, num_stages=4)
+    """  # noqa: E501
+    if fp32 and rows <= GEMV_MAX_ROWS:
+        block_m = triton.next_power_of_2(rows)
+        cfg = SwarConfig("gemv", block_m, 64 if block_m <= 2 else 32, 32, 1, 4, 1)
+    elif fp32:
+        cfg = SwarConfig("mma", 32, 64, CHUNK_WORDS, 1, 4, 3)
+    elif rows <= 64:
+        block_m = max(16, triton.next_power_of_2(rows))
+        cfg = SwarConfig("mma", block_m, 128, CHUNK_WORDS, 1, 4, 4 if block_m <= 32 else 3)
+    else:
+        cfg = SwarConfig("mma", 128, 128, CHUNK_WORDS, 1, 8, 3)
+    steps = -(-chunks * CHUNK_WORDS // cfg.block_w)
+    if split_k is None:
+        tiles = -(-rows // cfg.block_m) * -(-out_features // cfg.block_n)
+        split_k = min(_MAX_SPLIT, -(-sms // tiles)) if tiles < sms else 1
+    split_k = max(1, min(split_k, steps))
+    split_k = -(-steps // -(-steps // split_k))  # no empty split
+    return SwarConfig(cfg.kernel, cfg.block_m, cfg.block_n, cfg.block_w, split_k,
+                      cfg.num_warps, cfg.num_stages)  # fmt: skip
+
+
+def swar_linear(
+    x: Tensor, weight: KernelWeight, bias: Tensor | None, out: Tensor, sms: int,
+    split_k: int | None = None,
+) -> None:  # fmt: skip
+    """``out = x @ W.T + bias`` for 2-d contiguous ``x`` and ``weight`` in the kernel layout;
+    ``bias`` (if any) in ``x``'s dtype."""
+    m, k = x.shape
+    n, kw = weight.words.shape
+    fp32 = x.dtype == torch.float32
+    cfg = swar_config(m, n, kw // CHUNK_WORDS, fp32, sms, split_k)
+    part = out if cfg.split_k == 1 else x.new_empty((cfg.split_k, m, n), dtype=torch.float32)
+    b = out if bias is None else bias  # any pointer: unused without HAS_BIAS
+    steps = -(-kw // cfg.block_w)
+    per_split = -(-steps // cfg.split_k)
+    if cfg.kernel == "gemv":
+        _gemv_kernel[(triton.cdiv(n, cfg.block_n), cfg.split_k)](
+            x, weight.words, weight.scale, b, out, part,
+            m, n, k, kw, x.stride(0), per_split * cfg.block_w,
+            weight.per_word, bias is not None, cfg.block_m, cfg.block_n, cfg.block_w,
+            cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    else:
+        tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        _mma_kernel[(tiles, cfg.split_k)](
+            x, weight.words, weight.scale, b, out, part,
+            m, n, k, kw, x.stride(0), per_split,
+            weight.per_word, weight.fmt == "bf16", bias is not None,
+            fp32 or dot_upcast(x.dtype), cfg.block_m, cfg.block_n, cfg.split_k, 8,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    if cfg.split_k > 1:
+        total, block = out.numel(), 1024
+        _reduce_scaled_kernel[(triton.cdiv(total, block),)](
+            part, weight.scale, b, out, total, n, cfg.split_k, bias is not None, block
+        )
