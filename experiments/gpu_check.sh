@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# On a CUDA machine, in one command (about 10 minutes of GPU time):
-#   1. the kernel tests on the GPU, the static sm_90 check, the kernel benchmark;
-#   2. a short inq-train on CUDA (ResNet-20 on synthetic 32x32 data, AMP on, integer phase);
-#   3. that run's integer model on the CUDA kernels against its CPU reference, bit for bit;
-#   4. a one-GPU torchrun (NCCL) of the same training;
-#   5. images/s of a training step (ResNet-20, AMP) with and without the INQ scheduler attached.
+# On a CUDA machine, in one command (about 8 minutes of GPU time by default, machine start
+# excluded), writing everything into LOG_DIR (default experiments/gpu, to be committed):
+#   tests   the linear and layout kernel tests on the GPU (test.log);
+#   static  the static sm_90 check with this machine's Triton (static.log, static.json);
+#   bench   the kernel benchmark against cuBLAS/cuDNN (bench.log, kernel_bench.json);
+#   ncu     Nsight Compute on the batch-1 and a batch-1024 linear kernel: DRAM throughput,
+#           issue slots, pipe utilisation, warp stall reasons (ncu_batch1.txt, ncu_batch1024.txt);
+# and, when named in STEPS:
+#   train   a short inq-train on CUDA (ResNet-20 on synthetic 32x32 data, AMP on, integer phase);
+#   integer that run's integer model on the CUDA kernels against its CPU reference, bit for bit;
+#   ddp     a one-GPU torchrun (NCCL) of the same training;
+#   step    images/s of a training step (ResNet-20, AMP) with and without the INQ scheduler.
 # Usage: [STEPS="..."] experiments/gpu_check.sh [LOG_DIR] [extra args for `inq bench kernel`]
-# STEPS picks some of: tests static bench train integer ddp step (default: all, in that order;
-# integer needs train). Each step stops after STEP_TIMEOUT seconds (default 480).
-# Logs go to LOG_DIR (default: gpu_logs). Needs torch (CUDA) with triton, torchvision,
+# STEPS default: "tests static bench ncu". Each step stops after STEP_TIMEOUT seconds
+# (default 240). Needs torch (CUDA) with triton, torchvision,
 # safetensors, scikit-learn, pytest, hypothesis, hydra-core and tensorboard. Runs from a plain
 # checkout too (python3 -m puts the repository root on the import path).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-logs=${1:-gpu_logs}
+logs=${1:-experiments/gpu}
 shift || true
 mkdir -p "$logs"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -22,31 +27,54 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda,
 'triton', triton.__version__)" | tee -a "$logs/gpu.txt"
 
-steps=" ${STEPS:-tests static bench train integer ddp step} "
+steps=" ${STEPS:-tests static bench ncu} "
 wanted() { [[ $steps == *" $1 "* ]]; }
 
 step() {  # step NAME LOG COMMAND...: run it, log its output, print its exit status and time
   local name=$1 log=$2
   shift 2
   local start=$(date +%s)
-  timeout "${STEP_TIMEOUT:-480}" "$@" >"$logs/$log" 2>&1
+  timeout "${STEP_TIMEOUT:-240}" "$@" >"$logs/$log" 2>&1
   local rc=$?
   echo "$name: exit $rc after $(($(date +%s) - start)) s (log: $logs/$log)"
   return $rc
 }
 
-if wanted tests; then
+if wanted tests; then  # the linear kernels and their layout (the conv tests: STEPS=convtests)
   step "kernel tests (GPU)" test.log python3 -m pytest tests/test_kernels_triton.py \
-    tests/test_kernels_ops.py tests/test_nn.py -q --tb=short -p no:cacheprovider
+    tests/test_kernels_layout.py -k "linear or layout or decode or every_path or generic" \
+    -q --tb=short -p no:cacheprovider
   grep -E "passed|failed|error" "$logs/test.log" | tail -n 3
   grep -E "^(FAILED|ERROR)" "$logs/test.log" | head -n 20
 fi
 
-wanted static && step "static check" static.log python3 -m inq.cli bench kernel --static
+if wanted convtests; then
+  step "conv and nn tests (GPU)" convtest.log python3 -m pytest tests/test_kernels_triton.py \
+    tests/test_kernels_ops.py tests/test_nn.py -k "conv or nn" -q --tb=short -p no:cacheprovider
+  grep -E "passed|failed|error" "$logs/convtest.log" | tail -n 3
+fi
+
+wanted static && step "static check" static.log python3 -m inq.cli bench kernel --static \
+  --bits 4 --json "$logs/static.json"
 
 if wanted bench; then
   step "kernel bench" bench.log python3 -m inq.cli bench kernel --json "$logs/kernel_bench.json" "$@"
   cat "$logs/bench.log"
+fi
+
+if wanted ncu; then
+  if command -v ncu >/dev/null; then
+    for batch in 1 1024; do
+      step "ncu, linear 4096x4096 at batch $batch" "ncu_batch$batch.txt" ncu --launch-skip 3 \
+        --launch-count 1 -k "regex:_mma_kernel|_gemv_kernel" --section SpeedOfLight --section SchedulerStats \
+        --section WarpStateStats --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis python3 experiments/gpu_ncu.py "$batch"
+      grep -E "DRAM Throughput|Memory Throughput|Issue Slots Busy|Issued Warp|No Eligible|Duration" \
+        "$logs/ncu_batch$batch.txt" | head -n 8
+    done
+  else
+    echo "ncu: not installed on this machine; no profile taken"
+  fi
 fi
 
 train=(model=resnet20 data=synthetic data.image_size=32 data.train_size=8192 data.batch_size=128

@@ -44,6 +44,7 @@ from inq.kernels.int8 import (
     shift_conv2d_int8_reference,
     shift_linear_int8_reference,
 )
+from inq.kernels.layout import kernel_weight
 from inq.kernels.triton import decode as tdecode
 from inq.kernels.triton.linear import GEMV_MAX_ROWS, SKINNY_MAX_ROWS, linear_config
 
@@ -367,6 +368,70 @@ def test_shift_linear_odd_layouts(dtype) -> None:
     ones = torch.ones(2, 0, dtype=dtype, device=DEVICE)
     y = tk.shift_linear(ones, no_k, bits, n1, 0, bias.to(DEVICE))
     assert torch.equal(y.cpu(), bias.to(dtype).expand(2, o))
+
+
+@pytest.mark.parametrize(
+    ("bits", "n1", "dtype", "x_scale"),
+    [(8, 15, torch.float16, 2.0**-14), (4, -125, torch.float32, 1.0),
+     (6, -130, torch.float32, 1.0)],
+)  # fmt: skip
+def test_weights_without_a_layout_run_on_the_generic_kernels(
+    bits: int, n1: int, dtype, x_scale: float
+) -> None:
+    """fp16 byte codes whose live levels span more than e5m2's 32 powers, and a row scale
+    ``2**(n1 - c)`` below the normal fp32 range, have no kernel layout: the generic kernels
+    (which decode every code) give the reference within the same bound."""
+    o, k = 20, 150
+    codes = random_codes(o, k, bits, seed=bits)
+    codes[:, 0] = (1 << (bits - 1)) | ((1 << (bits - 2)) - 1)  # the smallest level in every row
+    codes[:, 1] = 1 << (bits - 1)  # and the largest
+    packed = pack_codes(codes, bits)
+    assert kernel_weight(packed, bits, n1, k, dtype) is None
+    w = decode_weight(packed, bits, n1, (o, k), dtype).double()
+    gen = torch.Generator().manual_seed(bits)
+    for m in (1, 20):
+        x = (torch.randn(m, k, generator=gen) * x_scale).to(dtype)  # results stay finite
+        y = tk.shift_linear(x.to(DEVICE), packed.to(DEVICE), bits, n1, k, None)
+        assert_close_fp32_sum(y, x, w, x.double() @ w.T, k, 16, lambda a, b: a @ b.T)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_kernel_layout_is_never_stale(dtype) -> None:
+    """The layout is cached with the packed tensor: codes changed in place, a new codes tensor,
+    per-row exponents changed in place and another n1 each give the new weight's result."""
+    o, k, bits = 24, 200, 4
+    x = torch.randn(3, k).to(dtype)
+    packed = pack_codes(random_codes(o, k, bits, seed=1), bits).to(DEVICE)
+    n1_rows = torch.zeros(o, dtype=torch.int32, device=DEVICE)
+
+    def check(codes_now: torch.Tensor, n1: int) -> None:
+        y = tk.shift_linear(x.to(DEVICE), codes_now, bits, n1, k, None, n1_rows=n1_rows)
+        rows_n1 = n1_rows.cpu().to(torch.int64) + n1
+        w = torch.cat([decode_weight(codes_now[r : r + 1].cpu(), bits, int(rows_n1[r]), (1, k),
+                                     dtype) for r in range(o)]).double()  # fmt: skip
+        assert_close_fp32_sum(y.cpu(), x, w, x.double() @ w.T, k, 16, lambda a, b: a @ b.T)
+
+    check(packed, -1)
+    packed.copy_(pack_codes(random_codes(o, k, bits, seed=2), bits))  # in place
+    check(packed, -1)
+    check(pack_codes(random_codes(o, k, bits, seed=3), bits).to(DEVICE), -1)  # a new tensor
+    n1_rows[::2] = -3  # per-row exponents in place
+    check(packed, -1)
+    check(packed, 2)  # another layer-wide n1
+
+
+def test_benchmark_grids_fill_132_sms() -> None:
+    """Every benchmark shape launches at least one CTA per SM of an H100 (tiles x splits)."""
+    from inq.kernels.shapes import LINEAR_BATCHES, LINEAR_SHAPES
+    from inq.kernels.triton.swar import swar_config
+
+    for out_f, in_f in LINEAR_SHAPES:
+        for batch in LINEAR_BATCHES:
+            for per_word, dtype_fp32 in ((8, False), (4, False), (8, True)):
+                chunks = math.ceil(in_f / (16 * per_word))
+                cfg = swar_config(batch, out_f, chunks, dtype_fp32, sms=132)
+                tiles = math.ceil(batch / cfg.block_m) * math.ceil(out_f / cfg.block_n)
+                assert tiles * cfg.split_k >= 132, (out_f, in_f, batch, cfg)
 
 
 # ---------------------------------------------------------------------------------- conv2d

@@ -394,6 +394,8 @@ def run_static(args: argparse.Namespace) -> int:
     rows = static.roofline(args.bits)
     print(static.format_static(results))
     print()
+    print(static.format_estimates(static.estimate_linear(results, args.bits)))
+    print()
     print(static.format_roofline(rows))
     failed = [r for r in results if r.problems]
     if args.json is not None:

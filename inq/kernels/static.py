@@ -36,22 +36,27 @@ from pathlib import Path
 from typing import Any
 
 from inq.codes import row_bytes
+from inq.kernels.layout import CHUNK_WORDS
 from inq.kernels.shapes import CONV_BATCHES, LINEAR_BATCHES, LINEAR_SHAPES, resnet18_convs
 
 __all__ = [
     "H100",
     "Budget",
     "CompiledVariant",
+    "Estimate",
     "LoopStats",
     "Roofline",
     "Variant",
     "compile_variant",
     "ctas_per_sm",
+    "estimate_linear",
+    "format_estimates",
     "format_roofline",
     "format_static",
     "loop_stats",
     "roofline",
     "static_check",
+    "swar_variants",
     "variants",
 ]
 
@@ -176,7 +181,9 @@ def variants() -> list[Variant]:
     from inq.kernels.triton.conv import conv_config
     from inq.kernels.triton.linear import linear_config
 
-    out: list[Variant] = []
+    out: list[Variant] = swar_variants()
+    # the generic kernels: convolutions, and linear layers the kernel layout cannot hold
+    # exactly (fp16 byte codes spanning more than 32 levels, a scale outside fp32)
     # per-row n1 (per-channel level sets) only loads one int32 per row tile more: checked on fp16
     settings = [(d, b, False) for d in ("fp16", "bf16", "fp32") for b in (4, 8)]
     settings += [("fp16", b, True) for b in (4, 8)]
@@ -195,7 +202,7 @@ def variants() -> list[Variant]:
             cfg = linear_config(rows, 4096, 4096, bits, sms=132, fp32=ieee)
             tiles = {"BLOCK_M": cfg.block_m, "SPLIT_K": 2 if cfg.split_k > 1 else 1}
             launch = (cfg.num_warps, cfg.num_stages)
-            name = f"linear {cfg.kernel} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{suffix}"
+            name = f"generic {cfg.kernel} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{suffix}"
             if cfg.kernel == "gemv":
                 tiles |= {"BLOCK_O": cfg.block_n, "BLOCK_B": cfg.block_k * width // 8}
                 cx = flags | tiles
@@ -223,7 +230,7 @@ def variants() -> list[Variant]:
                 out.append(Variant(name, "conv", kernel, dtype, cx, *launch, False, mma, **work))
     for dtype in ("fp16", "bf16", "fp32"):
         reduce = {"SPLIT_K": 4, "HAS_BIAS": True, "BLOCK": 1024}
-        out.append(Variant("linear split-K reduce", "linear", "_reduce_kernel", dtype, reduce))
+        out.append(Variant("generic split-K reduce", "linear", "_reduce_kernel", dtype, reduce))
     tiles = {"BLOCK_M": int8.BLOCK_M, "BLOCK_O": int8.BLOCK_O, "BLOCK_K": int8.BLOCK_K}
     name = f"int8 shift-add {int8.BLOCK_M}x{int8.BLOCK_O}x{int8.BLOCK_K}"
     for dtype in ("int8", "uint8"):  # the load and its widening differ
@@ -240,6 +247,73 @@ def variants() -> list[Variant]:
                 out.append(
                     Variant(conv, "int8", "_conv_int8_kernel", dtype, cx, *launch, **_work(m, n, k))
                 )
+    return out
+
+
+# what a variant's main loop may cost (issue 31): 4-bit codes; byte codes get twice the decode
+# budget. Only fp32 activations (IEEE fp32 products, no TF32) run on CUDA cores: the GEMV gets
+# the batch-1 budget plus 1.25 per further row of x (its FMA and a share of the loads), and one
+# integer op more per weight (widening bf16 to fp32); the tile kernel is bound by one FMA per MAC.
+_NIBBLE_BUDGETS = {
+    "gemv": Budget(per_weight=5, int_per_weight=3, no_shuffles=True),
+    "skinny": Budget(per_weight=5, int_per_weight=2.5, async_copies=True),
+    "large": Budget(per_mac=0.05, int_per_mac=0.025, async_copies=True),
+    "fp32 tile": Budget(per_mac=1.5, int_per_mac=0.15, async_copies=True),
+}
+
+
+def _budget(kind: str, per_word: int, block_m: int) -> Budget:
+    budget = _NIBBLE_BUDGETS[kind]
+    scale = 1 if per_word == 8 else 2
+    fields = {
+        name: None if value is None else value * scale
+        for name in ("per_weight", "int_per_weight", "per_mac", "int_per_mac")
+        for value in [getattr(budget, name)]
+    }
+    if kind == "gemv":
+        fields["per_weight"] += 1.25 * (block_m - 1)
+    return Budget(**fields, no_shuffles=budget.no_shuffles, async_copies=budget.async_copies)
+
+
+def swar_variants() -> list[Variant]:
+    """The linear kernels on the kernel layout (:mod:`inq.kernels.triton.swar`), as
+    ``swar_config`` picks them for a 4096 x 4096 weight, each with its :class:`Budget`."""
+    from inq.kernels.triton.swar import swar_config
+
+    out, seen = [], set()
+    for dtype in ("fp16", "bf16", "fp32"):
+        fp32 = dtype == "fp32"
+        for per_word in (8, 4):
+            bits = 4 if per_word == 8 else 8
+            chunks = 4096 // (16 * per_word)
+            for rows in (1, 2, 4, 8, 16, 64, 256) if fp32 else (1, 16, 32, 64, 256):
+                cfg = swar_config(rows, 4096, chunks, fp32, sms=132)
+                split = 2 if cfg.split_k > 1 else 1
+                common = {"PER_WORD": per_word, "HAS_BIAS": True, "BLOCK_M": cfg.block_m,
+                          "SPLIT_K": split, "BITS": bits}  # fmt: skip
+                launch = (cfg.num_warps, cfg.num_stages)
+                if cfg.kernel == "gemv":
+                    cx = common | {"BLOCK_O": cfg.block_n, "BLOCK_W": cfg.block_w}
+                    kind, kernel = "gemv", "_gemv_kernel"
+                    work = _work(cfg.block_m, cfg.block_n, cfg.block_w * per_word)
+                else:
+                    cx = common | {"BF16": dtype != "fp16", "IEEE": fp32, "BLOCK_N": cfg.block_n,
+                                   "GROUP_N": 8}  # fmt: skip
+                    kind = "fp32 tile" if fp32 else "skinny" if cfg.block_m <= 64 else "large"
+                    kernel = "_mma_kernel"
+                    work = _work(cfg.block_m, cfg.block_n, CHUNK_WORDS * per_word)
+                name = f"linear {cfg.kernel} {cfg.block_m}x{cfg.block_n}"
+                if (name, dtype, bits) in seen:
+                    continue
+                seen.add((name, dtype, bits))
+                budget = _budget(kind, per_word, cfg.block_m)
+                wide = cfg.kernel == "gemv"
+                tensor = not fp32 and cfg.kernel == "mma"
+                out.append(Variant(name, "swar", kernel, dtype, cx, *launch, wide, tensor,
+                                   **work, budget=budget))  # fmt: skip
+    for dtype in ("fp16", "bf16", "fp32"):
+        reduce = {"SPLIT_K": 4, "HAS_BIAS": True, "BLOCK": 1024}
+        out.append(Variant("linear split-K reduce", "swar", "_reduce_scaled_kernel", dtype, reduce))
     return out
 
 
@@ -271,7 +345,9 @@ def compile_variant(variant: Variant, arch: int = 90) -> CompiledVariant:
         raise RuntimeError("the static check compiles kernels: unset TRITON_INTERPRET first")
     element = {"int8": "i8", "uint8": "u8"}.get(variant.dtype, variant.dtype)
     out_element = "i32" if variant.dtype in ("int8", "uint8") else element
-    signature, constexprs, attrs = {}, dict(variant.constexprs), {}
+    names = {param.name for param in fn.params}  # BITS may only label a variant
+    constexprs = {k: v for k, v in variant.constexprs.items() if k in names}
+    signature, attrs = {}, {}
     for index, param in enumerate(fn.params):
         name = param.name
         if param.is_constexpr or name in _UNIT:
@@ -481,9 +557,98 @@ class Device:
     name: str
     bandwidth_gbps: float  # HBM, GB/s
     fp16_tflops: float  # dense tensor-core fp16, fp32 accumulation
+    sms: int = 132
+    clock_ghz: float = 1.98  # SM clock under load (measured on the lent H100, issue 22)
+    issue_per_clock: int = 4  # warp instructions an SM issues per clock (4 schedulers)
 
 
 H100 = Device("H100 SXM", 3350.0, 989.0)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A static time estimate of one linear benchmark case on the kernel layout (fp16)."""
+
+    name: str  # "out x in"
+    batch: int
+    bits: int
+    variant: str
+    ctas: int  # tiles x splits
+    memory_us: float  # codes, activations, output (and split-K partial sums) at peak bandwidth
+    issue_us: float  # main-loop instructions of the busiest SM at 4 warp instructions a clock
+    tensor_us: float  # MMA work (padded tiles included) at the tensor-core peak
+    estimate_us: float  # the largest of the three: the bound that binds
+    cublas_us: float  # the fp16 baseline at its roofline (optimistic for cuBLAS)
+
+    @property
+    def speedup(self) -> float:
+        return self.cublas_us / self.estimate_us
+
+
+def estimate_linear(
+    results: list[CompiledVariant], bits_list: list[int], device: Device = H100
+) -> list[Estimate]:
+    """Static estimates for the linear benchmark shapes at fp16, from the compiled variants'
+    main loops (``swar_config`` picks the variant, tiles and splits of each case): bounded by
+    memory, instruction issue and the tensor cores, whichever is slowest. An estimate, not a
+    measurement: no latency, occupancy or launch cost is modelled beyond the CTAs per SM."""
+    from inq.kernels.triton.swar import swar_config
+
+    compiled = {(r.variant.name, r.variant.dtype, r.variant.constexprs.get("BITS")): r
+                for r in results}  # fmt: skip
+    out = []
+    for bits in bits_list:
+        per_word = 8 if bits <= 4 else 4
+        for out_f, in_f in LINEAR_SHAPES:
+            chunks = -(-in_f // (16 * per_word))
+            for batch in LINEAR_BATCHES:
+                cfg = swar_config(batch, out_f, chunks, False, device.sms)
+                name = f"linear {cfg.kernel} {cfg.block_m}x{cfg.block_n}"
+                r = compiled.get((name, "fp16", 4 if per_word == 8 else 8))
+                if r is None or r.loop is None:
+                    continue
+                tiles = -(-batch // cfg.block_m) * -(-out_f // cfg.block_n)
+                ctas = tiles * cfg.split_k
+                steps = -(-chunks * CHUNK_WORDS // cfg.block_w)
+                per_cta = -(-steps // cfg.split_k)  # main-loop iterations of one CTA
+                per_sm = -(-ctas // device.sms)
+                issue = per_sm * per_cta * r.loop.instructions * cfg.num_warps
+                issue_us = issue / (device.issue_per_clock * device.clock_ghz * 1e3)
+                macs = per_sm * per_cta * r.variant.loop_macs
+                sm_macs_per_us = device.fp16_tflops * 1e6 / 2 / device.sms
+                tensor_us = macs / sm_macs_per_us if r.variant.tensor_cores else 0.0
+                moved = out_f * chunks * CHUNK_WORDS * 4 + 2 * batch * (in_f + out_f)
+                if cfg.split_k > 1:
+                    moved += 2 * 4 * cfg.split_k * batch * out_f  # partial sums, out and in
+                memory_us = moved / device.bandwidth_gbps / 1e3
+                dense = 2 * out_f * in_f + 2 * batch * (in_f + out_f)
+                cublas = max(dense / device.bandwidth_gbps / 1e3,
+                             2 * batch * out_f * in_f / device.fp16_tflops / 1e6)  # fmt: skip
+                best = max(memory_us, issue_us, tensor_us)
+                out.append(Estimate(f"{out_f}x{in_f}", batch, bits, name, ctas, memory_us,
+                                    issue_us, tensor_us, best, cublas))  # fmt: skip
+    return out
+
+
+def format_estimates(rows: list[Estimate], device: Device = H100) -> str:
+    """The static estimate table: the slowest of memory, issue and tensor-core time."""
+    head = (
+        f"{'shape':<12}{'batch':>6}{'bits':>5}  {'variant':<22}{'CTAs':>6}{'mem us':>8}"
+        f"{'issue us':>9}{'MMA us':>8}{'est us':>8}{'cuBLAS us':>10}{'cuBLAS/est':>11}"
+    )
+    lines = [
+        f"static estimate on {device.name} ({device.sms} SMs at {device.clock_ghz} GHz, "
+        f"{device.bandwidth_gbps:.0f} GB/s): an estimate from SASS counts, not a measurement",
+        head,
+        "-" * len(head),
+    ]
+    lines += [
+        f"{r.name:<12}{r.batch:>6}{r.bits:>5}  {r.variant:<22}{r.ctas:>6}{r.memory_us:>8.1f}"
+        f"{r.issue_us:>9.1f}{r.tensor_us:>8.1f}{r.estimate_us:>8.1f}{r.cublas_us:>10.1f}"
+        f"{r.speedup:>10.2f}x"
+        for r in rows
+    ]
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,20 @@
 """``inq::shift_linear`` in Triton: ``y = x @ W.T + bias`` with ``W`` read as packed codes.
 
-Which kernel runs (rows ``M`` of ``x`` flattened to 2-d):
+:func:`shift_linear` lays the weight out for the kernels once (:mod:`inq.kernels.layout`,
+cached with the packed tensor) and runs the kernels of :mod:`inq.kernels.triton.swar`. The few
+weights that layout cannot hold exactly (fp16 byte codes whose live levels span more than 32
+powers of two, or a row scale outside the normal fp32 range) run on the generic kernels of this
+module, which decode every code from the packed rows (sign and exponent ``n1 - offset`` built
+into the float's bits, with the reference's subnormals and flush):
 
-- ``M <= 4``: :func:`_gemv_kernel`, fused decode + GEMV on CUDA cores. Each program reads a
-  ``BLOCK_O x BLOCK_B`` tile of packed bytes per step (16 contiguous bytes per thread: one
-  128-bit load), splits them into codes, decodes and multiplies with fp32 accumulation.
-- ``5 <= M <= 64``: :func:`_gemm_kernel` with a small ``BLOCK_M``: skinny tensor-core GEMM.
-- ``M > 64``: the same kernel with large tiles; code tiles are decoded in registers inside the
-  main loop, so no dense weight is ever written.
+- ``M <= 4``: :func:`_gemv_kernel`, fused decode + GEMV on CUDA cores;
+- otherwise :func:`_gemm_kernel`, code tiles decoded in registers inside a tensor-core GEMM.
 
 Both split K where the output tiles alone would leave SMs idle: each split writes fp32 partial
-sums to a workspace and :func:`_reduce_kernel` adds them in split order (deterministic, no
-atomics), then the bias, and rounds once to the output dtype (to nearest even, also under the
-interpreter: :func:`inq.kernels.triton.decode.downcast`).
-
-Every path decodes the same weight (:mod:`inq.kernels.triton.decode`); results differ from the
-reference only by fp32 summation order (the bound is derived in ``tests/test_kernels_triton.py``).
+sums and :func:`_reduce_kernel` adds them in split order (deterministic, no atomics), then the
+bias, and rounds once to the output dtype (to nearest even, also under the interpreter:
+:func:`inq.kernels.triton.decode.downcast`). Results differ from the reference only by fp32
+summation order (the bound is derived in ``tests/test_kernels_triton.py``).
 """
 
 from __future__ import annotations

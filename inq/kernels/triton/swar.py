@@ -1,17 +1,25 @@
 """Linear kernels on the load-time weight layout (:mod:`inq.kernels.layout`).
 
 A pair of codes becomes two 16-bit floats with one shift and one mask on an int32 word (SWAR);
-``n1`` is applied once per output, as ``2**scale[row]`` on the fp32 sum. Which kernel runs:
+``n1`` is applied once per output, as ``2**scale[row]`` on the fp32 sum, before the bias and
+the one rounding to the output dtype. Which kernel runs (:func:`swar_config`):
 
-- ``M <= GEMV_MAX_ROWS``: :func:`_gemv_kernel` on CUDA cores. Each thread multiplies its
-  decoded weights with fp32 activations into per-thread partial sums (no reduction, shuffle or
-  barrier in the loop) and reduces once after it; 128-bit loads of four words (32 nibble codes).
-- otherwise :func:`_mma_kernel`: the output transposed (``out.T = W @ x.T``), the decoded weight
-  tile as the left operand (so a small batch sits on the narrow N side of the MMA), one K=16 step
-  per code slot.
+- fp16/bf16 activations, every batch: :func:`_mma_kernel` on the tensor cores. The output is
+  computed transposed (``out.T = W @ x.T``): the decoded weight tile is the MMA's register
+  operand and the batch its narrow side (16 at least), one K=16 step per code slot; codes and
+  activations arrive by multi-stage async copies.
+- fp32 activations (IEEE fp32 products, no TF32), up to :data:`GEMV_MAX_ROWS` rows:
+  :func:`_gemv_kernel` on CUDA cores. Each thread keeps per-word partial sums (no reduction,
+  shuffle or barrier in the loop) and reduces once after it; codes come in 128-bit loads. More
+  rows: :func:`_mma_kernel` with IEEE fp32 dots (FMA).
 
-Results differ from the reference only by fp32 summation order (the bound of
-``tests/test_kernels_triton.py``).
+Where the output tiles alone leave SMs idle, K is split: each split writes unscaled fp32
+partial sums and :func:`_reduce_scaled_kernel` adds them in split order (deterministic, no
+atomics), scales, adds the bias and rounds once. Results differ from the reference only by fp32
+summation order (the bound of ``tests/test_kernels_triton.py``). The sums are unscaled: fp16
+activations times the stored levels (at most ``2**15``) stay far inside fp32's range; bf16 and
+fp32 activations (stored levels at most 16) could overflow it where the reference does not only
+beyond about ``2**120`` in magnitude.
 """
 
 from __future__ import annotations
@@ -249,7 +257,9 @@ def swar_config(
     """  # noqa: E501
     if fp32 and rows <= GEMV_MAX_ROWS:
         block_m = triton.next_power_of_2(rows)
-        cfg = SwarConfig("gemv", block_m, 64 if block_m <= 2 else 32, 32, 1, 4, 1)
+        # (weight rows, words) per step: the fewest lane-ops per weight without spills
+        block_n, block_w = {1: (64, 32), 2: (64, 16), 4: (64, 16), 8: (32, 32)}[block_m]
+        cfg = SwarConfig("gemv", block_m, block_n, block_w, 1, 4, 1)
     elif fp32:
         cfg = SwarConfig("mma", 32, 64, CHUNK_WORDS, 1, 4, 3)
     elif rows <= 64:
@@ -258,7 +268,7 @@ def swar_config(
     else:
         cfg = SwarConfig("mma", 128, 128, CHUNK_WORDS, 1, 8, 3)
     steps = -(-chunks * CHUNK_WORDS // cfg.block_w)
-    if split_k is None:
+    if split_k is None:  # the fewest splits that give every SM a CTA: each adds partial sums
         tiles = -(-rows // cfg.block_m) * -(-out_features // cfg.block_n)
         split_k = min(_MAX_SPLIT, -(-sms // tiles)) if tiles < sms else 1
     split_k = max(1, min(split_k, steps))
