@@ -420,6 +420,28 @@ def test_the_kernel_layout_is_never_stale(dtype) -> None:
     check(packed, 2)  # another layer-wide n1
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bits", [3, 4, 7, 8])
+def test_every_code_slot_of_a_word_is_bit_exact(bits: int, dtype) -> None:
+    """One nonzero code per row, at column ``k = row``, over two chunks and a ragged third (every
+    slot of every word, the chunk edges, the padding): each output is one product ``x * level``,
+    which every path must give bit for bit, at every level of the bit-width."""
+    k = 2 * 16 * (32 // (4 if bits <= 4 else 8)) + 5
+    top = 1 << (bits - 1)
+    codes = torch.zeros(k, k, dtype=torch.int64)
+    level = top + torch.arange(k) % top  # every code, both signs
+    codes[torch.arange(k), torch.arange(k)] = level
+    packed = pack_codes(codes.to(torch.uint8), bits).to(DEVICE)
+    n1 = 3 if bits <= 4 else -2
+    w = decode_weight(packed.cpu(), bits, n1, (k, k), dtype)
+    gen = torch.Generator().manual_seed(bits)
+    for m in (1, 3, 20):
+        x = torch.randn(m, k, generator=gen).to(dtype)
+        y = tk.shift_linear(x.to(DEVICE), packed, bits, n1, k, None)
+        want = (x.float() * w.float().diagonal()).to(dtype)  # one product, exact in fp32
+        assert torch.equal(y.cpu(), want), (m, bits, dtype)
+
+
 def test_benchmark_grids_fill_132_sms() -> None:
     """Every benchmark shape launches at least one CTA per SM of an H100 (tiles x splits)."""
     from inq.kernels.shapes import LINEAR_BATCHES, LINEAR_SHAPES

@@ -212,7 +212,7 @@ def linear_config(
         block_m = max(16, triton.next_power_of_2(rows))
         block_n, block_k, warps, stages, kernel = 64, 128, 8, 3, "gemm"
         if fp32:
-            block_k, warps, stages = 32, 8 if block_m == 64 else 4, 2
+            block_k, warps, stages = 16, 8 if block_m == 64 else 4, 2  # K 32 spills (3.6, 3.8)
     elif fp32:
         block_m, block_n, block_k, warps, stages, kernel = 128, 64, 16, 8, 2, "gemm"
     else:
