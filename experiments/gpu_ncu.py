@@ -1,6 +1,7 @@
 """One linear case of ``inq bench kernel`` for Nsight Compute to profile (``gpu_check.sh``).
 
-    ncu --launch-skip 3 --launch-count 1 -k "regex:_mma_kernel|_gemv_kernel" python3 experiments/gpu_ncu.py 1
+    ncu --launch-skip 3 --launch-count 1 -k "regex:_mma_kernel|_gemv_kernel" \
+        python3 experiments/gpu_ncu.py 1
 
 Runs ``inq::shift_linear`` on a 4096 x 4096 weight of random 4-bit codes at the given batch
 (fp16) four times: the first three build the kernel layout and compile (skipped by ncu), the
