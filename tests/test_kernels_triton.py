@@ -46,6 +46,7 @@ from inq.kernels.int8 import (
 )
 from inq.kernels.layout import kernel_weight
 from inq.kernels.triton import decode as tdecode
+from inq.kernels.triton import swar
 from inq.kernels.triton.linear import GEMV_MAX_ROWS, SKINNY_MAX_ROWS, linear_config
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -440,6 +441,47 @@ def test_every_code_slot_of_a_word_is_bit_exact(bits: int, dtype) -> None:
         y = tk.shift_linear(x.to(DEVICE), packed, bits, n1, k, None)
         want = (x.float() * w.float().diagonal()).to(dtype)  # one product, exact in fp32
         assert torch.equal(y.cpu(), want), (m, bits, dtype)
+
+
+@pytest.mark.parametrize(
+    ("m", "dtype"),
+    [(1, torch.float16), (20, torch.float16), (70, torch.float16), (70, torch.bfloat16)],
+)
+def test_every_candidate_tiling_gives_the_same_bits(m: int, dtype) -> None:
+    """The tilings a GPU may choose between (``swar.choose``) split K alike and run its loop
+    in the same order: every output is the same sum, bit for bit, whichever is picked."""
+    o, k, bits = 200, 300, 4
+    packed = pack_codes(random_codes(o, k, bits, seed=m), bits)
+    layout = kernel_weight(packed, bits, -1, k, dtype)
+    layout = type(layout)(layout.words.to(DEVICE), layout.scale.to(DEVICE), k, layout.per_word,
+                          layout.fmt)  # fmt: skip
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype).to(DEVICE)
+    chunks = layout.words.shape[1] // 16
+    bf16 = dtype == torch.bfloat16
+    assert swar.candidates(m, False, bf16) == 2
+    assert swar.candidates(m, False, True) == (1 if m <= 64 else 2)  # bf16: over budget
+    outs = []
+    for choice in range(swar.candidates(m, False, bf16)):
+        cfg = swar.swar_config(m, o, chunks, False, 4, None, choice, bf16)
+        assert cfg.split_k == swar.swar_config(m, o, chunks, False, sms=4).split_k > 1
+        out = torch.empty(m, o, dtype=dtype, device=DEVICE)
+        swar._launch(x, layout, None, out, cfg)
+        outs.append(out.cpu())
+    assert all(torch.equal(outs[0].view(torch.int16), y.view(torch.int16)) for y in outs[1:])
+
+
+def test_choose_times_each_candidate_once_per_shape() -> None:
+    calls: list[int] = []
+
+    def timer(run, index: int) -> float:
+        calls.append(index)
+        return [3.0, 1.0][index]
+
+    key = ("test shape", 1)
+    assert swar.choose(key, 2, run=lambda i: None, timer=timer) == 1
+    assert swar.choose(key, 2, run=lambda i: None, timer=timer) == 1
+    assert calls == [0, 1]
+    assert swar.choose(("one candidate",), 1, run=lambda i: None, timer=timer) == 0
 
 
 def test_benchmark_grids_fill_132_sms() -> None:

@@ -228,9 +228,6 @@ def variants() -> list[Variant]:
                 kernel = "_implicit_gemm_kernel"
                 work = _work(cfg.block_m, cfg.block_n, cfg.block_k)
                 out.append(Variant(name, "conv", kernel, dtype, cx, *launch, False, mma, **work))
-    for dtype in ("fp16", "bf16", "fp32"):
-        reduce = {"SPLIT_K": 4, "HAS_BIAS": True, "BLOCK": 1024}
-        out.append(Variant("generic split-K reduce", "linear", "_reduce_kernel", dtype, reduce))
     tiles = {"BLOCK_M": int8.BLOCK_M, "BLOCK_O": int8.BLOCK_O, "BLOCK_K": int8.BLOCK_K}
     name = f"int8 shift-add {int8.BLOCK_M}x{int8.BLOCK_O}x{int8.BLOCK_K}"
     for dtype in ("int8", "uint8"):  # the load and its widening differ
@@ -276,9 +273,10 @@ def _budget(kind: str, per_word: int, block_m: int) -> Budget:
 
 
 def swar_variants() -> list[Variant]:
-    """The linear kernels on the kernel layout (:mod:`inq.kernels.triton.swar`), as
-    ``swar_config`` picks them for a 4096 x 4096 weight, each with its :class:`Budget`."""
-    from inq.kernels.triton.swar import swar_config
+    """The linear kernels on the kernel layout (:mod:`inq.kernels.triton.swar`): every
+    configuration ``swar_config`` offers for a 4096 x 4096 weight, each with its
+    :class:`Budget`."""
+    from inq.kernels.triton.swar import candidates, swar_config
 
     out, seen = [], set()
     for dtype in ("fp16", "bf16", "fp32"):
@@ -287,34 +285,39 @@ def swar_variants() -> list[Variant]:
             bits = 4 if per_word == 8 else 8
             chunks = 4096 // (16 * per_word)
             for rows in (1, 2, 4, 8, 16, 64, 256) if fp32 else (1, 16, 32, 64, 256):
-                cfg = swar_config(rows, 4096, chunks, fp32, sms=132)
-                split = 2 if cfg.split_k > 1 else 1
-                common = {"PER_WORD": per_word, "HAS_BIAS": True, "BLOCK_M": cfg.block_m,
-                          "SPLIT_K": split, "BITS": bits}  # fmt: skip
-                launch = (cfg.num_warps, cfg.num_stages)
-                if cfg.kernel == "gemv":
-                    cx = common | {"BLOCK_O": cfg.block_n, "BLOCK_W": cfg.block_w}
-                    kind, kernel = "gemv", "_gemv_kernel"
-                    work = _work(cfg.block_m, cfg.block_n, cfg.block_w * per_word)
-                else:
-                    cx = common | {"BF16": dtype != "fp16", "IEEE": fp32, "BLOCK_N": cfg.block_n,
-                                   "GROUP_N": 8}  # fmt: skip
-                    kind = "fp32 tile" if fp32 else "skinny" if cfg.block_m <= 64 else "large"
-                    kernel = "_mma_kernel"
-                    work = _work(cfg.block_m, cfg.block_n, CHUNK_WORDS * per_word)
-                name = f"linear {cfg.kernel} {cfg.block_m}x{cfg.block_n}"
-                if (name, dtype, bits) in seen:
-                    continue
-                seen.add((name, dtype, bits))
-                budget = _budget(kind, per_word, cfg.block_m)
-                wide = cfg.kernel == "gemv"
-                tensor = not fp32 and cfg.kernel == "mma"
-                out.append(Variant(name, "swar", kernel, dtype, cx, *launch, wide, tensor,
-                                   **work, budget=budget))  # fmt: skip
+                bf16 = dtype != "fp16"
+                for choice in range(candidates(rows, fp32, bf16)):
+                    cfg = swar_config(rows, 4096, chunks, fp32, 132, None, choice, bf16)
+                    variant = _swar_variant(cfg, dtype, per_word, bits)
+                    key = (variant.name, dtype, bits)
+                    if key not in seen:
+                        seen.add(key)
+                        out.append(variant)
     for dtype in ("fp16", "bf16", "fp32"):
-        reduce = {"SPLIT_K": 4, "HAS_BIAS": True, "BLOCK": 1024}
-        out.append(Variant("linear split-K reduce", "swar", "_reduce_scaled_kernel", dtype, reduce))
+        reduce = {"SPLIT_K": 4, "HAS_SCALE": True, "HAS_BIAS": True, "BLOCK": 1024}
+        out.append(Variant("linear split-K reduce", "decode", "reduce_kernel", dtype, reduce))
     return out
+
+
+def _swar_variant(cfg: Any, dtype: str, per_word: int, bits: int) -> Variant:
+    """The static-check variant of one :class:`inq.kernels.triton.swar.SwarConfig`."""
+    fp32 = dtype == "fp32"
+    common = {"PER_WORD": per_word, "HAS_BIAS": True, "BLOCK_M": cfg.block_m,
+              "SPLIT_K": 2 if cfg.split_k > 1 else 1, "BITS": bits}  # fmt: skip
+    launch = (cfg.num_warps, cfg.num_stages)
+    if cfg.kernel == "gemv":
+        cx = common | {"BLOCK_O": cfg.block_n, "BLOCK_W": cfg.block_w}
+        kind, kernel = "gemv", "_gemv_kernel"
+        work = _work(cfg.block_m, cfg.block_n, cfg.block_w * per_word)
+    else:
+        cx = common | {"BF16": dtype != "fp16", "IEEE": fp32, "BLOCK_N": cfg.block_n, "GROUP_N": 8}
+        kind = "fp32 tile" if fp32 else "skinny" if cfg.block_m <= 64 else "large"
+        kernel = "_mma_kernel"
+        work = _work(cfg.block_m, cfg.block_n, CHUNK_WORDS * per_word)
+    name = f"linear {cfg.kernel} {cfg.block_m}x{cfg.block_n}"
+    return Variant(name, "swar", kernel, dtype, cx, *launch, cfg.kernel == "gemv",
+                   not fp32 and cfg.kernel == "mma", **work,
+                   budget=_budget(kind, per_word, cfg.block_m))  # fmt: skip
 
 
 def _work(rows: int, cols: int, depth: int) -> dict[str, int]:
@@ -357,8 +360,6 @@ def compile_variant(variant: Variant, arch: int = 90) -> CompiledVariant:
             kind = _POINTERS.get(name)
             if kind is None:
                 kind = f"*{out_element if name == 'out_ptr' else element}"
-                if variant.kernel == "_reduce_kernel" and name == "part_ptr":
-                    kind = "*fp32"
             signature[name] = kind
             attrs[(index,)] = [["tt.divisibility", 16]]
         else:
@@ -547,7 +548,7 @@ def format_static(results: list[CompiledVariant]) -> str:
             f"{'-' if loop is None else loop.shuffles:>5}"
             f"{'-' if loop is None else loop.async_copies:>6}{r.mma:>5}  {loads}; {verdict}"
         )
-    return "\n".join([head, "-" * len(head), *rows])
+    return _table(None, head, rows)
 
 
 @dataclass(frozen=True)
@@ -560,6 +561,10 @@ class Device:
     sms: int = 132
     clock_ghz: float = 1.98  # SM clock under load (measured on the lent H100, issue 22)
     issue_per_clock: int = 4  # warp instructions an SM issues per clock (4 schedulers)
+
+    def roofline_us(self, moved: int, flops: int) -> float:
+        """Microseconds to move ``moved`` bytes or do ``flops`` fp16 flops, whichever binds."""
+        return max(moved / self.bandwidth_gbps / 1e3, flops / self.fp16_tflops / 1e6)
 
 
 H100 = Device("H100 SXM", 3350.0, 989.0)
@@ -603,7 +608,7 @@ def estimate_linear(
             chunks = -(-in_f // (16 * per_word))
             for batch in LINEAR_BATCHES:
                 cfg = swar_config(batch, out_f, chunks, False, device.sms)
-                name = f"linear {cfg.kernel} {cfg.block_m}x{cfg.block_n}"
+                name = _swar_variant(cfg, "fp16", per_word, bits).name
                 r = compiled.get((name, "fp16", 4 if per_word == 8 else 8))
                 if r is None or r.loop is None:
                     continue
@@ -622,8 +627,7 @@ def estimate_linear(
                     moved += 2 * 4 * cfg.split_k * batch * out_f  # partial sums, out and in
                 memory_us = moved / device.bandwidth_gbps / 1e3
                 dense = 2 * out_f * in_f + 2 * batch * (in_f + out_f)
-                cublas = max(dense / device.bandwidth_gbps / 1e3,
-                             2 * batch * out_f * in_f / device.fp16_tflops / 1e6)  # fmt: skip
+                cublas = device.roofline_us(dense, 2 * batch * out_f * in_f)
                 best = max(memory_us, issue_us, tensor_us)
                 out.append(Estimate(f"{out_f}x{in_f}", batch, bits, name, ctas, memory_us,
                                     issue_us, tensor_us, best, cublas))  # fmt: skip
@@ -636,19 +640,21 @@ def format_estimates(rows: list[Estimate], device: Device = H100) -> str:
         f"{'shape':<12}{'batch':>6}{'bits':>5}  {'variant':<22}{'CTAs':>6}{'mem us':>8}"
         f"{'issue us':>9}{'MMA us':>8}{'est us':>8}{'cuBLAS us':>10}{'cuBLAS/est':>11}"
     )
-    lines = [
+    title = (
         f"static estimate on {device.name} ({device.sms} SMs at {device.clock_ghz} GHz, "
-        f"{device.bandwidth_gbps:.0f} GB/s): an estimate from SASS counts, not a measurement",
-        head,
-        "-" * len(head),
-    ]
-    lines += [
+        f"{device.bandwidth_gbps:.0f} GB/s): an estimate from SASS counts, not a measurement"
+    )
+    return _table(title, head, [
         f"{r.name:<12}{r.batch:>6}{r.bits:>5}  {r.variant:<22}{r.ctas:>6}{r.memory_us:>8.1f}"
         f"{r.issue_us:>9.1f}{r.tensor_us:>8.1f}{r.estimate_us:>8.1f}{r.cublas_us:>10.1f}"
         f"{r.speedup:>10.2f}x"
         for r in rows
-    ]
-    return "\n".join(lines)
+    ])  # fmt: skip
+
+
+def _table(title: str | None, head: str, rows: list[str]) -> str:
+    lines = [] if title is None else [title]
+    return "\n".join([*lines, head, "-" * len(head), *rows])
 
 
 @dataclass(frozen=True)
@@ -673,10 +679,7 @@ class Roofline:
 
 def roofline(bits_list: list[int], device: Device = H100) -> list[Roofline]:
     """The roofline of every linear and ResNet-18 conv case of ``inq bench kernel`` (fp16)."""
-
-    def bound(moved: int, flops: int) -> float:
-        return max(moved / device.bandwidth_gbps / 1e3, flops / device.fp16_tflops / 1e6)
-
+    bound = device.roofline_us
     rows = []
 
     def add(op: str, name: str, batch: int, codes: int, dense: int, act: int, flops: int) -> None:
@@ -707,16 +710,13 @@ def format_roofline(rows: list[Roofline], device: Device = H100) -> str:
         f"{'op':<7}{'shape/layer':<22}{'batch':>6}{'bits':>5}{'inq MB':>9}{'fp16 MB':>9}"
         f"{'GFLOP':>8}{'inq us':>9}{'fp16 us':>9}{'fp16/inq':>9}"
     )
-    lines = [
+    title = (
         f"roofline at {device.name} peaks ({device.bandwidth_gbps:.0f} GB/s, "
-        f"{device.fp16_tflops:.0f} fp16 TFLOP/s): estimates, not measurements",
-        head,
-        "-" * len(head),
-    ]
-    lines += [
+        f"{device.fp16_tflops:.0f} fp16 TFLOP/s): estimates, not measurements"
+    )
+    return _table(title, head, [
         f"{r.op:<7}{r.name:<22}{r.batch:>6}{r.bits:>5}{r.inq_bytes / 1e6:>9.2f}"
         f"{r.base_bytes / 1e6:>9.2f}{r.flops / 1e9:>8.2f}{r.inq_us:>9.1f}{r.base_us:>9.1f}"
         f"{r.speedup:>8.2f}x"
         for r in rows
-    ]
-    return "\n".join(lines)
+    ])  # fmt: skip

@@ -54,10 +54,15 @@ __all__ = [
     "dot",
     "dot_upcast",
     "downcast",
+    "finish",
+    "grouped",
     "interpreting",
     "load_codes",
     "n1_args",
     "output_tensor",
+    "pow2",
+    "reduce_kernel",
+    "reduce_partials",
     "sm_count",
 ]
 
@@ -125,6 +130,70 @@ def downcast(x, dtype: tl.constexpr):
         bits = tl.where(x == x, bits + (0x7FFF + ((bits >> 16) & 1)), 0x7FC00000)
         return (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
     return x.to(dtype, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def pow2(e):
+    """``2**e`` for int32 ``e`` in [-126, 127], built from its exponent bits (exact)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def grouped(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of a flat program id, ``GROUP_M`` row tiles at a time (L2 reuse);
+    one grid axis, so no dimension is limited to 65535 tiles."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * tiles_n)
+    first_m = group * GROUP_M
+    size = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % (GROUP_M * tiles_n)) % size, (pid % (GROUP_M * tiles_n)) // size
+
+
+@triton.jit
+def finish(acc, rm, rn, m_ok, n_ok, pid_k, scale_ptr, bias_ptr, out_ptr, part_ptr, M, N,
+           HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+    """Store an fp32 ``[rows of x, outputs]`` tile: the output (times ``2**scale[output]`` with
+    ``HAS_SCALE``, bias added, rounded once) or, when K is split, this split's partial sums
+    (``part[pid_k, M, N]``, unscaled)."""
+    mask = m_ok[:, None] & n_ok[None, :]
+    offsets = rm[:, None] * N + rn[None, :]
+    if SPLIT_K == 1:
+        if HAS_SCALE:
+            acc = acc * pow2(tl.load(scale_ptr + rn, mask=n_ok, other=0))[None, :]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offsets, downcast(acc, out_ptr.dtype.element_ty), mask)
+    else:
+        tl.store(part_ptr + pid_k * M * N + offsets, acc, mask)
+
+
+@triton.jit
+def reduce_kernel(part_ptr, scale_ptr, bias_ptr, out_ptr, total, N, SPLIT_K: tl.constexpr,
+                  HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  BLOCK: tl.constexpr):  # fmt: skip
+    """``out = (sum over splits, in order) * 2**scale[column] + bias[column]`` on a flat
+    ``[M * N]`` range, one rounding."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < total
+    acc = tl.load(part_ptr + offs, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(part_ptr + s * total + offs, mask=ok, other=0.0)
+    if HAS_SCALE:
+        acc = acc * pow2(tl.load(scale_ptr + offs % N, mask=ok, other=0))
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, downcast(acc, out_ptr.dtype.element_ty), ok)
+
+
+def reduce_partials(part: Tensor, scale: Tensor | None, bias: Tensor | None, out: Tensor) -> None:
+    """``out = part.sum(0) * 2**scale[column] + bias[column]`` in split order, one rounding
+    (``scale`` and ``bias`` optional)."""
+    total, block = out.numel(), 1024
+    reduce_kernel[(triton.cdiv(total, block),)](
+        part, out if scale is None else scale, out if bias is None else bias, out, total,
+        out.shape[-1], part.shape[0], scale is not None, bias is not None, block,
+    )  # fmt: skip
 
 
 @triton.jit

@@ -10,11 +10,11 @@ into the float's bits, with the reference's subnormals and flush):
 - ``M <= 4``: :func:`_gemv_kernel`, fused decode + GEMV on CUDA cores;
 - otherwise :func:`_gemm_kernel`, code tiles decoded in registers inside a tensor-core GEMM.
 
-Both split K where the output tiles alone would leave SMs idle: each split writes fp32 partial
-sums and :func:`_reduce_kernel` adds them in split order (deterministic, no atomics), then the
-bias, and rounds once to the output dtype (to nearest even, also under the interpreter:
-:func:`inq.kernels.triton.decode.downcast`). Results differ from the reference only by fp32
-summation order (the bound is derived in ``tests/test_kernels_triton.py``).
+Both split K where the output tiles alone would leave SMs idle: each split writes fp32 partial sums
+and :func:`inq.kernels.triton.decode.reduce_kernel` adds them in split order (deterministic, no
+atomics), then the bias, and rounds once to the output dtype (to nearest even, also under the
+interpreter: :func:`inq.kernels.triton.decode.downcast`). Results differ from the reference only by
+fp32 summation order (the bound is derived in ``tests/test_kernels_triton.py``).
 """
 
 from __future__ import annotations
@@ -40,10 +40,12 @@ from inq.kernels.triton.decode import (
     decode,
     dot,
     dot_upcast,
-    downcast,
+    finish,
+    grouped,
     load_codes,
     n1_args,
     output_tensor,
+    reduce_partials,
     sm_count,
 )
 from inq.kernels.triton.swar import swar_linear
@@ -108,8 +110,8 @@ def _gemv_kernel(
             xk = tl.load(x_ptrs, mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
             prod = w[None, :, :] * xk.to(tl.float32)[:, None, :]
         acc += tl.sum(prod, axis=2)
-    _finish(acc, rm, rows, m_ok, row_ok, pid_k, bias_ptr, out_ptr, part_ptr, M, N, HAS_BIAS,
-            SPLIT_K)  # fmt: skip
+    finish(acc, rm, rows, m_ok, row_ok, pid_k, n1_ptr, bias_ptr, out_ptr, part_ptr, M, N, False,
+           HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
 @triton.jit
@@ -121,7 +123,7 @@ def _gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = _grouped(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = grouped(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -140,48 +142,8 @@ def _gemm_kernel(
         if not UPCAST:
             w = w.to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")  # exact: no rounding
         acc = dot(xt, tl.trans(w), acc, UPCAST, IEEE)
-    _finish(acc, rm, rn, m_ok, n_ok, pid_k, bias_ptr, out_ptr, part_ptr, M, N, HAS_BIAS, SPLIT_K)
-
-
-@triton.jit
-def _grouped(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """(row tile, column tile) of a flat program id, ``GROUP_M`` row tiles at a time (L2 reuse);
-    one grid axis, so no dimension is limited to 65535 tiles."""
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    group = pid // (GROUP_M * tiles_n)
-    first_m = group * GROUP_M
-    size = tl.minimum(tiles_m - first_m, GROUP_M)
-    return first_m + (pid % (GROUP_M * tiles_n)) % size, (pid % (GROUP_M * tiles_n)) // size
-
-
-@triton.jit
-def _finish(acc, rm, rn, m_ok, n_ok, pid_k, bias_ptr, out_ptr, part_ptr, M, N,
-            HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
-    """Store a ``[rows, cols]`` fp32 tile: the output (bias added, rounded once) or, when K is
-    split, this split's partial sums (``part[pid_k, M, N]``)."""
-    mask = m_ok[:, None] & n_ok[None, :]
-    offsets = rm[:, None] * N + rn[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + offsets, downcast(acc, out_ptr.dtype.element_ty), mask)
-    else:
-        tl.store(part_ptr + pid_k * M * N + offsets, acc, mask)
-
-
-@triton.jit
-def _reduce_kernel(part_ptr, bias_ptr, out_ptr, total, N, SPLIT_K: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    """``out = sum over splits (in order) + bias``, on a flat ``[M * N]`` range."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < total
-    acc = tl.load(part_ptr + offs, mask=ok, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(part_ptr + s * total + offs, mask=ok, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, downcast(acc, out_ptr.dtype.element_ty), ok)
+    finish(acc, rm, rn, m_ok, n_ok, pid_k, n1_ptr, bias_ptr, out_ptr, part_ptr, M, N, False,
+           HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
 def linear_config(
@@ -327,12 +289,4 @@ def _launch(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     if cfg.split_k > 1:
-        _reduce_partials(part, b, out, bias is not None)
-
-
-def _reduce_partials(part: Tensor, bias: Tensor, out: Tensor, has_bias: bool) -> None:
-    """``out = part.sum(0) + bias[column]`` in split order, one rounding."""
-    total, block = out.numel(), 1024
-    _reduce_kernel[(triton.cdiv(total, block),)](
-        part, bias, out, total, out.shape[-1], part.shape[0], has_bias, block
-    )
+        reduce_partials(part, None, bias, out)

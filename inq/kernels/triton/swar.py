@@ -13,17 +13,18 @@ the one rounding to the output dtype. Which kernel runs (:func:`swar_config`):
   shuffle or barrier in the loop) and reduces once after it; codes come in 128-bit loads. More
   rows: :func:`_mma_kernel` with IEEE fp32 dots (FMA).
 
-Where the output tiles alone leave SMs idle, K is split: each split writes unscaled fp32
-partial sums and :func:`_reduce_scaled_kernel` adds them in split order (deterministic, no
-atomics), scales, adds the bias and rounds once. Results differ from the reference only by fp32
+Where the output tiles alone leave SMs idle, K is split: each split writes unscaled fp32 partial
+sums and :func:`inq.kernels.triton.decode.reduce_kernel` adds them in split order (deterministic,
+no atomics), scales, adds the bias and rounds once. Results differ from the reference only by fp32
 summation order (the bound of ``tests/test_kernels_triton.py``). The sums are unscaled: fp16
-activations times the stored levels (at most ``2**15``) stay far inside fp32's range; bf16 and
-fp32 activations (stored levels at most 16) could overflow it where the reference does not only
-beyond about ``2**120`` in magnitude.
+activations times the stored levels (at most ``2**15``) stay far inside fp32's range; bf16 and fp32
+activations (stored levels at most 16) could overflow it where the reference does not only beyond
+about ``2**120`` in magnitude.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,12 +33,19 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.kernels.layout import CHUNK_WORDS, KernelWeight
-from inq.kernels.triton.decode import dot_upcast, downcast
+from inq.kernels.triton.decode import dot_upcast, finish, grouped, reduce_partials
 
 GEMV_MAX_ROWS = 8  # fp32 activations: CUDA-core GEMV up to here, then the FMA tile kernel
 _MAX_SPLIT = 16
 
-__all__ = ["SwarConfig", "decode_pair", "swar_config", "swar_linear"]
+__all__ = [
+    "SwarConfig",
+    "candidates",
+    "choose",
+    "decode_pair",
+    "swar_config",
+    "swar_linear",
+]
 
 
 def _s32(value: int) -> int:
@@ -79,12 +87,6 @@ def bf16_to_f32(pair, HIGH: tl.constexpr):
     if HIGH:
         return (pair & _HIGH).to(tl.float32, bitcast=True)
     return (pair << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _pow2(e):
-    """``2**e`` for int32 ``e`` in [-126, 127], built from its exponent bits (exact)."""
-    return ((e + 127) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -138,40 +140,8 @@ def _gemv_kernel(
         acc = _gemv_step(acc, words, x_ptr, rm, cols, K, stride_xm, PER_WORD, True)
     total = tl.sum(acc, axis=2)
     rm, rows = tl.arange(0, BLOCK_M), pid_o * BLOCK_O + tl.arange(0, BLOCK_O)
-    _finish_scaled(total, rm, rows, rm < M, rows < N, pid_k, scale_ptr, bias_ptr, out_ptr, part_ptr,
-                   M, N, HAS_BIAS, SPLIT_K)  # fmt: skip
-
-
-@triton.jit
-def _finish_scaled(acc, rm, rn, m_ok, n_ok, pid_k, scale_ptr, bias_ptr, out_ptr, part_ptr, M, N,
-                   HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
-    """Store an fp32 ``[rows of x, outputs]`` tile: scaled by ``2**scale``, bias added and
-    rounded once; or, with K split, this split's unscaled partial sums (``part[pid_k, M, N]``)."""
-    mask = m_ok[:, None] & n_ok[None, :]
-    offsets = rm[:, None] * N + rn[None, :]
-    if SPLIT_K == 1:
-        acc = acc * _pow2(tl.load(scale_ptr + rn, mask=n_ok, other=0))[None, :]
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + offsets, downcast(acc, out_ptr.dtype.element_ty), mask)
-    else:
-        tl.store(part_ptr + pid_k * M * N + offsets, acc, mask)
-
-
-@triton.jit
-def _reduce_scaled_kernel(part_ptr, scale_ptr, bias_ptr, out_ptr, total, N,
-                          SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          BLOCK: tl.constexpr):  # fmt: skip
-    """``out = (sum over splits, in order) * 2**scale[column] + bias[column]``, one rounding."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < total
-    acc = tl.load(part_ptr + offs, mask=ok, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(part_ptr + s * total + offs, mask=ok, other=0.0)
-    acc = acc * _pow2(tl.load(scale_ptr + offs % N, mask=ok, other=0))
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, downcast(acc, out_ptr.dtype.element_ty), ok)
+    finish(total, rm, rows, rm < M, rows < N, pid_k, scale_ptr, bias_ptr, out_ptr, part_ptr, M, N,
+           True, HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
 @triton.jit
@@ -181,7 +151,7 @@ def _mma_kernel(
     PER_WORD: tl.constexpr, BF16: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_N: tl.constexpr,
 ):  # fmt: skip
-    pid_n, pid_m = _grouped(tl.program_id(0), N, M, BLOCK_N, BLOCK_M, GROUP_N)
+    pid_n, pid_m = grouped(tl.program_id(0), N, M, BLOCK_N, BLOCK_M, GROUP_N)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -208,20 +178,8 @@ def _mma_kernel(
                     w = half.to(tl.int16).to(xt.dtype, bitcast=True)
                     acc = tl.dot(w, xt, acc)
     # acc is out.T: rows of the weight by rows of x
-    _finish_scaled(tl.trans(acc), rm, rn, rm < M, rn < N, pid_k, scale_ptr, bias_ptr, out_ptr,
-                   part_ptr, M, N, HAS_BIAS, SPLIT_K)  # fmt: skip
-
-
-@triton.jit
-def _grouped(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """(row tile, column tile) of a flat program id, ``GROUP_M`` row tiles at a time (L2 reuse);
-    one grid axis, so no dimension is limited to 65535 tiles."""
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    group = pid // (GROUP_M * tiles_n)
-    first_m = group * GROUP_M
-    size = tl.minimum(tiles_m - first_m, GROUP_M)
-    return first_m + (pid % (GROUP_M * tiles_n)) % size, (pid % (GROUP_M * tiles_n)) // size
+    finish(tl.trans(acc), rm, rn, rm < M, rn < N, pid_k, scale_ptr, bias_ptr, out_ptr, part_ptr,
+           M, N, True, HAS_BIAS, SPLIT_K)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -238,18 +196,40 @@ class SwarConfig:
     num_stages: int
 
 
+# candidates per batch bucket of the tensor-core kernel: (weight rows per tile, warps, stages),
+# the first the default. They differ in tiling only, never in the split of K or the order of
+# its loop, so whichever a GPU picks, every output is the same sum in the same order. Each is
+# a variant of the static check within its budget: the 64-row tiles of bf16 at batch <= 64 are
+# not (2.52-2.53 integer lane-ops per weight against 2.5), so bf16 has only the default there.
+_MMA_CANDIDATES = {
+    16: [(128, 4, 4), (64, 4, 4)],
+    32: [(128, 4, 4), (64, 4, 4)],
+    64: [(128, 4, 3), (64, 4, 3)],
+    128: [(128, 8, 3), (64, 4, 3)],
+}
+_BF16_SKINNY_CANDIDATES = 1
+
+
 def swar_config(
-    rows: int, out_features: int, chunks: int, fp32: bool, sms: int, split_k: int | None = None
+    rows: int,
+    out_features: int,
+    chunks: int,
+    fp32: bool,
+    sms: int,
+    split_k: int | None = None,
+    choice: int = 0,
+    bf16: bool = False,
 ) -> SwarConfig:
     """The kernel and tiles for ``rows`` of x times a weight of ``out_features`` rows and
-    ``chunks`` chunks of :data:`CHUNK_WORDS` words (see the module docstring).
+    ``chunks`` chunks of :data:`CHUNK_WORDS` words (see the module docstring); ``choice``
+    picks one of the :func:`candidates` for ``bf16`` or fp16 activations (0: the default).
 
     fp16/bf16 run the tensor-core kernel at every batch: its decoded tile is the register
     operand of the MMA, the batch the narrow side (16 at least), and async copies keep code
     bytes in flight (the static check's figures per weight are below the GEMV's). fp32
     activations multiply in IEEE fp32 (no TF32): the GEMV up to :data:`GEMV_MAX_ROWS` rows, then
-    an FMA tile. ``split_k`` (default: enough splits for a CTA per SM where the tiles alone do
-    not fill the GPU, at most 16) is clamped so that every split gets a chunk.
+    an FMA tile. ``split_k`` (default: enough splits for a CTA per SM where the default tiles
+    alone do not fill the GPU, at most 16) is clamped so that every split gets a chunk.
 
     Example:
         >>> swar_config(1, 4096, 32, fp32=False, sms=132)
@@ -259,22 +239,74 @@ def swar_config(
         block_m = triton.next_power_of_2(rows)
         # (weight rows, words) per step: the fewest lane-ops per weight without spills
         block_n, block_w = {1: (64, 32), 2: (64, 16), 4: (64, 16), 8: (32, 32)}[block_m]
-        cfg = SwarConfig("gemv", block_m, block_n, block_w, 1, 4, 1)
+        tiles = [SwarConfig("gemv", block_m, block_n, block_w, 1, 4, 1)]
     elif fp32:
-        cfg = SwarConfig("mma", 32, 64, CHUNK_WORDS, 1, 4, 3)
-    elif rows <= 64:
-        block_m = max(16, triton.next_power_of_2(rows))
-        cfg = SwarConfig("mma", block_m, 128, CHUNK_WORDS, 1, 4, 4 if block_m <= 32 else 3)
+        tiles = [SwarConfig("mma", 32, 64, CHUNK_WORDS, 1, 4, 3)]
     else:
-        cfg = SwarConfig("mma", 128, 128, CHUNK_WORDS, 1, 8, 3)
+        block_m = min(128, max(16, triton.next_power_of_2(rows)))
+        tiles = [SwarConfig("mma", block_m, n, CHUNK_WORDS, 1, warps, stages)
+                 for n, warps, stages in _MMA_CANDIDATES[block_m]]  # fmt: skip
+    if choice >= candidates(rows, fp32, bf16):
+        raise ValueError(f"no tiling {choice} for {rows} rows")
+    default, cfg = tiles[0], tiles[choice]
     steps = -(-chunks * CHUNK_WORDS // cfg.block_w)
     if split_k is None:  # the fewest splits that give every SM a CTA: each adds partial sums
-        tiles = -(-rows // cfg.block_m) * -(-out_features // cfg.block_n)
-        split_k = min(_MAX_SPLIT, -(-sms // tiles)) if tiles < sms else 1
+        count = -(-rows // default.block_m) * -(-out_features // default.block_n)
+        split_k = min(_MAX_SPLIT, -(-sms // count)) if count < sms else 1
     split_k = max(1, min(split_k, steps))
     split_k = -(-steps // -(-steps // split_k))  # no empty split
     return SwarConfig(cfg.kernel, cfg.block_m, cfg.block_n, cfg.block_w, split_k,
                       cfg.num_warps, cfg.num_stages)  # fmt: skip
+
+
+def candidates(rows: int, fp32: bool, bf16: bool = False) -> int:
+    """How many tilings :func:`swar_config` offers for ``rows`` of x (see its ``choice``)."""
+    if fp32:
+        return 1
+    bucket = min(128, max(16, triton.next_power_of_2(rows)))
+    if bf16 and bucket <= 64:
+        return _BF16_SKINNY_CANDIDATES
+    return len(_MMA_CANDIDATES[bucket])
+
+
+# (device, dtype, layout, rows bucket, out_features, words per row, split_k) -> chosen candidate
+_CHOSEN: dict[tuple, int] = {}
+
+
+def choose(key: tuple, count: int, run: Callable[[int], None], timer=None) -> int:
+    """The candidate of ``count`` that runs fastest, timed once per ``key`` on the GPU (each
+    run once to compile, then the median of 3) and remembered; 0 without a choice to make,
+    under the interpreter, or while a CUDA graph is being captured.
+
+    Example:
+        >>> choose(("doc",), 3, run=lambda i: None, timer=lambda run, i: [5.0, 2.0, 9.0][i])
+        1
+        >>> choose(("doc",), 3, run=lambda i: None)  # remembered: not timed again
+        1
+    """
+    if key in _CHOSEN:
+        return _CHOSEN[key]
+    if count == 1:
+        return 0
+    if timer is None:
+        if not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
+            return 0
+        timer = _median_ms
+    _CHOSEN[key] = min(range(count), key=lambda i: timer(run, i))
+    return _CHOSEN[key]
+
+
+def _median_ms(run: Callable[[int], None], index: int) -> float:
+    run(index)  # compile and load
+    times = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run(index)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[1]
 
 
 def swar_linear(
@@ -282,11 +314,29 @@ def swar_linear(
     split_k: int | None = None,
 ) -> None:  # fmt: skip
     """``out = x @ W.T + bias`` for 2-d contiguous ``x`` and ``weight`` in the kernel layout;
-    ``bias`` (if any) in ``x``'s dtype."""
+    ``bias`` (if any) in ``x``'s dtype. On a GPU the first call of a shape times the
+    candidate tilings (:func:`choose`); they give the same result."""
+    m = x.shape[0]
+    n, kw = weight.words.shape
+    fp32 = x.dtype == torch.float32
+
+    bf16 = weight.fmt == "bf16"
+
+    def run(choice: int) -> None:
+        cfg = swar_config(m, n, kw // CHUNK_WORDS, fp32, sms, split_k, choice, bf16)
+        _launch(x, weight, bias, out, cfg)
+
+    count = candidates(m, fp32, bf16) if x.is_cuda else 1
+    cfg0 = swar_config(m, n, kw // CHUNK_WORDS, fp32, sms, split_k)
+    bucket = (x.device, x.dtype, weight.per_word, cfg0.block_m, n, kw, cfg0.split_k)
+    run(choose(bucket, count, run))
+
+
+def _launch(x: Tensor, weight: KernelWeight, bias: Tensor | None, out: Tensor,
+            cfg: SwarConfig) -> None:  # fmt: skip
     m, k = x.shape
     n, kw = weight.words.shape
     fp32 = x.dtype == torch.float32
-    cfg = swar_config(m, n, kw // CHUNK_WORDS, fp32, sms, split_k)
     part = out if cfg.split_k == 1 else x.new_empty((cfg.split_k, m, n), dtype=torch.float32)
     b = out if bias is None else bias  # any pointer: unused without HAS_BIAS
     steps = -(-kw // cfg.block_w)
@@ -308,7 +358,4 @@ def swar_linear(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     if cfg.split_k > 1:
-        total, block = out.numel(), 1024
-        _reduce_scaled_kernel[(triton.cdiv(total, block),)](
-            part, weight.scale, b, out, total, n, cfg.split_k, bias is not None, block
-        )
+        reduce_partials(part, weight.scale, bias, out)
