@@ -41,7 +41,7 @@ def test_every_variant_compiles_for_sm90_and_passes(
     for row in linear:
         if "per_weight" in row["budget"] and row["budget"]["per_weight"] is not None:
             assert row["instructions_per_weight"] <= row["budget"]["per_weight"], row["name"]
-    assert "roofline at H100 SXM" in printed
+    assert "roofline at H100 SXM" in printed and "static estimate on H100 SXM" in printed
 
 
 def test_loop_stats_reads_the_largest_backward_branch_loop() -> None:
@@ -88,6 +88,28 @@ def test_a_budget_fails_what_decides_speed() -> None:
         "3 shuffles (SHFL) in the main loop",
         "no async copy (LDGSTS/UTMALDG) in the main loop",
     ]
+
+
+def test_the_estimate_is_the_slowest_bound_of_the_fastest_tiling() -> None:
+    """From a main loop's counts: memory (layout words, activations, output, split-K partials),
+    issue and tensor-core time of the busiest SM; cases without a compiled tiling are left out."""
+    from inq.kernels.static import CompiledVariant, LoopStats, estimate_linear, swar_variants
+
+    variant = next(v for v in swar_variants()
+                   if v.name == "linear mma 16x128" and v.dtype == "fp16"
+                   and v.constexprs["BITS"] == 4)  # fmt: skip
+    loop = LoopStats(370, 240, {}, 12, 0, 2, 16, 0)
+    rows = estimate_linear([CompiledVariant(variant, 88, 0, 40960, 0, 16, [], 5, loop)], [4])
+    assert {r.batch for r in rows} == {1, 16}  # 16x128 serves batch 1-16 only
+    one = next(r for r in rows if r.name == "4096x4096" and r.batch == 1)
+    assert one.ctas == 32 * 5  # 32 tiles of 128 rows, K split 5 ways
+    words = 4096 * 32 * 16 * 4
+    partials = 2 * 4 * 5 * 4096
+    assert one.memory_us == pytest.approx((words + 2 * 8192 + partials) / 3350 / 1e3)
+    per_sm, per_cta = 2, 7  # 160 CTAs on 132 SMs; 32 chunks in 5 splits
+    assert one.issue_us == pytest.approx(per_sm * per_cta * 370 * 4 / (4 * 1.98 * 1e3))
+    assert one.estimate_us == max(one.memory_us, one.issue_us, one.tensor_us)
+    assert one.cublas_us == pytest.approx((2 * 4096 * 4096 + 2 * 8192) / 3350 / 1e3)
 
 
 def test_roofline_counts_bytes_and_flops() -> None:

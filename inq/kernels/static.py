@@ -594,10 +594,11 @@ def estimate_linear(
     results: list[CompiledVariant], bits_list: list[int], device: Device = H100
 ) -> list[Estimate]:
     """Static estimates for the linear benchmark shapes at fp16, from the compiled variants'
-    main loops (``swar_config`` picks the variant, tiles and splits of each case): bounded by
-    memory, instruction issue and the tensor cores, whichever is slowest. An estimate, not a
-    measurement: no latency, occupancy or launch cost is modelled beyond the CTAs per SM."""
-    from inq.kernels.triton.swar import swar_config
+    main loops: for each tiling ``swar_config`` offers (the GPU times them and keeps the
+    fastest), the slowest of memory, instruction issue and the tensor cores; the fastest
+    tiling is reported. An estimate, not a measurement: no latency, occupancy or launch cost
+    is modelled beyond the CTAs per SM."""
+    from inq.kernels.triton.swar import candidates, swar_config
 
     compiled = {(r.variant.name, r.variant.dtype, r.variant.constexprs.get("BITS")): r
                 for r in results}  # fmt: skip
@@ -607,31 +608,42 @@ def estimate_linear(
         for out_f, in_f in LINEAR_SHAPES:
             chunks = -(-in_f // (16 * per_word))
             for batch in LINEAR_BATCHES:
-                cfg = swar_config(batch, out_f, chunks, False, device.sms)
-                name = _swar_variant(cfg, "fp16", per_word, bits).name
-                r = compiled.get((name, "fp16", 4 if per_word == 8 else 8))
-                if r is None or r.loop is None:
-                    continue
-                tiles = -(-batch // cfg.block_m) * -(-out_f // cfg.block_n)
-                ctas = tiles * cfg.split_k
-                steps = -(-chunks * CHUNK_WORDS // cfg.block_w)
-                per_cta = -(-steps // cfg.split_k)  # main-loop iterations of one CTA
-                per_sm = -(-ctas // device.sms)
-                issue = per_sm * per_cta * r.loop.instructions * cfg.num_warps
-                issue_us = issue / (device.issue_per_clock * device.clock_ghz * 1e3)
-                macs = per_sm * per_cta * r.variant.loop_macs
-                sm_macs_per_us = device.fp16_tflops * 1e6 / 2 / device.sms
-                tensor_us = macs / sm_macs_per_us if r.variant.tensor_cores else 0.0
-                moved = out_f * chunks * CHUNK_WORDS * 4 + 2 * batch * (in_f + out_f)
-                if cfg.split_k > 1:
-                    moved += 2 * 4 * cfg.split_k * batch * out_f  # partial sums, out and in
-                memory_us = moved / device.bandwidth_gbps / 1e3
-                dense = 2 * out_f * in_f + 2 * batch * (in_f + out_f)
-                cublas = device.roofline_us(dense, 2 * batch * out_f * in_f)
-                best = max(memory_us, issue_us, tensor_us)
-                out.append(Estimate(f"{out_f}x{in_f}", batch, bits, name, ctas, memory_us,
-                                    issue_us, tensor_us, best, cublas))  # fmt: skip
+                options = []
+                for choice in range(candidates(batch, False)):
+                    cfg = swar_config(batch, out_f, chunks, False, device.sms, choice=choice)
+                    r = compiled.get((_swar_variant(cfg, "fp16", per_word, bits).name, "fp16",
+                                      4 if per_word == 8 else 8))  # fmt: skip
+                    if r is not None and r.loop is not None:
+                        options.append(_estimate(r, cfg, out_f, in_f, batch, chunks, device))
+                if options:
+                    out.append(min(options, key=lambda e: e.estimate_us))
     return out
+
+
+def _estimate(
+    r: CompiledVariant, cfg: Any, out_f: int, in_f: int, batch: int, chunks: int, device: Device
+) -> Estimate:
+    """The static estimate of one linear case on one compiled tiling (see
+    :func:`estimate_linear`)."""
+    tiles = -(-batch // cfg.block_m) * -(-out_f // cfg.block_n)
+    ctas = tiles * cfg.split_k
+    steps = -(-chunks * CHUNK_WORDS // cfg.block_w)
+    per_cta = -(-steps // cfg.split_k)  # main-loop iterations of one CTA
+    per_sm = -(-ctas // device.sms)
+    issue = per_sm * per_cta * r.loop.instructions * cfg.num_warps
+    issue_us = issue / (device.issue_per_clock * device.clock_ghz * 1e3)
+    macs = per_sm * per_cta * r.variant.loop_macs
+    sm_macs_per_us = device.fp16_tflops * 1e6 / 2 / device.sms
+    tensor_us = macs / sm_macs_per_us if r.variant.tensor_cores else 0.0
+    moved = out_f * chunks * CHUNK_WORDS * 4 + 2 * batch * (in_f + out_f)
+    if cfg.split_k > 1:
+        moved += 2 * 4 * cfg.split_k * batch * out_f  # partial sums, out and in
+    memory_us = moved / device.bandwidth_gbps / 1e3
+    cublas = device.roofline_us(2 * out_f * in_f + 2 * batch * (in_f + out_f),
+                                2 * batch * out_f * in_f)  # fmt: skip
+    best = max(memory_us, issue_us, tensor_us)
+    return Estimate(f"{out_f}x{in_f}", batch, r.variant.constexprs["BITS"], r.variant.name, ctas,
+                    memory_us, issue_us, tensor_us, best, cublas)  # fmt: skip
 
 
 def format_estimates(rows: list[Estimate], device: Device = H100) -> str:
