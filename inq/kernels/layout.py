@@ -37,7 +37,7 @@ returns ``None`` and the launcher uses the generic kernels, which decode the cod
 
 Example:
     >>> from inq.codes import pack_codes
-    >>> codes = torch.tensor([[8, 13, 0, 9]], dtype=torch.uint8)  # 4 bits: 2**n1, -2**(n1-1), 0, ..
+    >>> codes = torch.tensor([[8, 13, 0, 9]], dtype=torch.uint8)  # 2**n1, -2**(n1-1), 0, 2**(n1-1)
     >>> kw = kernel_weight(pack_codes(codes, 4), 4, -1, 4, torch.float16)
     >>> kw.words.shape, kw.scale.tolist(), kw.fmt
     (torch.Size([1, 16]), [-5], 'fp16')
@@ -58,6 +58,7 @@ from inq.pow2 import check_top_level
 
 __all__ = [
     "CHUNK_WORDS",
+    "MIN_EXP",
     "KernelWeight",
     "cached_kernel_weight",
     "dequantize",
@@ -66,10 +67,10 @@ __all__ = [
 ]
 
 CHUNK_WORDS = 16
-# exponent of the smallest power of two each activation dtype holds (as the kernels' MIN_EXP)
-_MIN_EXP = {torch.float32: -149, torch.bfloat16: -133, torch.float16: -24}
-# bit positions (least significant first: j0, j1, ..., n or exponent top, sign) of one code in
-# its 16-bit half, per pair g: (sign, exponent bits from the top down)
+# exponent of the smallest power of two each activation dtype holds (its smallest subnormal)
+MIN_EXP = {torch.float32: -149, torch.bfloat16: -133, torch.float16: -24}
+# where the fields of a nibble code (sign, nonzero bit n, exponent bits j1, j0) sit in its
+# 16-bit half, per pair g
 _NIBBLE_FP16 = [(15, 14, 11, 10), (13, 12, 9, 8), (7, 6, 3, 2), (5, 4, 1, 0)]
 _NIBBLE_BF16 = [(15, 14, 8, 7), (13, 12, 6, 5), (11, 10, 4, 3), (9, 0, 2, 1)]
 
@@ -112,7 +113,7 @@ def kernel_weight(
                else torch.full((rows,), int(n1), dtype=torch.int64, device=device))  # fmt: skip
     offset = codes & ((1 << (bits - 2)) - 1)
     sign = (codes >> (bits - 2)) & 1
-    live = (codes != 0) & (n1_rows[:, None] - offset >= _MIN_EXP[dtype])
+    live = (codes != 0) & (n1_rows[:, None] - offset >= MIN_EXP[dtype])
     per_word = 32 // code_width(bits)
     fmt = layout_format(dtype)
     if per_word == 8:

@@ -40,6 +40,7 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.codes import code_width, row_bytes
+from inq.kernels.layout import MIN_EXP
 from inq.pow2 import check_bits, check_top_level
 
 __all__ = [
@@ -67,8 +68,6 @@ __all__ = [
 ]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# exponent of the smallest power of two each activation dtype holds (its smallest subnormal)
-MIN_EXP = {torch.float32: -149, torch.bfloat16: -133, torch.float16: -24}
 _LOWEST_N1 = -300
 _NOMINAL_SMS = 132  # an H100 SXM: split-K heuristics under the interpreter (no device to ask)
 # read when the kernels are defined, as Triton reads TRITON_INTERPRET to choose the interpreter
