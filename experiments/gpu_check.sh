@@ -13,9 +13,10 @@
 #   step    images/s of a training step (ResNet-20, AMP) with and without the INQ scheduler.
 # Usage: [STEPS="..."] experiments/gpu_check.sh [LOG_DIR] [extra args for `inq bench kernel`]
 # STEPS default: "tests static bench ncu". Each step stops after STEP_TIMEOUT seconds
-# (default 240). Needs torch (CUDA) with triton, torchvision,
-# safetensors, scikit-learn, pytest, hypothesis, hydra-core and tensorboard. Runs from a plain
-# checkout too (python3 -m puts the repository root on the import path).
+# (default 150: five steps stay within a 15-minute GPU slot even if each hits it). Needs
+# torch (CUDA) with triton, torchvision, safetensors, scikit-learn, pytest, hypothesis,
+# hydra-core and tensorboard. Runs from a plain checkout too (python3 -m puts the repository
+# root on the import path).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=${1:-experiments/gpu}
@@ -34,7 +35,7 @@ step() {  # step NAME LOG COMMAND...: run it, log its output, print its exit sta
   local name=$1 log=$2
   shift 2
   local start=$(date +%s)
-  timeout "${STEP_TIMEOUT:-240}" "$@" >"$logs/$log" 2>&1
+  timeout "${STEP_TIMEOUT:-150}" "$@" >"$logs/$log" 2>&1
   local rc=$?
   echo "$name: exit $rc after $(($(date +%s) - start)) s (log: $logs/$log)"
   return $rc
