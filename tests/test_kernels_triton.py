@@ -452,9 +452,7 @@ def test_every_candidate_tiling_gives_the_same_bits(m: int, dtype) -> None:
     in the same order: every output is the same sum, bit for bit, whichever is picked."""
     o, k, bits = 200, 300, 4
     packed = pack_codes(random_codes(o, k, bits, seed=m), bits)
-    layout = kernel_weight(packed, bits, -1, k, dtype)
-    layout = type(layout)(layout.words.to(DEVICE), layout.scale.to(DEVICE), k, layout.per_word,
-                          layout.fmt)  # fmt: skip
+    layout = kernel_weight(packed.to(DEVICE), bits, -1, k, dtype)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype).to(DEVICE)
     chunks = layout.words.shape[1] // 16
     bf16 = dtype == torch.bfloat16

@@ -85,7 +85,6 @@ class KernelWeight:
 
     words: Tensor
     scale: Tensor
-    in_features: int
     per_word: int  # codes per int32 word: 8 (nibbles) or 4 (bytes)
     fmt: str  # "fp16" or "bf16": what a decoded pair of codes is
 
@@ -117,28 +116,27 @@ def kernel_weight(
     per_word = 32 // code_width(bits)
     fmt = layout_format(dtype)
     if per_word == 8:
-        top = torch.full((rows,), 4, dtype=torch.int64, device=device)
+        top = 4
         stored = 4 | (3 - offset)  # the nonzero bit n, then j of 2**(1 + j) = 2**(4 - o)
-    else:
-        o_min = torch.where(live, offset, 63).amin(1, keepdim=True) if in_features else 0
-        rel = offset - o_min
+    else:  # levels relative to the row's largest live one (offset o_min)
+        o_min = torch.where(live, offset, 63).amin(1) if in_features else offset.new_zeros(rows)
+        rel = offset - o_min[:, None]
         if fmt == "fp16":
             if bool((live & (rel > 31)).any()):
                 return None  # e5m2 holds 2**15 .. 2**-16: 32 powers
             # 2**(15 - rel): normal (exponent field 30 - rel), or the subnormals 2**-15, 2**-16
             stored = torch.where(rel <= 29, (30 - rel) << 2, 1 << (31 - rel).clamp(0, 1))
-            top = 15 + torch.as_tensor(o_min, device=device).flatten()
+            top = 15 + o_min
         else:
             stored = 127 - rel  # the bf16 exponent field of 2**-rel
-            top = torch.as_tensor(o_min, device=device).flatten()
-        top = top.expand(rows).to(torch.int64)
+            top = o_min
     scale = n1_rows - top
     any_live = live.any(1)
     if bool((any_live & ((scale < -126) | (scale > 127))).any()):
         return None  # 2**scale is no normal fp32: the generic kernels
     scale = torch.where(any_live, scale, 0).to(torch.int32)
     field = torch.where(live, (sign << (7 if per_word == 4 else 3)) | stored, 0)
-    return KernelWeight(_pack(field, per_word, fmt), scale, in_features, per_word, fmt)
+    return KernelWeight(_pack(field, per_word, fmt), scale, per_word, fmt)
 
 
 # id(packed) -> (weak reference to packed, {(bits, in_features, dtype, n1, id(n1 rows)):

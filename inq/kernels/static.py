@@ -30,6 +30,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -280,12 +281,11 @@ def swar_variants() -> list[Variant]:
 
     out, seen = [], set()
     for dtype in ("fp16", "bf16", "fp32"):
-        fp32 = dtype == "fp32"
+        fp32, bf16 = dtype == "fp32", dtype != "fp16"
         for per_word in (8, 4):
             bits = 4 if per_word == 8 else 8
             chunks = 4096 // (16 * per_word)
             for rows in (1, 2, 4, 8, 16, 64, 256) if fp32 else (1, 16, 32, 64, 256):
-                bf16 = dtype != "fp16"
                 for choice in range(candidates(rows, fp32, bf16)):
                     cfg = swar_config(rows, 4096, chunks, fp32, 132, None, choice, bf16)
                     variant = _swar_variant(cfg, dtype, per_word, bits)
@@ -434,25 +434,22 @@ def loop_stats(sass: str) -> LoopStats | None:
     index = {address: i for i, (address, _, _) in enumerate(code)}
     loops = []
     for end, (address, op, rest) in enumerate(code):
-        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
-        if target and int(target.group(1), 16) < address and int(target.group(1), 16) in index:
-            loops.append((end - index[int(target.group(1), 16)] + 1, end))
+        found = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        target = int(found.group(1), 16) if found else None
+        if target is not None and target < address and target in index:
+            loops.append((end - index[target] + 1, end))
     if not loops:
         return None
     size, end = max(loops)
     body = code[end - size + 1 : end + 1]
     ops = [op for _, op, _ in body]
-    loads: dict[str, int] = {}
-    for op in ops:
-        if op.split(".")[0] == "LDG":
-            loads[op] = loads.get(op, 0) + 1
-    waits = [int(m.group(1), 16) if m.group(1).startswith("0x") else int(m.group(1))
-             for _, op, rest in body if op.startswith("WARPGROUP.DEPBAR")
-             for m in [re.search(r"gsb0,\s*(0x[0-9a-f]+|\d+)", rest)] if m]  # fmt: skip
+    depths = (re.search(r"gsb0,\s*(0x[0-9a-f]+|\d+)", rest)
+              for _, op, rest in body if op.startswith("WARPGROUP.DEPBAR"))  # fmt: skip
+    waits = [int(found.group(1), 0) for found in depths if found]
     return LoopStats(
         instructions=len(ops),
         int_ops=sum(op.split(".")[0] in _INT_PIPE for op in ops),
-        loads=loads,
+        loads=dict(Counter(op for op in ops if op.split(".")[0] == "LDG")),
         async_copies=sum(op.startswith(("LDGSTS", "UTMALDG", "UBLKCP")) for op in ops),
         shuffles=sum(op.startswith("SHFL") for op in ops),
         barriers=sum(op.startswith("BAR") for op in ops),

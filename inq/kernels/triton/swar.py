@@ -24,6 +24,7 @@ about ``2**120`` in magnitude.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -207,7 +208,6 @@ _MMA_CANDIDATES = {
     64: [(128, 4, 3), (64, 4, 3)],
     128: [(128, 8, 3), (64, 4, 3)],
 }
-_BF16_SKINNY_CANDIDATES = 1
 
 
 def swar_config(
@@ -235,18 +235,8 @@ def swar_config(
         >>> swar_config(1, 4096, 32, fp32=False, sms=132)
         SwarConfig(kernel='mma', block_m=16, block_n=128, block_w=16, split_k=5, num_warps=4, num_stages=4)
     """  # noqa: E501
-    if fp32 and rows <= GEMV_MAX_ROWS:
-        block_m = triton.next_power_of_2(rows)
-        # (weight rows, words) per step: the fewest lane-ops per weight without spills
-        block_n, block_w = {1: (64, 32), 2: (64, 16), 4: (64, 16), 8: (32, 32)}[block_m]
-        tiles = [SwarConfig("gemv", block_m, block_n, block_w, 1, 4, 1)]
-    elif fp32:
-        tiles = [SwarConfig("mma", 32, 64, CHUNK_WORDS, 1, 4, 3)]
-    else:
-        block_m = min(128, max(16, triton.next_power_of_2(rows)))
-        tiles = [SwarConfig("mma", block_m, n, CHUNK_WORDS, 1, warps, stages)
-                 for n, warps, stages in _MMA_CANDIDATES[block_m]]  # fmt: skip
-    if choice >= candidates(rows, fp32, bf16):
+    tiles = _tilings(rows, fp32, bf16)
+    if choice >= len(tiles):
         raise ValueError(f"no tiling {choice} for {rows} rows")
     default, cfg = tiles[0], tiles[choice]
     steps = -(-chunks * CHUNK_WORDS // cfg.block_w)
@@ -261,12 +251,31 @@ def swar_config(
 
 def candidates(rows: int, fp32: bool, bf16: bool = False) -> int:
     """How many tilings :func:`swar_config` offers for ``rows`` of x (see its ``choice``)."""
+    return len(_tilings(rows, fp32, bf16))
+
+
+def _tilings(rows: int, fp32: bool, bf16: bool) -> list[SwarConfig]:
+    """The tilings on offer for ``rows`` of x, K not yet split."""
+    if fp32 and rows <= GEMV_MAX_ROWS:
+        block_m = triton.next_power_of_2(rows)
+        # (weight rows, words) per step: the fewest lane-ops per weight without spills
+        block_n, block_w = {1: (64, 32), 2: (64, 16), 4: (64, 16), 8: (32, 32)}[block_m]
+        return [SwarConfig("gemv", block_m, block_n, block_w, 1, 4, 1)]
     if fp32:
-        return 1
-    bucket = min(128, max(16, triton.next_power_of_2(rows)))
-    if bf16 and bucket <= 64:
-        return _BF16_SKINNY_CANDIDATES
-    return len(_MMA_CANDIDATES[bucket])
+        return [SwarConfig("mma", 32, 64, CHUNK_WORDS, 1, 4, 3)]
+    block_m = min(128, max(16, triton.next_power_of_2(rows)))
+    options = _MMA_CANDIDATES[block_m][: 1 if bf16 and block_m <= 64 else None]
+    return [SwarConfig("mma", block_m, n, CHUNK_WORDS, 1, warps, stages)
+            for n, warps, stages in options]  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_options(
+    rows: int, n: int, chunks: int, fp32: bool, sms: int, split_k: int | None, bf16: bool
+) -> tuple[SwarConfig, ...]:
+    """Every tiling :func:`swar_config` offers for one call's shape, made once per shape."""
+    return tuple(swar_config(rows, n, chunks, fp32, sms, split_k, choice, bf16)
+                 for choice in range(candidates(rows, fp32, bf16)))  # fmt: skip
 
 
 # (device, dtype, layout, rows bucket, out_features, words per row, split_k) -> chosen candidate
@@ -316,20 +325,14 @@ def swar_linear(
     """``out = x @ W.T + bias`` for 2-d contiguous ``x`` and ``weight`` in the kernel layout;
     ``bias`` (if any) in ``x``'s dtype. On a GPU the first call of a shape times the
     candidate tilings (:func:`choose`); they give the same result."""
-    m = x.shape[0]
     n, kw = weight.words.shape
     fp32 = x.dtype == torch.float32
-
-    bf16 = weight.fmt == "bf16"
-
-    def run(choice: int) -> None:
-        cfg = swar_config(m, n, kw // CHUNK_WORDS, fp32, sms, split_k, choice, bf16)
-        _launch(x, weight, bias, out, cfg)
-
-    count = candidates(m, fp32, bf16) if x.is_cuda else 1
-    cfg0 = swar_config(m, n, kw // CHUNK_WORDS, fp32, sms, split_k)
-    bucket = (x.device, x.dtype, weight.per_word, cfg0.block_m, n, kw, cfg0.split_k)
-    run(choose(bucket, count, run))
+    options = _launch_options(x.shape[0], n, kw // CHUNK_WORDS, fp32, sms, split_k,
+                              weight.fmt == "bf16")  # fmt: skip
+    key = (x.device, x.dtype, weight.per_word, options[0].block_m, n, kw, options[0].split_k)
+    count = len(options) if x.is_cuda else 1
+    best = choose(key, count, lambda i: _launch(x, weight, bias, out, options[i]))
+    _launch(x, weight, bias, out, options[best])
 
 
 def _launch(x: Tensor, weight: KernelWeight, bias: Tensor | None, out: Tensor,
