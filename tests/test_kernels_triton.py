@@ -654,6 +654,110 @@ def test_conv_int8_refusals() -> None:
     assert empty.shape == (0, 4, 5, 5) and empty.dtype == torch.int32
 
 
+# ---------------------------------------------------------------------------------- int8 MMA
+
+
+def mma_codes(o: int, k: int, bits: int, frac: int, seed: int) -> torch.Tensor:
+    """Codes whose offsets are all at most ``frac`` (every term a product: the int8 tensor-core
+    kernel's domain), each magnitude ``2**frac`` .. 1 present in row 0 where K allows, and a
+    fifth of them zero."""
+    gen = torch.Generator().manual_seed(seed)
+    offsets = torch.randint(0, min(frac, (1 << (bits - 2)) - 1) + 1, (o, k), generator=gen)
+    signs = torch.randint(0, 2, (o, k), generator=gen)
+    live = min(k, frac + 1)
+    offsets[0, :live] = torch.arange(live).clamp(max=(1 << (bits - 2)) - 1)
+    codes = (1 << (bits - 1)) | (signs << (bits - 2)) | offsets
+    codes[torch.rand(o, k, generator=gen) < 0.2] = 0
+    return codes.to(torch.uint8)
+
+
+def extreme_activations(shape, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Random int8 or uint8 values with the extremes (-128 and 127, or 0 and 255) in front."""
+    low, high = (0, 256) if dtype == torch.uint8 else (-128, 128)
+    x = torch.randint(low, high, shape, generator=torch.Generator().manual_seed(seed))
+    flat = x.view(-1)
+    flat[: min(2, flat.numel())] = torch.tensor([low, high - 1])[: min(2, flat.numel())]
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
+@pytest.mark.parametrize(
+    ("m", "o", "k", "bits", "frac"),
+    [
+        (1, 16, 1, 2, 0),  # one term; batch 1
+        (3, 17, 100, 3, 1),  # odd outputs and K
+        (17, 64, 130, 4, 3),  # rows across a 16-row tile, K across 64-column steps
+        (5, 40, 65, 5, 7),  # 5 bits: +-128, a second int8 product
+        (2, 33, 2100, 6, 11),  # K split across CTAs (33 steps > 32), exponents up to 11
+        (4, 16, 96, 8, 13),  # 8-bit codes, exponents up to 13 (two parts)
+    ],
+)
+def test_imma_linear_bit_exact(m, o, k, bits, frac, dtype: torch.dtype) -> None:
+    """The int8 tensor-core path equals the reference bit for bit, both activation types."""
+    packed = pack_codes(mma_codes(o, k, bits, frac, seed=o + k), bits)
+    x = extreme_activations((m, k), dtype, seed=k)
+    out, check = guarded((m, o), torch.int32)
+    y = tk.shift_linear_int8(x.to(DEVICE), packed.to(DEVICE), bits, k, frac, out=out,
+                             kernel="imma")  # fmt: skip
+    check()
+    assert torch.equal(y.cpu(), shift_linear_int8_reference(x, packed, bits, k, frac))
+
+
+# (N, Cin, H, W, Cout, kh, kw, stride, padding, dilation, groups, bits, frac): tap-wise steps
+# (>= 32 channels a group) and flat ones (fewer), groups, odd channel counts, stride, padding,
+# dilation, split-K, 5-bit weights of +-128
+IMMA_CONV_CASES = [
+    (1, 3, 11, 9, 16, 3, 3, 2, 1, 1, 1, 4, 3),  # a first conv: 3 channels, flat K steps
+    (2, 64, 5, 6, 32, 3, 3, 1, 1, 1, 1, 5, 7),  # tap-wise, 64 channels, +-128
+    (1, 33, 7, 7, 17, 3, 3, 1, 2, 2, 1, 4, 3),  # odd channels (33 = a step of 32 + 1), dilated
+    (2, 64, 8, 8, 64, 1, 1, 2, 0, 1, 2, 4, 2),  # grouped 1x1, stride 2
+    (1, 256, 4, 4, 16, 3, 3, 1, 1, 1, 1, 3, 1),  # 36 steps: K split
+    (1, 10, 9, 8, 48, 5, 3, (2, 1), (2, 0), (1, 2), 2, 6, 9),  # 5 channels a group, flat
+]
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
+@pytest.mark.parametrize("case", IMMA_CONV_CASES)
+def test_imma_conv_bit_exact(case, dtype: torch.dtype, channels_last: bool) -> None:
+    """Bit-exact with the reference; uint8 with padding checks that a padded zero adds 0."""
+    n, cin, h, wd, cout, kh, kw, stride, padding, dilation, groups, bits, frac = case
+    shape = [cout, cin // groups, kh, kw]
+    k = math.prod(shape[1:])
+    packed = pack_codes(mma_codes(cout, k, bits, frac, seed=cout + k), bits)
+    x = extreme_activations((n, cin, h, wd), dtype, seed=k)
+    args = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    ref = shift_conv2d_int8_reference(x, packed, bits, shape, *args, frac)
+    out, check = guarded(tuple(ref.shape), torch.int32)
+    y = tk.shift_conv2d_int8(x.to(DEVICE, memory_format=layout), packed.to(DEVICE), bits,
+                             shape, *args, frac, out=out, kernel="imma")  # fmt: skip
+    check()
+    assert torch.equal(y.cpu(), ref)
+
+
+def test_imma_dispatch_empty_and_refusals() -> None:
+    """``auto`` takes the tensor cores only where a layer allows; empty batches give empty
+    results; ``imma`` refuses a layer it cannot run, naming why."""
+    shape, args = [16, 32, 3, 3], ([1, 1], [1, 1], [1, 1], 1)
+    packed = pack_codes(mma_codes(16, 288, 4, 3, seed=0), 4).to(DEVICE)
+    x = torch.zeros(0, 32, 5, 5, dtype=torch.uint8, device=DEVICE)
+    empty = tk.shift_conv2d_int8(x, packed, 4, shape, *args, 3, kernel="imma")
+    assert empty.shape == (0, 16, 5, 5) and empty.dtype == torch.int32
+    rows = tk.shift_linear_int8(torch.zeros(0, 288, dtype=torch.int8, device=DEVICE), packed, 4,
+                                288, 3, kernel="imma")  # fmt: skip
+    assert rows.shape == (0, 16)
+    with pytest.raises(ValueError, match="no int8 tensor-core layout"):  # offset 3 floors
+        tk.shift_conv2d_int8(x, packed, 4, shape, *args, 2, kernel="imma")
+    depthwise = pack_codes(mma_codes(8, 9, 4, 3, seed=1), 4).to(DEVICE)
+    with pytest.raises(ValueError, match="fewer than 16"):
+        tk.shift_conv2d_int8(torch.zeros(1, 8, 5, 5, dtype=torch.int8, device=DEVICE), depthwise,
+                             4, [8, 1, 3, 3], *args[:3], 8, 3, kernel="imma")  # fmt: skip
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        tk.shift_linear_int8(torch.zeros(1, 288, dtype=torch.int8, device=DEVICE), packed, 4,
+                             288, 3, kernel="cudnn")  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------- ops
 
 

@@ -48,7 +48,9 @@ Example:
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -61,11 +63,13 @@ __all__ = [
     "MIN_EXP",
     "KernelWeight",
     "cached_kernel_weight",
+    "cached_layout",
     "dequantize",
     "kernel_weight",
     "layout_format",
 ]
 
+T = TypeVar("T")
 CHUNK_WORDS = 16
 # exponent of the smallest power of two each activation dtype holds (its smallest subnormal)
 MIN_EXP = {torch.float32: -149, torch.bfloat16: -133, torch.float16: -24}
@@ -139,8 +143,8 @@ def kernel_weight(
     return KernelWeight(_pack(field, per_word, fmt), scale, per_word, fmt)
 
 
-# id(packed) -> (weak reference to packed, {(bits, in_features, dtype, n1, id(n1 rows)):
-# (versions, weak reference to the n1 rows or None, layout)}); by id, as tensors do not hash by
+# id(packed) -> (weak reference to packed, {key: (versions, weak reference to the per-row
+# tensor or None, layout)}); by id, as tensors do not hash by
 # value, and dropped when packed dies
 _CACHE: dict[int, tuple[weakref.ref, dict]] = {}
 
@@ -188,6 +192,17 @@ def cached_kernel_weight(
     rows = n1 if isinstance(n1, Tensor) else n1_rows
     base = 0 if isinstance(n1, Tensor) else int(n1)
     key = (bits, in_features, dtype, base, None if rows is None else id(rows))
+    effective = n1 if rows is None else rows.to(torch.int64) + base
+
+    def build() -> KernelWeight | None:
+        return kernel_weight(packed, bits, effective, in_features, dtype)
+
+    return cached_layout(packed, key, build, rows)
+
+
+def cached_layout(packed: Tensor, key: tuple, build: Callable[[], T], rows: Tensor | None = None) -> T:
+    """``build()``, made once per ``packed`` tensor object and ``key`` (and per-row tensor
+    ``rows``, if any), rebuilt when either changes in place, dropped when ``packed`` dies."""
     versions = (packed._version, 0 if rows is None else rows._version)
     entries = _entries(packed)
     hit = entries.get(key)
@@ -195,8 +210,7 @@ def cached_kernel_weight(
         return hit[2]
     for stale in [k for k, (_, ref, _) in entries.items() if ref is not None and ref() is None]:
         del entries[stale]
-    effective = n1 if rows is None else rows.to(torch.int64) + base
-    layout = kernel_weight(packed, bits, effective, in_features, dtype)
+    layout = build()
     entries[key] = (versions, None if rows is None else weakref.ref(rows), layout)
     return layout
 

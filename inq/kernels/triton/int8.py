@@ -27,11 +27,15 @@ from torch import Tensor
 
 from inq.codes import code_width
 from inq.kernels.int8 import check_conv2d_int8_args, check_int8_args
+from inq.kernels.int8_layout import Int8Weight, cached_int8_weight
 from inq.kernels.ops import conv2d_output_size
 from inq.kernels.triton.conv import ConvConfig, conv_tile, gather_patches, pixel_origins
 from inq.kernels.triton.decode import check_devices, check_operands, load_codes, output_tensor
+from inq.kernels.triton.imma import MIN_OUTPUTS, imma_conv2d
 
-__all__ = ["conv_int8_config", "shift_conv2d_int8", "shift_linear_int8"]
+__all__ = ["KERNELS", "conv_int8_config", "shift_conv2d_int8", "shift_linear_int8"]
+
+KERNELS = ("auto", "imma", "shift_add")  # which kernel a launcher runs ("auto": imma if it can)
 
 BLOCK_M, BLOCK_O, BLOCK_K = 4, 32, 64
 _CONV_TERMS = 8192  # terms per conv tile (BLOCK_M * BLOCK_N * BLOCK_K), as the linear tile
@@ -110,12 +114,16 @@ def shift_linear_int8(
     in_features: int,
     frac_bits: int,
     out: Tensor | None = None,
+    kernel: str = "auto",
 ) -> Tensor:
     """``inq::shift_linear_int8`` on a Triton kernel (CUDA, or CPU under the interpreter), int8
     or uint8 ``x``; ``out``, a contiguous int32 ``[rows, O]`` tensor, receives the result if given.
+    ``kernel`` (:data:`KERNELS`): int8 tensor cores where the layer allows
+    (:mod:`inq.kernels.triton.imma`), else shift-add.
 
     Raises:
-        ValueError: as :func:`inq.kernels.int8.check_int8_args`.
+        ValueError: as :func:`inq.kernels.int8.check_int8_args`; ``kernel="imma"`` for a layer
+            the tensor-core kernel cannot run.
     """
     check_int8_args(x, bits, in_features, frac_bits)
     check_devices("shift_linear_int8", x, packed)
@@ -123,8 +131,12 @@ def shift_linear_int8(
     m, o = rows.shape[0], packed.shape[0]
     check_operands("shift_linear_int8", packed, bits, o, in_features, None, x.numel(), m * o)
     out = output_tensor(out, (m, o), torch.int32, x.device)
+    imma = _imma_weight("shift_linear_int8", kernel, packed, bits, in_features, frac_bits, 1, o)
     if m and o and not in_features:
         out.zero_()
+    elif m and o and imma is not None:
+        imma_conv2d(rows.view(m, in_features, 1, 1), imma, [o, in_features, 1, 1], [1, 1],
+                    [0, 0], [1, 1], 1, out.view(m, o, 1, 1))  # fmt: skip
     elif m and o:
         grid = (triton.cdiv(m, BLOCK_M) * triton.cdiv(o, BLOCK_O),)
         _int8_kernel[grid](
@@ -160,14 +172,16 @@ def shift_conv2d_int8(
     groups: int,
     frac_bits: int,
     out: Tensor | None = None,
+    kernel: str = "auto",
 ) -> Tensor:
     """``inq::shift_conv2d_int8`` on a Triton kernel (CUDA, or CPU under the interpreter):
     int8 or uint8 ``x [N, Cin, H, W]`` (any memory format) to a contiguous int32
-    ``[N, O, OH, OW]``; ``out``, such a tensor, receives the result if given.
+    ``[N, O, OH, OW]``; ``out``, such a tensor, receives the result if given. ``kernel`` as
+    for :func:`shift_linear_int8`.
 
     Raises:
         ValueError: as :func:`inq.kernels.int8.check_conv2d_int8_args`; on packed codes that
-            do not fit ``weight_shape``.
+            do not fit ``weight_shape``; ``kernel="imma"`` for a layer it cannot run.
     """
     check_conv2d_int8_args(x, bits, weight_shape, stride, padding, dilation, groups, frac_bits)
     check_devices("shift_conv2d_int8", x, packed)
@@ -177,8 +191,12 @@ def shift_conv2d_int8(
     k = cg * kh * kw
     check_operands("shift_conv2d_int8", packed, bits, o, k, None, x.numel(), nb * o * oh * ow)
     out = output_tensor(out, (nb, o, oh, ow), torch.int32, x.device)
-    if out.numel():
-        og, pixels = o // groups, nb * oh * ow
+    og = o // groups
+    imma = _imma_weight("shift_conv2d_int8", kernel, packed, bits, k, frac_bits, kh * kw, og)
+    if out.numel() and imma is not None:
+        imma_conv2d(x, imma, weight_shape, stride, padding, dilation, groups, out)
+    elif out.numel():
+        pixels = nb * oh * ow
         cfg = conv_int8_config(og)
         grid = (groups * triton.cdiv(pixels, cfg.block_m) * triton.cdiv(og, cfg.block_n),)
         _conv_int8_kernel[grid](
@@ -188,3 +206,21 @@ def shift_conv2d_int8(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     return out
+
+
+def _imma_weight(
+    op: str, kernel: str, packed: Tensor, bits: int, k: int, frac: int, taps: int, og: int
+) -> Int8Weight | None:
+    """The int8 layout for the tensor-core kernel, or ``None`` where the shift-add kernel runs
+    (``kernel="shift_add"``, fewer than :data:`MIN_OUTPUTS` outputs a group, or no layout)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"{op}: kernel must be one of {KERNELS}, got {kernel!r}")
+    weight = None
+    if kernel != "shift_add" and og >= MIN_OUTPUTS:
+        weight = cached_int8_weight(packed, bits, k, frac, taps)
+    if kernel == "imma" and weight is None:
+        raise ValueError(
+            f"{op}: no int8 tensor-core layout for this layer (fewer than {MIN_OUTPUTS} "
+            "outputs a group, a term that floors, or weights beyond two int8 parts)"
+        )
+    return weight

@@ -1,0 +1,177 @@
+"""``inq::shift_conv2d_int8`` and ``inq::shift_linear_int8`` on int8 tensor cores.
+
+Where a layer's terms are all plain products (:mod:`inq.kernels.int8_layout`), the op is an
+integer matrix product, and an int8 x int8 -> int32 MMA computes it exactly. One kernel,
+:func:`_imma_kernel`, runs both ops: a linear layer is a 1x1 convolution of a 1x1 image.
+
+- The convolution is an implicit GEMM of output pixels (``N*OH*OW``) by output channels over
+  ``K = kh * kw * Cin/groups`` in ``(kh, kw, c)`` order, on a channels_last copy of the input:
+  a K step is one tap times ``BLOCK_K`` consecutive channels, so its index math (input row and
+  column, bounds, address) is per pixel, not per element, and its loads are contiguous. Layers
+  with fewer than 32 channels a group (a network's first conv) take ``FLAT`` steps: the taps
+  and channels of a K step are worked out per column.
+- uint8 activations are flipped to ``x - 128`` on load and corrected by ``128 * row_sum`` at the
+  end; weights beyond int8 run a second product (``parts[1]``, shifted by 7).
+- Where the tiles of an output would leave SMs idle, or run more than :data:`MAX_STEPS` serial
+  K steps, K is split across CTAs that add their int32 sums atomically: integer addition is
+  associative, so the result does not depend on the order (unlike a float split-K).
+
+Groups with fewer than 16 outputs (depthwise) and layers with no int8 layout (a term that
+floors, or weights needing three parts) keep the shift-add kernels of
+:mod:`inq.kernels.triton.int8`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from inq.kernels.int8_layout import PART_SHIFT, Int8Weight
+from inq.kernels.triton.conv import conv_tile, pixel_origins
+from inq.kernels.triton.decode import sm_count
+
+__all__ = ["MAX_STEPS", "MIN_OUTPUTS", "ImmaConfig", "imma_config", "imma_conv2d"]
+
+MAX_STEPS = 32  # serial K steps a CTA runs at most (split-K beyond)
+MIN_OUTPUTS = 16  # outputs per group below which the shift-add kernel runs (depthwise)
+_TAPWISE_CHANNELS = 32
+SHIFT = tl.constexpr(PART_SHIFT)
+
+
+@dataclass(frozen=True)
+class ImmaConfig:
+    """Tiles and K split of one launch of :func:`_imma_kernel`."""
+
+    block_m: int  # output pixels (rows)
+    block_n: int  # output channels
+    block_k: int  # channels of one tap (or flat K columns) a step
+    tapwise: bool  # a K step is one tap x block_k channels
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+
+@triton.jit
+def _imma_kernel(
+    x_ptr, w_ptr, row_sum_ptr, out_ptr,
+    P, H, W, C, OH, OW, COUT, CG, OG, K, STEPS, STEPS_PER_SPLIT,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, part_stride,
+    KH: tl.constexpr, KW: tl.constexpr, UNSIGNED: tl.constexpr, PARTS: tl.constexpr,
+    TAPWISE: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    g, rp, rn = conv_tile(tl.program_id(0), P, OG, BLOCK_M, BLOCK_N)
+    pid_k = tl.program_id(1)
+    p_ok = rp < P
+    n_ok = rn < OG
+    oc = g * OG + rn
+    n, oh, ow, ih0, iw0 = pixel_origins(rp, OH, OW, stride_h, stride_w, pad_h, pad_w)
+    rk = tl.arange(0, BLOCK_K)
+    c_tiles = tl.cdiv(CG, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+    high = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
+    first = pid_k * STEPS_PER_SPLIT
+    for t in range(first, tl.minimum(first + STEPS_PER_SPLIT, STEPS)):
+        if TAPWISE:  # one tap, channels c: index math per pixel
+            tap = t // c_tiles
+            c = (t - tap * c_tiles) * BLOCK_K + rk
+            k = tap * CG + c
+            k_ok = c < CG
+            ih = ih0 + (tap // KW) * dil_h
+            iw = iw0 + (tap % KW) * dil_w
+            pix_ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            rows = ((n * H + ih) * W + iw) * C + g * CG
+            x_ok = pix_ok[:, None] & k_ok[None, :]
+            x_offsets = rows[:, None] + c[None, :]
+        else:  # columns k of any tap
+            k = t * BLOCK_K + rk
+            k_ok = k < K
+            tap = k // CG
+            c = k - tap * CG
+            ih = ih0[:, None] + ((tap // KW) * dil_h)[None, :]
+            iw = iw0[:, None] + ((tap % KW) * dil_w)[None, :]
+            x_ok = p_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            x_offsets = ((n[:, None] * H + ih) * W + iw) * C + (g * CG + c)[None, :]
+        x = tl.load(x_ptr + x_offsets, mask=x_ok, other=0)
+        if UNSIGNED:  # x - 128 as an int8: flip the top bit
+            x = (x ^ 0x80).to(tl.int8, bitcast=True)
+        w_offsets = k[:, None] * COUT + oc[None, :]
+        w_ok = k_ok[:, None] & n_ok[None, :]
+        acc = tl.dot(x, tl.load(w_ptr + w_offsets, mask=w_ok, other=0), acc)
+        if PARTS == 2:
+            w_high = tl.load(w_ptr + part_stride + w_offsets, mask=w_ok, other=0)
+            high = tl.dot(x, w_high, high)
+    if PARTS == 2:
+        acc += high << SHIFT
+    if UNSIGNED:
+        if pid_k == 0:  # the correction once, whatever the split
+            acc += 128 * tl.load(row_sum_ptr + oc, mask=n_ok, other=0)[None, :]
+    offsets = (n * COUT * OH * OW + oh * OW + ow)[:, None] + (oc * OH * OW)[None, :]
+    mask = p_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptr + offsets, acc, mask)
+    else:
+        tl.atomic_add(out_ptr + offsets, acc, mask, sem="relaxed")
+
+
+def imma_config(pixels: int, out_per_group: int, groups: int, channels: int, taps: int,
+                sms: int) -> ImmaConfig:  # fmt: skip
+    """Tiles for ``pixels`` output rows, ``out_per_group`` x ``groups`` outputs and
+    ``channels`` (per group) x ``taps`` terms, on a GPU of ``sms`` SMs: the largest tiles that
+    fill the SMs, then split-K until every CTA runs at most :data:`MAX_STEPS` K steps and the
+    SMs are busy (a step keeps at least 4 of them).
+
+    Example:
+        >>> imma_config(49, 512, 1, 512, 9, 132)  # ResNet-18 layer4 at batch 1
+        ImmaConfig(block_m=64, block_n=64, block_k=64, tapwise=True, split_k=9, num_warps=4, num_stages=3)
+    """  # noqa: E501
+    block_m = 128 if pixels >= 4096 else 64 if pixels > 16 else 16
+    block_n = 128 if out_per_group >= 128 and pixels >= 4096 else 64 if out_per_group > 32 else 32
+    tapwise = channels >= _TAPWISE_CHANNELS
+    block_k = 64 if channels >= 64 or not tapwise else 32
+    steps = taps * triton.cdiv(channels, block_k) if tapwise else triton.cdiv(channels * taps, block_k)
+    tiles = groups * triton.cdiv(pixels, block_m) * triton.cdiv(out_per_group, block_n)
+    split = max(triton.cdiv(steps, MAX_STEPS), min(triton.cdiv(sms, tiles), steps // 4), 1)
+    split = triton.cdiv(steps, triton.cdiv(steps, split))  # no split left without a step
+    warps = 8 if block_m * block_n >= 128 * 128 else 4
+    return ImmaConfig(block_m, block_n, block_k, tapwise, split, warps, 3)
+
+
+def imma_conv2d(
+    x: Tensor,
+    weight: Int8Weight,
+    weight_shape: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    out: Tensor,
+) -> None:
+    """Write ``inq::shift_conv2d_int8`` of int8/uint8 ``x [N, Cin, H, W]`` (checked by the
+    caller) into the contiguous int32 ``out [N, O, OH, OW]`` on int8 tensor cores."""
+    o, cg, kh, kw = weight_shape
+    nb, c, h, w = x.shape
+    oh, ow = out.shape[-2:]
+    pixels = nb * oh * ow
+    cfg = imma_config(pixels, o // groups, groups, cg, kh * kw, sm_count(x.device))
+    nhwc = x.permute(0, 2, 3, 1).contiguous()
+    steps = (
+        kh * kw * triton.cdiv(cg, cfg.block_k) if cfg.tapwise else triton.cdiv(cg * kh * kw, cfg.block_k)
+    )  # fmt: skip
+    per_split = triton.cdiv(steps, cfg.split_k)
+    if cfg.split_k > 1:
+        out.zero_()
+    grid = (groups * triton.cdiv(pixels, cfg.block_m) * triton.cdiv(o // groups, cfg.block_n),
+            cfg.split_k)  # fmt: skip
+    parts = weight.parts
+    _imma_kernel[grid](
+        nhwc, parts, weight.row_sum, out,
+        pixels, h, w, c, oh, ow, o, cg, o // groups, cg * kh * kw, steps, per_split,
+        *stride, *padding, *dilation, parts.stride(0) if parts.shape[0] > 1 else 0,
+        kh, kw, x.dtype == torch.uint8, parts.shape[0], cfg.tapwise, cfg.split_k,
+        cfg.block_m, cfg.block_n, cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
