@@ -301,7 +301,7 @@ def test_conv_reference_matches_the_definition(
     for method in ("auto", "int64"):
         packed = pack_codes(codes, bits)
         y = shift_conv2d_int8_reference(x, packed, bits, shape, *geometry, frac, method)
-        assert y.is_contiguous() and torch.equal(y, expected)
+        assert y.is_contiguous(memory_format=torch.channels_last) and torch.equal(y, expected)
     assert torch.equal(torch.ops.inq.shift_conv2d_int8(x, packed, bits, shape, *geometry, frac),
                        expected)  # fmt: skip
 

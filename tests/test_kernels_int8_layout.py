@@ -49,8 +49,8 @@ def test_parts_add_up_to_the_integer_weight(bits, rows, channels, taps, seed, da
     want = integer_weight(codes, bits, frac)
     assert weight is not None and weight.parts.dtype == torch.int8
     parts = weight.parts.to(torch.int64)
-    total = sum(parts[p] << (PART_SHIFT * p) for p in range(parts.shape[0]))  # [K, O]
-    tap_major = want.view(rows, channels, taps).transpose(1, 2).reshape(rows, k).T
+    total = sum(parts[p] << (PART_SHIFT * p) for p in range(parts.shape[0]))  # [O, K]
+    tap_major = want.view(rows, channels, taps).transpose(1, 2).reshape(rows, k)
     assert torch.equal(total, tap_major)
     top_exponent = int(want.abs().max()).bit_length() - 1 if bool(want.any()) else 0
     assert parts.shape[0] == top_exponent // PART_SHIFT + 1
@@ -61,7 +61,7 @@ def test_weights_of_128_take_a_second_part() -> None:
     codes = torch.tensor([[16, 23, 31, 0]], dtype=torch.uint8)  # 5 bits: +2**7, +1, -1 (frac 7)
     weight = int8_weight(pack_codes(codes, 5), 5, 4, frac_bits=7, taps=1)
     assert weight is not None and weight.parts.shape[0] == 2
-    assert weight.parts[:, :, 0].tolist() == [[0, 1, -1, 0], [1, 0, 0, 0]]
+    assert weight.parts[:, 0].tolist() == [[0, 1, -1, 0], [1, 0, 0, 0]]
     assert weight.row_sum.tolist() == [128]
 
 
@@ -80,10 +80,10 @@ def test_cache_follows_in_place_changes() -> None:
     assert first is not cached_int8_weight(packed, 4, 2, 2, 1)  # another frac
     packed.fill_(0x99)
     again = cached_int8_weight(packed, 4, 2, 3, 1)
-    assert again is not first and again.parts[0, :, 0].tolist() == [4, 4]
+    assert again is not first and again.parts[0, 0].tolist() == [4, 4]
 
 
 @pytest.mark.parametrize("bits", [4, 5])
 def test_empty_weight(bits: int) -> None:
     weight = int8_weight(torch.zeros(0, row_bytes(2, bits), dtype=torch.uint8), bits, 2, 1, 1)
-    assert weight is not None and weight.parts.shape == (1, 2, 0)
+    assert weight is not None and weight.parts.shape == (1, 0, 2)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from inq.cli import main
-from inq.kernels.static import H100, loop_stats, roofline, variants
+from inq.kernels.static import H100, imma_grids, loop_stats, roofline, variants
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def test_every_variant_compiles_for_sm90_and_passes(
         if variant.budget is not None:  # read in its main loop
             assert row["loop_instructions"] > 0 and row["instructions_per_weight"] > 0
         if variant.tensor_cores:
-            assert row["dtype"] in ("fp16", "bf16") and row["mma"] > 0, row["name"]
+            assert row["dtype"] in ("fp16", "bf16", "int8", "uint8") and row["mma"] > 0, row["name"]
             assert row["lane_ops_per_mac"] > 0
     # every linear kernel on the kernel layout has a budget, and the CI fails where one leaves it
     linear = [r for r in records if r["name"].startswith("linear ") and r["loop_instructions"]]
@@ -41,7 +41,11 @@ def test_every_variant_compiles_for_sm90_and_passes(
     for row in linear:
         if "per_weight" in row["budget"] and row["budget"]["per_weight"] is not None:
             assert row["instructions_per_weight"] <= row["budget"]["per_weight"], row["name"]
+    # every int8 tensor-core variant but the flat first-conv steps has a budget, and is in it
+    imma = [r for r in records if r["kernel"] == "_imma_kernel"]
+    assert imma and all(r["budget"] is not None for r in imma if "flat" not in r["name"])
     assert "roofline at H100 SXM" in printed and "static estimate on H100 SXM" in printed
+    assert "grids on 132 SMs" in printed and "FAIL" not in printed
 
 
 def test_loop_stats_reads_the_largest_backward_branch_loop() -> None:
@@ -123,3 +127,13 @@ def test_roofline_counts_bytes_and_flops() -> None:
     assert big.inq_us == big.base_us == pytest.approx(big.flops / H100.fp16_tflops / 1e6)
     conv1 = rows[("conv2d", "conv1", 1)]
     assert conv1.flops == 2 * 64 * 112 * 112 * 3 * 7 * 7
+
+
+def test_imma_grids_fill_the_sms_within_32_serial_steps() -> None:
+    """Every ResNet-18 convolution at batch 1 and 32 launches at most 32 serial K steps a CTA
+    (split-K where K is long), and the batch-1 layers are split to fill the SMs."""
+    grids = imma_grids()
+    assert {g.batch for g in grids} == {1, 32} and len(grids) == 40
+    assert all(g.problem is None and 1 <= g.steps_per_cta <= 32 for g in grids)
+    late = [g for g in grids if g.batch == 1 and g.layer.startswith("layer4")]
+    assert all(g.split_k > 1 for g in late if "downsample" not in g.layer)

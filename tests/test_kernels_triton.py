@@ -79,10 +79,11 @@ def assert_close_fp32_sum(y, x, w, ref, k: int, splits: int, abs_op) -> None:
     )
 
 
-def guarded(shape: tuple[int, ...], dtype: torch.dtype, guard: int = 64):
-    """(out, check): ``out`` is a contiguous view in the middle of a sentinel-filled buffer,
-    ``check()`` asserts the kernel wrote nothing around it (the interpreter does not fault on
-    an out-of-bounds store)."""
+def guarded(shape: tuple[int, ...], dtype: torch.dtype, guard: int = 64,
+            channels_last: bool = False):  # fmt: skip
+    """(out, check): ``out`` is a contiguous (or, 4-d, channels_last) view in the middle of a
+    sentinel-filled buffer, ``check()`` asserts the kernel wrote nothing around it (the
+    interpreter does not fault on an out-of-bounds store)."""
     n = math.prod(shape)
     buf = torch.full((n + 2 * guard,), 77, dtype=dtype, device=DEVICE)
     sentinel = buf[:guard].clone()
@@ -90,7 +91,11 @@ def guarded(shape: tuple[int, ...], dtype: torch.dtype, guard: int = 64):
     def check() -> None:
         assert torch.equal(buf[:guard], sentinel) and torch.equal(buf[guard + n :], sentinel)
 
-    return buf[guard : guard + n].view(shape), check
+    inner = buf[guard : guard + n]
+    if channels_last:
+        nb, c, h, w = shape
+        return inner.view(nb, h, w, c).permute(0, 3, 1, 2), check
+    return inner.view(shape), check
 
 
 # ---------------------------------------------------------------------------------- decode
@@ -628,10 +633,10 @@ def test_conv_int8_bit_exact(case, dtype: torch.dtype) -> None:
     xd = x.to(DEVICE, memory_format=layout)
     for frac in (0, max_frac_bits(k, unsigned=dtype == torch.uint8)):
         ref = shift_conv2d_int8_reference(x, packed, bits, shape, *args, frac)
-        out, check = guarded(tuple(ref.shape), torch.int32)
+        out, check = guarded(tuple(ref.shape), torch.int32, channels_last=True)
         y = tk.shift_conv2d_int8(xd, packed.to(DEVICE), bits, shape, *args, frac, out=out)
         check()
-        assert y.is_contiguous() and torch.equal(y.cpu(), ref)
+        assert y.is_contiguous(memory_format=torch.channels_last) and torch.equal(y.cpu(), ref)
 
 
 def test_conv_int8_refusals() -> None:
@@ -648,8 +653,11 @@ def test_conv_int8_refusals() -> None:
         tk.shift_conv2d_int8(x[0], packed, 4, shape, *args, 0)
     with pytest.raises(ValueError, match="move them to one device"):
         tk.shift_conv2d_int8(x, packed.to("meta"), 4, shape, *args, 0)
-    with pytest.raises(ValueError, match="out must be"):
+    with pytest.raises(ValueError, match="out must be a channels_last"):
         tk.shift_conv2d_int8(x, packed, 4, shape, *args, 0, out=torch.empty(1, 4, 5, 5))
+    nchw = torch.empty(1, 4, 5, 5, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="out must be a channels_last"):
+        tk.shift_conv2d_int8(x, packed, 4, shape, *args, 0, out=nchw)
     empty = tk.shift_conv2d_int8(x[:0], packed, 4, shape, *args, 0)
     assert empty.shape == (0, 4, 5, 5) and empty.dtype == torch.int32
 
@@ -729,7 +737,7 @@ def test_imma_conv_bit_exact(case, dtype: torch.dtype, channels_last: bool) -> N
     args = (_pair(stride), _pair(padding), _pair(dilation), groups)
     layout = torch.channels_last if channels_last else torch.contiguous_format
     ref = shift_conv2d_int8_reference(x, packed, bits, shape, *args, frac)
-    out, check = guarded(tuple(ref.shape), torch.int32)
+    out, check = guarded(tuple(ref.shape), torch.int32, channels_last=True)
     y = tk.shift_conv2d_int8(x.to(DEVICE, memory_format=layout), packed.to(DEVICE), bits,
                              shape, *args, frac, out=out, kernel="imma")  # fmt: skip
     check()

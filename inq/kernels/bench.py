@@ -392,19 +392,23 @@ def run_static(args: argparse.Namespace) -> int:
         print(f"inq bench kernel --static: cannot compile the kernels: {err}", file=sys.stderr)
         return 1
     rows = static.roofline(args.bits)
+    grids = static.imma_grids()
     print(static.format_static(results))
+    print()
+    print(static.format_grids(grids))
     print()
     print(static.format_estimates(static.estimate_linear(results, args.bits)))
     print()
     print(static.format_roofline(rows))
-    failed = [r for r in results if r.problems]
+    failed = [r for r in results if r.problems] + [g for g in grids if g.problem]
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         records = [r.record() for r in results]  # one per variant, comparable across commits
         args.json.write_text(json.dumps(records, indent=2) + "\n")
         print(f"wrote {args.json}")
     if failed:
-        print(f"inq bench kernel --static: {len(failed)} variant(s) failed", file=sys.stderr)
+        print(f"inq bench kernel --static: {len(failed)} variant(s) or grid(s) failed",
+              file=sys.stderr)  # fmt: skip
         return 1
     return 0
 

@@ -238,8 +238,9 @@ def shift_conv2d_int8(
     groups: int,
     frac_bits: int,
 ) -> Tensor:
-    """Contiguous int32 ``[N, O, OH, OW]``: the 2-d convolution of int8 or uint8
-    ``x [N, Cin, H, W]`` (zero padding) in shift-add terms (see the module docstring).
+    """int32 ``[N, O, OH, OW]`` in channels_last memory format (what the next layer's
+    tensor-core kernel reads): the 2-d convolution of int8 or uint8 ``x [N, Cin, H, W]``
+    (zero padding) in shift-add terms (see the module docstring).
 
     Raises:
         ValueError: as :func:`check_conv2d_int8_args`.
@@ -266,7 +267,8 @@ def _(
         x.shape[1] == weight_shape[1] * groups, lambda: "shift_conv2d_int8: channels do not match"
     )
     spatial = conv2d_output_size(x.shape[-2:], weight_shape, stride, padding, dilation)
-    return x.new_empty((x.shape[0], weight_shape[0], *spatial), dtype=torch.int32)
+    return torch.empty((x.shape[0], weight_shape[0], *spatial), dtype=torch.int32,
+                       device=x.device, memory_format=torch.channels_last)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------- references
@@ -344,7 +346,8 @@ def shift_conv2d_int8_reference(
     frac_bits: int,
     method: Method = "auto",
 ) -> Tensor:
-    """The integer reference of ``inq::shift_conv2d_int8``, on ``x``'s device.
+    """The integer reference of ``inq::shift_conv2d_int8``, on ``x``'s device (channels_last
+    memory format, as the op).
 
     Output ``(n, o, i, j)`` of group ``g`` sums the linear op's terms over ``k`` in the packed
     row order ``(c, r, s)`` of ``weight.reshape(O, -1)``, with the activation
@@ -395,7 +398,7 @@ def shift_conv2d_int8_reference(
             else:
                 y = _conv_term_sums(part, codes, bits, frac_bits)
             flat[i : i + images, :, p : p + block] = y.reshape(part.shape[0], o, part.shape[-1])
-    return out
+    return out.contiguous(memory_format=torch.channels_last)
 
 
 def _fields(codes: Tensor, bits: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -21,14 +21,14 @@ could reach ``2**31``, and every partial sum here (one part's product, the corre
 sum of a subset of those terms, or wraps modulo ``2**32`` to the same final value.
 
 Columns are ordered ``(kh, kw, c)`` (``c`` fastest) so that a convolution's K tile is one tap
-times consecutive channels of a channels_last input: ``parts[p, k, o]`` is ``int8
-[MAX_PARTS or fewer, K, O]``, outputs contiguous.
+times consecutive channels of a channels_last input: ``parts[p, o, k]`` is ``int8
+[MAX_PARTS or fewer, O, K]``, K contiguous (an int8 tensor core takes both operands K-major).
 
 Example:
     >>> from inq.codes import pack_codes
     >>> codes = torch.tensor([[8, 15, 0]], dtype=torch.uint8)  # 4 bits: 2**n1 * [1, -1/8, 0]
     >>> weight = int8_weight(pack_codes(codes, 4), 4, 3, frac_bits=3, taps=1)
-    >>> weight.parts[0, :, 0].tolist(), weight.row_sum.tolist()  # 8 * [1, -1/8, 0]
+    >>> weight.parts[0, 0].tolist(), weight.row_sum.tolist()  # 8 * [1, -1/8, 0]
     ([8, -1, 0], [7])
 """
 
@@ -52,13 +52,11 @@ PART_SHIFT = 7  # part p holds exponents 7p .. 7p + 6, so its entries fit int8 (
 class Int8Weight:
     """A weight in the int8 tensor cores' layout (see the module docstring)."""
 
-    parts: Tensor  # int8 [P, K, O]: W = sum_p 2**(7p) * parts[p], K in (kh, kw, c) order
+    parts: Tensor  # int8 [P, O, K]: W = sum_p 2**(7p) * parts[p], K in (kh, kw, c) order
     row_sum: Tensor  # int32 [O]: sum over K of the integer weight (the uint8 correction)
 
 
-def int8_weight(
-    packed: Tensor, bits: int, k: int, frac_bits: int, taps: int
-) -> Int8Weight | None:
+def int8_weight(packed: Tensor, bits: int, k: int, frac_bits: int, taps: int) -> Int8Weight | None:
     """``packed`` codes of ``[O, K]`` (``K = C * taps``, in the file's ``(c, kh, kw)`` order)
     as an :class:`Int8Weight` on ``packed``'s device, or ``None`` where a term floors (an
     offset above ``frac_bits``) or the weights need more than :data:`MAX_PARTS` parts.
@@ -75,8 +73,8 @@ def int8_weight(
     sign = torch.where(((codes >> (bits - 2)) & 1) != 0, -1, 1) * live
     rows = codes.shape[0]
 
-    def tap_major(w: Tensor) -> Tensor:  # [O, (c, kh, kw)] -> [(kh, kw, c), O]
-        return w.view(rows, k // taps, taps).transpose(1, 2).reshape(rows, k).T
+    def tap_major(w: Tensor) -> Tensor:  # [O, (c, kh, kw)] -> [O, (kh, kw, c)]
+        return w.view(rows, k // taps, taps).transpose(1, 2).reshape(rows, k)
 
     split = [
         tap_major((sign * (exponent // PART_SHIFT == p)) << (exponent - PART_SHIFT * p).clamp(0))

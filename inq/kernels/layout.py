@@ -200,7 +200,9 @@ def cached_kernel_weight(
     return cached_layout(packed, key, build, rows)
 
 
-def cached_layout(packed: Tensor, key: tuple, build: Callable[[], T], rows: Tensor | None = None) -> T:
+def cached_layout(
+    packed: Tensor, key: tuple, build: Callable[[], T], rows: Tensor | None = None
+) -> T:
     """``build()``, made once per ``packed`` tensor object and ``key`` (and per-row tensor
     ``rows``, if any), rebuilt when either changes in place, dropped when ``packed`` dies."""
     versions = (packed._version, 0 if rows is None else rows._version)

@@ -42,9 +42,12 @@ from inq.kernels.shapes import CONV_BATCHES, LINEAR_BATCHES, LINEAR_SHAPES, resn
 
 __all__ = [
     "H100",
+    "IMMA_BUDGET",
+    "IMMA_SKINNY_BUDGET",
     "Budget",
     "CompiledVariant",
     "Estimate",
+    "Grid",
     "LoopStats",
     "Roofline",
     "Variant",
@@ -52,8 +55,11 @@ __all__ = [
     "ctas_per_sm",
     "estimate_linear",
     "format_estimates",
+    "format_grids",
     "format_roofline",
     "format_static",
+    "imma_grids",
+    "imma_variants",
     "loop_stats",
     "roofline",
     "static_check",
@@ -229,6 +235,7 @@ def variants() -> list[Variant]:
                 kernel = "_implicit_gemm_kernel"
                 work = _work(cfg.block_m, cfg.block_n, cfg.block_k)
                 out.append(Variant(name, "conv", kernel, dtype, cx, *launch, False, mma, **work))
+    out += imma_variants()
     tiles = {"BLOCK_M": int8.BLOCK_M, "BLOCK_O": int8.BLOCK_O, "BLOCK_K": int8.BLOCK_K}
     name = f"int8 shift-add {int8.BLOCK_M}x{int8.BLOCK_O}x{int8.BLOCK_K}"
     for dtype in ("int8", "uint8"):  # the load and its widening differ
@@ -246,6 +253,111 @@ def variants() -> list[Variant]:
                     Variant(conv, "int8", "_conv_int8_kernel", dtype, cx, *launch, **_work(m, n, k))
                 )
     return out
+
+
+# the int8 tensor-core kernel (issue 32): as the fp16 tensor-core loops, per MAC the tensor
+# cores do; tiles of 16 rows (a linear layer at batch <= 16, where a GEMV would run) per weight,
+# as the skinny byte-code tiles of issue 31
+IMMA_BUDGET = Budget(per_mac=0.05, int_per_mac=0.025, async_copies=True)
+IMMA_SKINNY_BUDGET = Budget(per_weight=10, int_per_weight=5, async_copies=True)
+
+
+def imma_variants() -> list[Variant]:
+    """The int8 tensor-core kernel (:mod:`inq.kernels.triton.imma`) in every configuration
+    ``imma_config`` picks for ResNet-18's convolutions at batch 1 and 32 and a 4096 x 4096
+    linear layer, for int8 and uint8 activations and one or two weight parts, each with
+    :data:`IMMA_BUDGET` (tap-wise K steps; the flat steps of a first conv gather per column,
+    and are reported without one)."""
+    from inq.kernels.shapes import CONV_BATCHES, resnet18_convs
+    from inq.kernels.triton.imma import imma_config
+
+    shapes = [(1, 4096, 1, 4096, 1), (256, 4096, 1, 4096, 1)]  # (pixels, O, groups, C, taps)
+    for batch in CONV_BATCHES:
+        for layer in resnet18_convs(batch):
+            n, o, oh, ow = layer.output_shape
+            c, kh, kw = layer.conv.weight.shape[1:]
+            shapes.append((n * oh * ow, o, 1, c, kh * kw))
+    configs = {}
+    for pixels, o, groups, c, taps in shapes:
+        cfg = imma_config(pixels, o // groups, groups, c, taps, sms=132)
+        configs[(cfg.block_m, cfg.block_n, cfg.block_k, cfg.tapwise, cfg.split_k > 1)] = cfg
+    out = []
+    for (m, n, k, tapwise, split), cfg in sorted(configs.items()):
+        for dtype in ("int8", "uint8"):
+            for parts in (1, 2):
+                cx = {"KH": 3, "KW": 3, "UNSIGNED": dtype == "uint8", "PARTS": parts,
+                      "TAPWISE": tapwise, "EVEN_K": tapwise, "EVEN_N": tapwise,
+                      "SPLIT_K": 2 if split else 1,
+                      "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}  # fmt: skip
+                kind = ("" if tapwise else " flat") + (", split-K" if split else "")
+                name = f"int8 mma {m}x{n}x{k}{kind}, {parts} part{'s'[: parts - 1]}"
+                # MACs the tensor cores do: a second weight part is a second product
+                work = _work(m, n, k * parts)
+                budget = None if not tapwise else IMMA_SKINNY_BUDGET if m <= 16 else IMMA_BUDGET
+                out.append(Variant(name, "imma", "_imma_kernel", dtype, cx, cfg.num_warps,
+                                   cfg.num_stages, False, True, **work, budget=budget))  # fmt: skip
+    return out
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The launch of the int8 tensor-core kernel for one ResNet-18 convolution."""
+
+    layer: str
+    batch: int
+    tile: str  # "MxNxK", "flat" where the K steps are flat
+    split_k: int
+    ctas: int
+    steps_per_cta: int  # serial K steps of one CTA
+
+    @property
+    def problem(self) -> str | None:
+        """Why the launch misses the batch-1 goal of at most :data:`MAX_STEPS` serial steps."""
+        from inq.kernels.triton.imma import MAX_STEPS
+
+        if self.steps_per_cta > MAX_STEPS:
+            return f"{self.steps_per_cta} serial K steps a CTA > {MAX_STEPS}"
+        return None
+
+
+def imma_grids(sms: int = 132) -> list[Grid]:
+    """Grid size and serial K steps per CTA of the int8 tensor-core kernel for every
+    convolution of ResNet-18 (224x224) at batch 1 and 32 on ``sms`` SMs (an H100 SXM).
+
+    Example:
+        >>> grid = [g for g in imma_grids() if g.batch == 1][-1]
+        >>> grid.layer, grid.tile, grid.split_k, grid.ctas, grid.steps_per_cta
+        ('layer4.1.conv2', '64x128x128', 9, 36, 4)
+    """
+    import triton
+
+    from inq.kernels.shapes import CONV_BATCHES, resnet18_convs
+    from inq.kernels.triton.imma import imma_config, k_steps
+
+    grids = []
+    for batch in CONV_BATCHES:
+        for layer in resnet18_convs(batch):
+            n, o, oh, ow = layer.output_shape
+            c, kh, kw = layer.conv.weight.shape[1:]
+            cfg = imma_config(n * oh * ow, o, 1, c, kh * kw, sms)
+            tiles = triton.cdiv(n * oh * ow, cfg.block_m) * triton.cdiv(o, cfg.block_n)
+            steps = k_steps(c, kh * kw, cfg.block_k, cfg.tapwise)
+            tile = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}{'' if cfg.tapwise else ' flat'}"
+            grids.append(Grid(layer.name, batch, tile, cfg.split_k, tiles * cfg.split_k,
+                              triton.cdiv(steps, cfg.split_k)))  # fmt: skip
+    return grids
+
+
+def format_grids(grids: list[Grid], sms: int = 132) -> str:
+    """The grid table ``inq bench kernel --static`` prints."""
+    head = (f"{'int8 MMA launch (ResNet-18)':<28}{'batch':>6}{'tile':>16}{'split':>6}{'CTAs':>6}"
+            f"{'steps/CTA':>10}  check")  # fmt: skip
+    rows = [
+        f"{g.layer:<28}{g.batch:>6}{g.tile:>16}{g.split_k:>6}{g.ctas:>6}{g.steps_per_cta:>10}  "
+        f"{'FAIL: ' + g.problem if g.problem else 'ok'}"
+        for g in grids
+    ]
+    return _table(f"grids on {sms} SMs", head, rows)
 
 
 # what a variant's main loop may cost (issue 31): 4-bit codes; byte codes get twice the decode
@@ -328,10 +440,10 @@ def _work(rows: int, cols: int, depth: int) -> dict[str, int]:
 
 # pointer arguments by name; every other non-constexpr argument is an i32
 _POINTERS = {"codes_ptr": "*u8", "n1_ptr": "*i32", "part_ptr": "*fp32", "words_ptr": "*i32",
-             "scale_ptr": "*i32"}  # fmt: skip
+             "scale_ptr": "*i32", "w_ptr": "*i8", "row_sum_ptr": "*i32"}  # fmt: skip
 # integer arguments that are multiples of 16 for the benchmark shapes (Triton specialises them)
 _DIVISIBLE = {"K", "KB", "KW", "N", "row_stride", "stride_xm", "bytes_per_split", "words_per_split",
-              "total", "sxn"}  # fmt: skip
+              "total", "sxn", "C", "CG", "COUT", "OG", "part_stride"}  # fmt: skip
 _UNIT = {"stride_xk", "sxw"}  # unit strides: Triton makes them constants at run time
 
 
@@ -372,7 +484,7 @@ def compile_variant(variant: Variant, arch: int = 90) -> CompiledVariant:
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     usage, sass = _inspect_cubin(compiled.asm["cubin"])
     wide = len(re.findall(r"\bLDG\.E(?:\.[A-Z]+)*\.(?:64|128)\b", sass))
-    mma = len(re.findall(r"\b(?:HMMA|HGMMA)\b", sass))
+    mma = len(re.findall(r"\b(?:HMMA|HGMMA|IMMA|IGMMA)\b", sass))
     registers, local = usage["REG"], usage["LOCAL"] + usage["STACK"]
     shared = max(compiled.metadata.shared, usage["SHARED"])
     problems = []

@@ -266,14 +266,21 @@ def n1_args(
 
 
 def output_tensor(
-    out: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    out: Tensor | None,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    memory_format: torch.memory_format = torch.contiguous_format,
 ) -> Tensor:
-    """``out`` checked to be a contiguous tensor of ``shape`` and ``dtype``, or a new one."""
+    """``out`` checked to be a tensor of ``shape`` and ``dtype``, contiguous in
+    ``memory_format``, or a new one."""
     if out is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    if out.shape != shape or out.dtype != dtype or not out.is_contiguous():
+        return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
+    dense = out.is_contiguous(memory_format=memory_format)
+    if out.shape != shape or out.dtype != dtype or not dense:
+        layout = "channels_last" if memory_format == torch.channels_last else "contiguous"
         raise ValueError(
-            f"out must be a contiguous {dtype} tensor of shape {list(shape)}, got "
+            f"out must be a {layout} {dtype} tensor of shape {list(shape)}, got "
             f"{out.dtype} {list(out.shape)}"
         )
     return out

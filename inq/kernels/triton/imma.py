@@ -34,7 +34,7 @@ from inq.kernels.int8_layout import PART_SHIFT, Int8Weight
 from inq.kernels.triton.conv import conv_tile, pixel_origins
 from inq.kernels.triton.decode import sm_count
 
-__all__ = ["MAX_STEPS", "MIN_OUTPUTS", "ImmaConfig", "imma_config", "imma_conv2d"]
+__all__ = ["MAX_STEPS", "MIN_OUTPUTS", "ImmaConfig", "imma_config", "imma_conv2d", "k_steps"]
 
 MAX_STEPS = 32  # serial K steps a CTA runs at most (split-K beyond)
 MIN_OUTPUTS = 16  # outputs per group below which the shift-add kernel runs (depthwise)
@@ -61,7 +61,7 @@ def _imma_kernel(
     P, H, W, C, OH, OW, COUT, CG, OG, K, STEPS, STEPS_PER_SPLIT,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, part_stride,
     KH: tl.constexpr, KW: tl.constexpr, UNSIGNED: tl.constexpr, PARTS: tl.constexpr,
-    TAPWISE: tl.constexpr, SPLIT_K: tl.constexpr,
+    TAPWISE: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     g, rp, rn = conv_tile(tl.program_id(0), P, OG, BLOCK_M, BLOCK_N)
@@ -69,48 +69,70 @@ def _imma_kernel(
     p_ok = rp < P
     n_ok = rn < OG
     oc = g * OG + rn
-    n, oh, ow, ih0, iw0 = pixel_origins(rp, OH, OW, stride_h, stride_w, pad_h, pad_w)
+    n, _, _, ih0, iw0 = pixel_origins(rp, OH, OW, stride_h, stride_w, pad_h, pad_w)
     rk = tl.arange(0, BLOCK_K)
-    c_tiles = tl.cdiv(CG, BLOCK_K)
+    pixel_base = ((n * H + ih0) * W + iw0) * C + g * CG  # the first tap's channel 0
+    w_rows = w_ptr + oc[:, None] * K  # [BLOCK_N, 1]: weights are [O, K], K contiguous
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
     high = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
     first = pid_k * STEPS_PER_SPLIT
+    # tap-wise steps walk (tap row r, tap column s, channel c0) without dividing in the loop
+    c_tiles = tl.cdiv(CG, BLOCK_K)
+    tap = first // c_tiles
+    c0 = (first - tap * c_tiles) * BLOCK_K
+    r = tap // KW
+    s = tap - r * KW
     for t in range(first, tl.minimum(first + STEPS_PER_SPLIT, STEPS)):
-        if TAPWISE:  # one tap, channels c: index math per pixel
-            tap = t // c_tiles
-            c = (t - tap * c_tiles) * BLOCK_K + rk
-            k = tap * CG + c
-            k_ok = c < CG
-            ih = ih0 + (tap // KW) * dil_h
-            iw = iw0 + (tap % KW) * dil_w
-            pix_ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            rows = ((n * H + ih) * W + iw) * C + g * CG
-            x_ok = pix_ok[:, None] & k_ok[None, :]
-            x_offsets = rows[:, None] + c[None, :]
+        if TAPWISE:  # one tap, channels c0 + rk: index math per pixel
+            dh = r * dil_h
+            dw = s * dil_w
+            # 0 <= ih < H as one unsigned compare (a negative ih wraps above H)
+            pix_ok = p_ok & ((ih0 + dh).to(tl.uint32) < H) & ((iw0 + dw).to(tl.uint32) < W)
+            k = (r * KW + s) * CG + c0 + rk
+            x_offsets = pixel_base[:, None] + ((dh * W + dw) * C + c0 + rk)[None, :]
+            if EVEN_K:
+                k_ok = rk < BLOCK_K
+                x_ok = pix_ok[:, None]
+            else:
+                k_ok = c0 + rk < CG
+                x_ok = pix_ok[:, None] & k_ok[None, :]
+            c0 += BLOCK_K
+            next_tap = c0 >= CG
+            c0 = tl.where(next_tap, 0, c0)
+            s = tl.where(next_tap, s + 1, s)
+            next_row = s == KW
+            s = tl.where(next_row, 0, s)
+            r = tl.where(next_row, r + 1, r)
         else:  # columns k of any tap
             k = t * BLOCK_K + rk
             k_ok = k < K
-            tap = k // CG
-            c = k - tap * CG
-            ih = ih0[:, None] + ((tap // KW) * dil_h)[None, :]
-            iw = iw0[:, None] + ((tap % KW) * dil_w)[None, :]
+            tap_k = k // CG
+            c = k - tap_k * CG
+            ih = ih0[:, None] + ((tap_k // KW) * dil_h)[None, :]
+            iw = iw0[:, None] + ((tap_k % KW) * dil_w)[None, :]
             x_ok = p_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             x_offsets = ((n[:, None] * H + ih) * W + iw) * C + (g * CG + c)[None, :]
         x = tl.load(x_ptr + x_offsets, mask=x_ok, other=0)
         if UNSIGNED:  # x - 128 as an int8: flip the top bit
             x = (x ^ 0x80).to(tl.int8, bitcast=True)
-        w_offsets = k[:, None] * COUT + oc[None, :]
-        w_ok = k_ok[:, None] & n_ok[None, :]
-        acc = tl.dot(x, tl.load(w_ptr + w_offsets, mask=w_ok, other=0), acc)
+        if EVEN_N and EVEN_K:  # no weight mask: every row and column of the tile exists
+            w = tl.load(w_rows + k[None, :])  # [BLOCK_N, BLOCK_K], K-major
+            if PARTS == 2:
+                w_high = tl.load(w_rows + part_stride + k[None, :])
+        else:
+            w_ok = n_ok[:, None] & k_ok[None, :]
+            w = tl.load(w_rows + k[None, :], mask=w_ok, other=0)
+            if PARTS == 2:
+                w_high = tl.load(w_rows + part_stride + k[None, :], mask=w_ok, other=0)
+        acc = tl.dot(x, tl.trans(w), acc)
         if PARTS == 2:
-            w_high = tl.load(w_ptr + part_stride + w_offsets, mask=w_ok, other=0)
-            high = tl.dot(x, w_high, high)
+            high = tl.dot(x, tl.trans(w_high), high)
     if PARTS == 2:
         acc += high << SHIFT
-    if UNSIGNED:
-        if pid_k == 0:  # the correction once, whatever the split
-            acc += 128 * tl.load(row_sum_ptr + oc, mask=n_ok, other=0)[None, :]
-    offsets = (n * COUT * OH * OW + oh * OW + ow)[:, None] + (oc * OH * OW)[None, :]
+    if UNSIGNED:  # the correction once, whatever the split
+        zero_point = tl.where(pid_k == 0, 128, 0)
+        acc += zero_point * tl.load(row_sum_ptr + oc, mask=n_ok, other=0)[None, :]
+    offsets = rp[:, None] * COUT + oc[None, :]
     mask = p_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1:
         tl.store(out_ptr + offsets, acc, mask)
@@ -118,24 +140,37 @@ def _imma_kernel(
         tl.atomic_add(out_ptr + offsets, acc, mask, sem="relaxed")
 
 
+def k_steps(channels: int, taps: int, block_k: int, tapwise: bool) -> int:
+    """K steps of one output tile: taps x channel tiles, or flat ``block_k`` columns."""
+    if tapwise:
+        return taps * triton.cdiv(channels, block_k)
+    return triton.cdiv(channels * taps, block_k)
+
+
 def imma_config(pixels: int, out_per_group: int, groups: int, channels: int, taps: int,
                 sms: int) -> ImmaConfig:  # fmt: skip
     """Tiles for ``pixels`` output rows, ``out_per_group`` x ``groups`` outputs and
     ``channels`` (per group) x ``taps`` terms, on a GPU of ``sms`` SMs: the largest tiles that
-    fill the SMs, then split-K until every CTA runs at most :data:`MAX_STEPS` K steps and the
-    SMs are busy (a step keeps at least 4 of them).
+    fill the SMs alone, then split-K until every CTA runs at most :data:`MAX_STEPS` K steps and,
+    where K has 16 steps or more, the SMs are busy (a split keeps at least 4 steps).
 
     Example:
         >>> imma_config(49, 512, 1, 512, 9, 132)  # ResNet-18 layer4 at batch 1
-        ImmaConfig(block_m=64, block_n=64, block_k=64, tapwise=True, split_k=9, num_warps=4, num_stages=3)
+        ImmaConfig(block_m=64, block_n=128, block_k=128, tapwise=True, split_k=9, num_warps=4, num_stages=3)
     """  # noqa: E501
-    block_m = 128 if pixels >= 4096 else 64 if pixels > 16 else 16
-    block_n = 128 if out_per_group >= 128 and pixels >= 4096 else 64 if out_per_group > 32 else 32
+    block_n = 128 if out_per_group >= 128 else 64 if out_per_group >= 64 else 32
+    tiles_n = groups * triton.cdiv(out_per_group, block_n)
+    # 128-pixel tiles from 2048 pixels (a batch-1 56x56 layer), 64 below, 16 for a linear
+    # layer's few rows
+    block_m = 128 if pixels >= 2048 else 64 if pixels > 16 else 16
     tapwise = channels >= _TAPWISE_CHANNELS
-    block_k = 64 if channels >= 64 or not tapwise else 32
-    steps = taps * triton.cdiv(channels, block_k) if tapwise else triton.cdiv(channels * taps, block_k)
-    tiles = groups * triton.cdiv(pixels, block_m) * triton.cdiv(out_per_group, block_n)
-    split = max(triton.cdiv(steps, MAX_STEPS), min(triton.cdiv(sms, tiles), steps // 4), 1)
+    block_k = 128 if channels >= 128 else 64 if channels >= 64 or not tapwise else 32
+    steps = k_steps(channels, taps, block_k, tapwise)
+    tiles = triton.cdiv(pixels, block_m) * tiles_n
+    # a short K (under 16 steps) runs in a few microseconds whatever the grid: not worth the
+    # zeroing and atomic adds of a split
+    fill = min(triton.cdiv(sms, tiles), steps // 4) if steps >= 16 else 1
+    split = max(triton.cdiv(steps, MAX_STEPS), fill, 1)
     split = triton.cdiv(steps, triton.cdiv(steps, split))  # no split left without a step
     warps = 8 if block_m * block_n >= 128 * 128 else 4
     return ImmaConfig(block_m, block_n, block_k, tapwise, split, warps, 3)
@@ -159,9 +194,7 @@ def imma_conv2d(
     pixels = nb * oh * ow
     cfg = imma_config(pixels, o // groups, groups, cg, kh * kw, sm_count(x.device))
     nhwc = x.permute(0, 2, 3, 1).contiguous()
-    steps = (
-        kh * kw * triton.cdiv(cg, cfg.block_k) if cfg.tapwise else triton.cdiv(cg * kh * kw, cfg.block_k)
-    )  # fmt: skip
+    steps = k_steps(cg, kh * kw, cfg.block_k, cfg.tapwise)
     per_split = triton.cdiv(steps, cfg.split_k)
     if cfg.split_k > 1:
         out.zero_()
@@ -172,6 +205,8 @@ def imma_conv2d(
         nhwc, parts, weight.row_sum, out,
         pixels, h, w, c, oh, ow, o, cg, o // groups, cg * kh * kw, steps, per_split,
         *stride, *padding, *dilation, parts.stride(0) if parts.shape[0] > 1 else 0,
-        kh, kw, x.dtype == torch.uint8, parts.shape[0], cfg.tapwise, cfg.split_k,
+        kh, kw, x.dtype == torch.uint8, parts.shape[0], cfg.tapwise, cg % cfg.block_k == 0,
+        (o // groups) % cfg.block_n == 0,
+        cfg.split_k,
         cfg.block_m, cfg.block_n, cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip

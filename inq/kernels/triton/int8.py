@@ -92,7 +92,7 @@ def _conv_int8_kernel(
     p_ok = rp < P
     n_ok = rn < OG
     oc = g * OG + rn
-    n, oh, ow, ih0, iw0 = pixel_origins(rp, OH, OW, stride_h, stride_w, pad_h, pad_w)
+    n, _, _, ih0, iw0 = pixel_origins(rp, OH, OW, stride_h, stride_w, pad_h, pad_w)
     x_base = x_ptr + n * sxn + g * CG * sxc
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)
     for k0 in range(0, K, BLOCK_K):
@@ -103,7 +103,7 @@ def _conv_int8_kernel(
         v = xt.to(tl.int32) << frac
         codes = load_codes(codes_ptr, oc, rk, row_stride, K, n_ok, WIDTH)  # [N, K]
         acc += _shift_add(v, codes, BITS)
-    offsets = (n * COUT * OH * OW + oh * OW + ow)[:, None] + (oc * OH * OW)[None, :]
+    offsets = rp[:, None] * COUT + oc[None, :]  # channels_last
     tl.store(out_ptr + offsets, acc, p_ok[:, None] & n_ok[None, :])
 
 
@@ -175,9 +175,9 @@ def shift_conv2d_int8(
     kernel: str = "auto",
 ) -> Tensor:
     """``inq::shift_conv2d_int8`` on a Triton kernel (CUDA, or CPU under the interpreter):
-    int8 or uint8 ``x [N, Cin, H, W]`` (any memory format) to a contiguous int32
-    ``[N, O, OH, OW]``; ``out``, such a tensor, receives the result if given. ``kernel`` as
-    for :func:`shift_linear_int8`.
+    int8 or uint8 ``x [N, Cin, H, W]`` (any memory format) to an int32 ``[N, O, OH, OW]`` in
+    channels_last memory format; ``out``, such a tensor, receives the result if given.
+    ``kernel`` as for :func:`shift_linear_int8`.
 
     Raises:
         ValueError: as :func:`inq.kernels.int8.check_conv2d_int8_args`; on packed codes that
@@ -190,7 +190,7 @@ def shift_conv2d_int8(
     oh, ow = conv2d_output_size((h, w), weight_shape, stride, padding, dilation)
     k = cg * kh * kw
     check_operands("shift_conv2d_int8", packed, bits, o, k, None, x.numel(), nb * o * oh * ow)
-    out = output_tensor(out, (nb, o, oh, ow), torch.int32, x.device)
+    out = output_tensor(out, (nb, o, oh, ow), torch.int32, x.device, torch.channels_last)
     og = o // groups
     imma = _imma_weight("shift_conv2d_int8", kernel, packed, bits, k, frac_bits, kh * kw, og)
     if out.numel() and imma is not None:
