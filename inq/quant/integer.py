@@ -124,9 +124,15 @@ def requantize(
         >>> requantize(torch.tensor([5, 6, -6, 1000]), 3, 2, -128, 127)  # 15/4, 18/4, -18/4
         tensor([  4,   5,  -4, 127])
     """
-    shift = torch.as_tensor(shift, dtype=torch.int64, device=v.device)
-    half = torch.bitwise_left_shift(torch.ones_like(shift), shift) >> 1
-    v = v.to(torch.int64) * torch.as_tensor(multiplier, dtype=torch.int64, device=v.device)
+    # Python ints stay scalars: no host-to-device copy, so a CUDA graph can capture this
+    if isinstance(shift, Tensor):
+        shift = shift.to(torch.int64)
+        half: Tensor | int = torch.bitwise_left_shift(torch.ones_like(shift), shift) >> 1
+    else:
+        half = (1 << shift) >> 1
+    if isinstance(multiplier, Tensor):
+        multiplier = multiplier.to(torch.int64)
+    v = v.to(torch.int64) * multiplier
     return torch.bitwise_right_shift(v + half, shift).clamp_(lo, hi)
 
 
