@@ -766,6 +766,71 @@ def test_imma_dispatch_empty_and_refusals() -> None:
                              288, 3, kernel="cudnn")  # fmt: skip
 
 
+def random_requant(o: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int32 bias, multiplier (either sign, up to 31 bits) and shift (0..40) per output: the
+    integer model's requantization, with the extremes in front."""
+    gen = torch.Generator().manual_seed(seed)
+    bias = torch.randint(-(1 << 20), 1 << 20, (o,), generator=gen)
+    multiplier = torch.randint(-(1 << 31) + 1, 1 << 31, (o,), generator=gen)
+    shift = torch.randint(0, 41, (o,), generator=gen)
+    multiplier[0], shift[0] = (1 << 31) - 1, 40
+    if o > 1:
+        multiplier[1], shift[1] = 1, 0  # a pure pass-through: clamping decides
+    return bias.to(torch.int32), multiplier.to(torch.int32), shift.to(torch.int32)
+
+
+# (lo, hi): a uint8 output (ReLU folded), an int8 one, the int32 logits
+REQUANT_RANGES = [(0, 255), (-128, 127), (-(1 << 31), (1 << 31) - 1)]
+
+
+@pytest.mark.parametrize("lo_hi", REQUANT_RANGES)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
+@pytest.mark.parametrize(("m", "o", "k", "bits", "frac"),
+                         [(3, 17, 100, 4, 3), (2, 33, 2100, 5, 7), (5, 16, 40, 4, 1)])  # fmt: skip
+def test_linear_requant_bit_exact(m, o, k, bits, frac, dtype, lo_hi) -> None:
+    """The fused requantization (tensor-core epilogue, split-K's requantization kernel, and the
+    shift-add fallback where a term floors) equals the reference's composition bit for bit."""
+    codes = mma_codes(o, k, bits, min(frac + 1, (1 << (bits - 2)) - 1), seed=o + k)
+    packed = pack_codes(codes, bits)  # frac 1 with offsets up to 2 floors: the fallback
+    x = extreme_activations((m, k), dtype, seed=k)
+    requant = (*random_requant(o, seed=o), *lo_hi)
+    want = int8.shift_linear_int8_requant_reference(x, packed, bits, k, frac, *requant)
+    on = [t.to(DEVICE) for t in requant[:3]]
+    got = tk.shift_linear_int8_requant(x.to(DEVICE), packed.to(DEVICE), bits, k, frac, *on,
+                                       *lo_hi)  # fmt: skip
+    assert got.dtype == want.dtype == int8.value_dtype(*lo_hi) and torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("lo_hi", REQUANT_RANGES[:2])
+@pytest.mark.parametrize("case", [IMMA_CONV_CASES[i] for i in (0, 1, 4)])
+def test_conv_requant_bit_exact(case, lo_hi) -> None:
+    """Fused conv requantization: first conv (flat steps), 5-bit weights of 128, split-K."""
+    n, cin, h, wd, cout, kh, kw, stride, padding, dilation, groups, bits, frac = case
+    shape = [cout, cin // groups, kh, kw]
+    k = math.prod(shape[1:])
+    packed = pack_codes(mma_codes(cout, k, bits, frac, seed=cout + k), bits)
+    x = extreme_activations((n, cin, h, wd), torch.uint8, seed=k)
+    geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    requant = random_requant(cout, seed=k)
+    want = int8.shift_conv2d_int8_requant_reference(x, packed, bits, shape, *geometry, frac,
+                                                    *requant, *lo_hi)  # fmt: skip
+    got = tk.shift_conv2d_int8_requant(x.to(DEVICE), packed.to(DEVICE), bits, shape, *geometry,
+                                       frac, *[t.to(DEVICE) for t in requant], *lo_hi,
+                                       kernel="imma")  # fmt: skip
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+
+
+def test_requant_refusals() -> None:
+    packed = pack_codes(mma_codes(16, 32, 4, 3, seed=0), 4).to(DEVICE)
+    x = torch.zeros(2, 32, dtype=torch.int8, device=DEVICE)
+    bias, mult, shift = (t.to(DEVICE) for t in random_requant(16, seed=0))
+    with pytest.raises(ValueError, match="bias must be 16 int32"):
+        tk.shift_linear_int8_requant(x, packed, 4, 32, 3, bias[:3], mult, shift, 0, 255)
+    with pytest.raises(ValueError, match=r"shifts must lie in 0\.\.62"):
+        tk.shift_linear_int8_requant(x, packed, 4, 32, 3, bias, mult, shift + 70, 0, 255)
+
+
 # ---------------------------------------------------------------------------------- ops
 
 
@@ -793,6 +858,16 @@ def _register_cpu_route() -> None:
         (ops.shift_conv2d, tk.shift_conv2d, ops.shift_conv2d_reference),
         (int8.shift_linear_int8, tk.shift_linear_int8, int8.shift_linear_int8_reference),
         (int8.shift_conv2d_int8, tk.shift_conv2d_int8, int8.shift_conv2d_int8_reference),
+        (
+            int8.shift_linear_int8_requant,
+            tk.shift_linear_int8_requant,
+            int8.shift_linear_int8_requant_reference,
+        ),
+        (
+            int8.shift_conv2d_int8_requant,
+            tk.shift_conv2d_int8_requant,
+            int8.shift_conv2d_int8_requant_reference,
+        ),
     ]
     for op, kernel, reference in pairs:
 
@@ -833,6 +908,16 @@ def test_opcheck_int8(triton_ops) -> None:
         rows = torch.randint(0, 100, (3, 2, 18)).to(dtype=dtype, device=DEVICE)
         linear = (rows, packed, 5, 18, 7)
         torch.library.opcheck(torch.ops.inq.shift_linear_int8.default, linear)
+    # the fused requantization on the tensor-core path (16 outputs, every term a product)
+    wide = pack_codes(mma_codes(16, 64, 5, 7, seed=5), 5).to(DEVICE)
+    requant = tuple(t.to(DEVICE) for t in random_requant(16, seed=5))
+    for lo, hi in REQUANT_RANGES:
+        x = torch.randint(0, 100, (2, 16, 5, 6), dtype=torch.uint8, device=DEVICE)
+        conv = (x, wide, 5, [16, 16, 2, 2], [1, 1], [1, 1], [1, 1], 1, 7, *requant, lo, hi)
+        torch.library.opcheck(torch.ops.inq.shift_conv2d_int8_requant.default, conv)
+        rows = torch.randint(-100, 100, (3, 64), dtype=torch.int8, device=DEVICE)
+        linear = (rows, wide, 5, 64, 7, *requant, lo, hi)
+        torch.library.opcheck(torch.ops.inq.shift_linear_int8_requant.default, linear)
 
 
 def test_compile_fullgraph(triton_ops) -> None:

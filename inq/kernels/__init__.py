@@ -1,8 +1,9 @@
 """Inference ops on packed power-of-two codes (``torch.ops.inq.*``).
 
 Importing this package registers ``inq::shift_linear``, ``inq::shift_conv2d`` (pure-PyTorch
-reference, :mod:`inq.kernels.ops`, any device), ``inq::shift_linear_int8`` and
-``inq::shift_conv2d_int8`` (integer references, :mod:`inq.kernels.int8`), and the Triton kernels
+reference, :mod:`inq.kernels.ops`, any device), ``inq::shift_linear_int8``,
+``inq::shift_conv2d_int8`` and their ``_requant`` forms (integer references,
+:mod:`inq.kernels.int8`), and the Triton kernels
 of :mod:`inq.kernels.triton` as their CUDA implementations (``torch.library.register_kernel``).
 Triton compiles each kernel variant on its first call and caches it on disk. Where triton is
 not installed, the references run on CUDA too.
@@ -10,7 +11,12 @@ not installed, the references run on CUDA too.
 
 import torch
 
-from inq.kernels.int8 import shift_conv2d_int8, shift_linear_int8
+from inq.kernels.int8 import (
+    shift_conv2d_int8,
+    shift_conv2d_int8_requant,
+    shift_linear_int8,
+    shift_linear_int8_requant,
+)
 from inq.kernels.ops import (
     effective_n1,
     shift_conv2d,
@@ -19,7 +25,14 @@ from inq.kernels.ops import (
     shift_linear_reference,
 )
 
-__all__ = ["shift_conv2d", "shift_conv2d_int8", "shift_linear", "shift_linear_int8"]
+__all__ = [
+    "shift_conv2d",
+    "shift_conv2d_int8",
+    "shift_conv2d_int8_requant",
+    "shift_linear",
+    "shift_linear_int8",
+    "shift_linear_int8_requant",
+]
 
 try:
     from inq.kernels import triton as _triton
@@ -58,3 +71,5 @@ if _triton is not None:
 
     torch.library.register_kernel("inq::shift_linear_int8", "cuda", _triton.shift_linear_int8)
     torch.library.register_kernel("inq::shift_conv2d_int8", "cuda", _triton.shift_conv2d_int8)
+    for _name in ("shift_linear_int8_requant", "shift_conv2d_int8_requant"):
+        torch.library.register_kernel(f"inq::{_name}", "cuda", getattr(_triton, _name))

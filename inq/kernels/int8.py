@@ -50,13 +50,21 @@ __all__ = [
     "Method",
     "check_conv2d_int8_args",
     "check_int8_args",
+    "check_requant_args",
     "exact_frac_bits",
     "int8_value",
     "max_frac_bits",
+    "requantize",
+    "requantize_channels",
     "shift_conv2d_int8",
     "shift_conv2d_int8_reference",
+    "shift_conv2d_int8_requant",
+    "shift_conv2d_int8_requant_reference",
     "shift_linear_int8",
     "shift_linear_int8_reference",
+    "shift_linear_int8_requant",
+    "shift_linear_int8_requant_reference",
+    "value_dtype",
 ]
 
 INT_DTYPES = (torch.int8, torch.uint8)
@@ -117,6 +125,60 @@ def int8_value(y: Tensor, n1: int, frac_bits: int) -> Tensor:
         tensor([1.5000], dtype=torch.float64)
     """
     return torch.ldexp(y.to(torch.float64), torch.tensor(float(n1 - frac_bits), device=y.device))
+
+
+def value_dtype(lo: int, hi: int) -> torch.dtype:
+    """The narrowest integer dtype of ``[lo, hi]``: uint8, int8 or int32.
+
+    Example:
+        >>> value_dtype(0, 255), value_dtype(-8, 7), value_dtype(-2**31, 2**31 - 1)
+        (torch.uint8, torch.int8, torch.int32)
+    """
+    if lo >= 0 and hi <= 255:
+        return torch.uint8
+    if lo >= -128 and hi <= 127:
+        return torch.int8
+    return torch.int32
+
+
+def requantize(
+    v: Tensor, multiplier: Tensor | int, shift: Tensor | int, lo: int, hi: int
+) -> Tensor:
+    """``clamp((v * multiplier + 2**(shift-1)) >> shift, lo, hi)`` in int64 (round half up).
+
+    Example:
+        >>> requantize(torch.tensor([5, 6, -6, 1000]), 3, 2, -128, 127)  # 15/4, 18/4, -18/4
+        tensor([  4,   5,  -4, 127])
+    """
+    # Python ints stay scalars: no host-to-device copy, so a CUDA graph can capture this
+    if isinstance(shift, Tensor):
+        shift = shift.to(torch.int64)
+        half: Tensor | int = torch.bitwise_left_shift(torch.ones_like(shift), shift) >> 1
+    else:
+        half = (1 << shift) >> 1
+    if isinstance(multiplier, Tensor):
+        multiplier = multiplier.to(torch.int64)
+    v = v.to(torch.int64) * multiplier
+    return torch.bitwise_right_shift(v + half, shift).clamp_(lo, hi)
+
+
+def requantize_channels(
+    acc: Tensor, bias: Tensor, multiplier: Tensor, shift: Tensor, lo: int, hi: int
+) -> Tensor:
+    """``requantize(acc + bias, multiplier, shift, lo, hi)`` per output channel (dim 1 of a
+    ``[N, O, OH, OW]`` result, the last of ``[..., O]``), in :func:`value_dtype` of
+    ``[lo, hi]``, keeping ``acc``'s memory format.
+
+    Example:
+        >>> acc = torch.tensor([[10, -10]], dtype=torch.int32)
+        >>> one = torch.ones(2, dtype=torch.int32)
+        >>> requantize_channels(acc, one, one, torch.tensor([1, 2], dtype=torch.int32), 0, 255)
+        tensor([[6, 0]], dtype=torch.uint8)
+    """
+    shape = (-1, 1, 1) if acc.dim() == 4 else (-1,)
+    v = acc.to(torch.int64) + bias.reshape(shape)
+    q = requantize(v, multiplier.reshape(shape), shift.reshape(shape), lo, hi)
+    return q.to(value_dtype(lo, hi))
 
 
 # ---------------------------------------------------------------------------------- checks
@@ -180,6 +242,17 @@ def check_conv2d_int8_args(
             f"{weight_shape[2:]}: no output pixel"
         )
     _check_terms(op, x, bits, cg * kh * kw, frac_bits)
+
+
+def check_requant_args(op: str, rows: int, bias: Tensor, multiplier: Tensor, shift: Tensor) -> None:
+    """Raise ``ValueError`` unless ``bias``, ``multiplier`` and ``shift`` are integer tensors of
+    ``rows`` entries with shifts in ``0..62`` (the integer model's requantization)."""
+    for name, t in (("bias", bias), ("multiplier", multiplier), ("shift", shift)):
+        if t.dtype not in (torch.int32, torch.int64) or t.numel() != rows:
+            raise ValueError(f"{op}: {name} must be {rows} int32 values, got {t.dtype} "
+                             f"{list(t.shape)}")  # fmt: skip
+    if shift.numel() and not bool(((shift >= 0) & (shift <= 62)).all()):
+        raise ValueError(f"{op}: shifts must lie in 0..62")
 
 
 def _check_terms(op: str, x: Tensor, bits: int, terms: int, frac_bits: int) -> None:
@@ -268,6 +341,67 @@ def _(
     )
     spatial = conv2d_output_size(x.shape[-2:], weight_shape, stride, padding, dilation)
     return torch.empty((x.shape[0], weight_shape[0], *spatial), dtype=torch.int32,
+                       device=x.device, memory_format=torch.channels_last)  # fmt: skip
+
+
+@torch.library.custom_op(
+    "inq::shift_linear_int8_requant",
+    mutates_args=(),
+    schema="(Tensor x, Tensor packed, int bits, int in_features, int frac_bits, Tensor bias, "
+    "Tensor multiplier, Tensor shift, int lo, int hi) -> Tensor",
+)
+def shift_linear_int8_requant(
+    x: Tensor, packed: Tensor, bits: int, in_features: int, frac_bits: int, bias: Tensor,
+    multiplier: Tensor, shift: Tensor, lo: int, hi: int,
+) -> Tensor:  # fmt: skip
+    """``inq::shift_linear_int8`` with the integer model's requantization fused:
+    :func:`requantize_channels` of its int32 result with int32 ``bias``, ``multiplier`` and
+    ``shift`` per output, in :func:`value_dtype` of ``[lo, hi]``.
+
+    Raises:
+        ValueError: as :func:`check_int8_args` and :func:`check_requant_args`.
+    """
+    return shift_linear_int8_requant_reference(
+        x, packed, bits, in_features, frac_bits, bias, multiplier, shift, lo, hi
+    )
+
+
+@shift_linear_int8_requant.register_fake
+def _(x, packed, bits, in_features, frac_bits, bias, multiplier, shift, lo, hi):
+    torch._check(x.shape[-1] == in_features, lambda: "shift_linear_int8_requant: x.shape[-1] != K")
+    return x.new_empty((*x.shape[:-1], packed.shape[0]), dtype=value_dtype(lo, hi))
+
+
+@torch.library.custom_op(
+    "inq::shift_conv2d_int8_requant",
+    mutates_args=(),
+    schema="(Tensor x, Tensor packed, int bits, int[] weight_shape, int[] stride, "
+    "int[] padding, int[] dilation, int groups, int frac_bits, Tensor bias, Tensor multiplier, "
+    "Tensor shift, int lo, int hi) -> Tensor",
+)
+def shift_conv2d_int8_requant(
+    x: Tensor, packed: Tensor, bits: int, weight_shape: list[int], stride: list[int],
+    padding: list[int], dilation: list[int], groups: int, frac_bits: int, bias: Tensor,
+    multiplier: Tensor, shift: Tensor, lo: int, hi: int,
+) -> Tensor:  # fmt: skip
+    """``inq::shift_conv2d_int8`` with the integer model's requantization fused (as
+    :func:`shift_linear_int8_requant`, per output channel), channels_last.
+
+    Raises:
+        ValueError: as :func:`check_conv2d_int8_args` and :func:`check_requant_args`.
+    """
+    return shift_conv2d_int8_requant_reference(
+        x, packed, bits, weight_shape, stride, padding, dilation, groups, frac_bits, bias,
+        multiplier, shift, lo, hi,
+    )  # fmt: skip
+
+
+@shift_conv2d_int8_requant.register_fake
+def _(x, packed, bits, weight_shape, stride, padding, dilation, groups, frac_bits, bias,
+      multiplier, shift, lo, hi):  # fmt: skip
+    torch._check(x.dim() == 4, lambda: "shift_conv2d_int8_requant: x must be [N, Cin, H, W]")
+    spatial = conv2d_output_size(x.shape[-2:], weight_shape, stride, padding, dilation)
+    return torch.empty((x.shape[0], weight_shape[0], *spatial), dtype=value_dtype(lo, hi),
                        device=x.device, memory_format=torch.channels_last)  # fmt: skip
 
 
@@ -399,6 +533,31 @@ def shift_conv2d_int8_reference(
                 y = _conv_term_sums(part, codes, bits, frac_bits)
             flat[i : i + images, :, p : p + block] = y.reshape(part.shape[0], o, part.shape[-1])
     return out.contiguous(memory_format=torch.channels_last)
+
+
+def shift_linear_int8_requant_reference(
+    x: Tensor, packed: Tensor, bits: int, in_features: int, frac_bits: int, bias: Tensor,
+    multiplier: Tensor, shift: Tensor, lo: int, hi: int,
+) -> Tensor:  # fmt: skip
+    """The reference of ``inq::shift_linear_int8_requant``: :func:`requantize_channels` of
+    :func:`shift_linear_int8_reference`."""
+    check_requant_args("shift_linear_int8_requant", packed.shape[0], bias, multiplier, shift)
+    acc = shift_linear_int8_reference(x, packed, bits, in_features, frac_bits)
+    return requantize_channels(acc, bias, multiplier, shift, lo, hi)
+
+
+def shift_conv2d_int8_requant_reference(
+    x: Tensor, packed: Tensor, bits: int, weight_shape: list[int], stride: list[int],
+    padding: list[int], dilation: list[int], groups: int, frac_bits: int, bias: Tensor,
+    multiplier: Tensor, shift: Tensor, lo: int, hi: int,
+) -> Tensor:  # fmt: skip
+    """The reference of ``inq::shift_conv2d_int8_requant``: :func:`requantize_channels` of
+    :func:`shift_conv2d_int8_reference` (channels_last)."""
+    check_requant_args("shift_conv2d_int8_requant", weight_shape[0], bias, multiplier, shift)
+    acc = shift_conv2d_int8_reference(
+        x, packed, bits, weight_shape, stride, padding, dilation, groups, frac_bits
+    )
+    return requantize_channels(acc, bias, multiplier, shift, lo, hi)
 
 
 def _fields(codes: Tensor, bits: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -283,20 +283,24 @@ def imma_variants() -> list[Variant]:
         cfg = imma_config(pixels, o // groups, groups, c, taps, sms=132)
         configs[(cfg.block_m, cfg.block_n, cfg.block_k, cfg.tapwise, cfg.split_k > 1)] = cfg
     out = []
+    # the integer model's layers requantize in the epilogue (uint8 in, after a ReLU) unless
+    # K is split; the bare ops store int32
+    settings = [(d, p, False) for d in ("int8", "uint8") for p in (1, 2)]
     for (m, n, k, tapwise, split), cfg in sorted(configs.items()):
-        for dtype in ("int8", "uint8"):
-            for parts in (1, 2):
-                cx = {"KH": 3, "KW": 3, "UNSIGNED": dtype == "uint8", "PARTS": parts,
-                      "TAPWISE": tapwise, "EVEN_K": tapwise, "EVEN_N": tapwise,
-                      "SPLIT_K": 2 if split else 1,
-                      "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}  # fmt: skip
-                kind = ("" if tapwise else " flat") + (", split-K" if split else "")
-                name = f"int8 mma {m}x{n}x{k}{kind}, {parts} part{'s'[: parts - 1]}"
-                # MACs the tensor cores do: a second weight part is a second product
-                work = _work(m, n, k * parts)
-                budget = None if not tapwise else IMMA_SKINNY_BUDGET if m <= 16 else IMMA_BUDGET
-                out.append(Variant(name, "imma", "_imma_kernel", dtype, cx, cfg.num_warps,
-                                   cfg.num_stages, False, True, **work, budget=budget))  # fmt: skip
+        fused = [] if split else [("uint8", 1, True), ("uint8", 2, True)]
+        for dtype, parts, requant in settings + fused:
+            cx = {"KH": 3, "KW": 3, "UNSIGNED": dtype == "uint8", "PARTS": parts,
+                  "TAPWISE": tapwise, "EVEN_K": tapwise, "EVEN_N": tapwise,
+                  "SPLIT_K": 2 if split else 1, "REQUANT": requant,
+                  "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}  # fmt: skip
+            kind = ("" if tapwise else " flat") + (", split-K" if split else "")
+            kind += ", requantized" if requant else ""
+            name = f"int8 mma {m}x{n}x{k}{kind}, {parts} part{'s'[: parts - 1]}"
+            # MACs the tensor cores do: a second weight part is a second product
+            work = _work(m, n, k * parts)
+            budget = None if not tapwise else IMMA_SKINNY_BUDGET if m <= 16 else IMMA_BUDGET
+            out.append(Variant(name, "imma", "_imma_kernel", dtype, cx, cfg.num_warps,
+                               cfg.num_stages, False, True, **work, budget=budget))  # fmt: skip
     return out
 
 
@@ -441,7 +445,8 @@ def _work(rows: int, cols: int, depth: int) -> dict[str, int]:
 
 # pointer arguments by name; every other non-constexpr argument is an i32
 _POINTERS = {"codes_ptr": "*u8", "n1_ptr": "*i32", "part_ptr": "*fp32", "words_ptr": "*i32",
-             "scale_ptr": "*i32", "w_ptr": "*i8", "row_sum_ptr": "*i32"}  # fmt: skip
+             "scale_ptr": "*i32", "w_ptr": "*i8", "row_sum_ptr": "*i32", "acc_bias_ptr": "*i32",
+             "mult_ptr": "*i32", "shift_ptr": "*i32"}  # fmt: skip
 # integer arguments that are multiples of 16 for the benchmark shapes (Triton specialises them)
 _DIVISIBLE = {"K", "KB", "KW", "N", "row_stride", "stride_xm", "bytes_per_split", "words_per_split",
               "total", "sxn", "C", "CG", "COUT", "OG", "part_stride"}  # fmt: skip
@@ -461,6 +466,8 @@ def compile_variant(variant: Variant, arch: int = 90) -> CompiledVariant:
         raise RuntimeError("the static check compiles kernels: unset TRITON_INTERPRET first")
     element = {"int8": "i8", "uint8": "u8"}.get(variant.dtype, variant.dtype)
     out_element = "i32" if variant.dtype in ("int8", "uint8") else element
+    if variant.constexprs.get("REQUANT"):  # the integer model's next activation
+        out_element = "u8"
     names = {param.name for param in fn.params}  # BITS may only label a variant
     constexprs = {k: v for k, v in variant.constexprs.items() if k in names}
     signature, attrs = {}, {}

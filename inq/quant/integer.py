@@ -11,7 +11,9 @@ its op clamps it to ``[lo, hi]``, which may be narrower than the dtype's range (
   (int32 shifts and adds), then :func:`requantize` ``(acc + bias) * multiplier >> shift``
   per output channel, clamped to ``[lo, hi]`` (a folded ReLU sets ``lo = 0``, a ReLU6 or Hardtanh
   cuts the range to its bounds' integers, :func:`inq.quant.lower.clamp_range`). BatchNorm's scale
-  lives in the multipliers, its shift in the int32 bias. The model's last op keeps int32;
+  lives in the multipliers, its shift in the int32 bias. The model's last op keeps int32. Both
+  steps run as one op, ``inq::shift_conv2d_int8_requant`` / ``shift_linear_int8_requant``
+  (on a GPU, one int8 tensor-core kernel with the requantization in its epilogue);
 - ``add``: ``(a * m_a + b * m_b) >> shift``, clamped (residual connections, activation folded);
 - ``avgpool``: the window sum, ``* multiplier >> shift`` (the 1/count is in the multiplier);
 - ``maxpool``, ``relu``, ``flatten``, ``slice``, ``pad``: exact on the integers, same scale;
@@ -62,7 +64,7 @@ from torch import Tensor, nn
 import inq.kernels  # noqa: F401  (registers torch.ops.inq.*)
 from inq.codes import codes_problem, row_bytes, unpack_codes
 from inq.io import DIGEST_KEY, digest_problem, metadata_n1, read_safetensors, write_safetensors
-from inq.kernels.int8 import max_frac_bits
+from inq.kernels.int8 import max_frac_bits, requantize, value_dtype
 from inq.packed import n1_problem, read_format
 from inq.pow2 import MAX_BITS, MIN_BITS
 
@@ -99,41 +101,6 @@ class IntOp:
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "op": self.op, "inputs": self.inputs, "attrs": self.attrs}
-
-
-def value_dtype(lo: int, hi: int) -> torch.dtype:
-    """The narrowest integer dtype of ``[lo, hi]``: uint8, int8 or int32.
-
-    Example:
-        >>> value_dtype(0, 255), value_dtype(-8, 7), value_dtype(-2**31, 2**31 - 1)
-        (torch.uint8, torch.int8, torch.int32)
-    """
-    if lo >= 0 and hi <= 255:
-        return torch.uint8
-    if lo >= -128 and hi <= 127:
-        return torch.int8
-    return torch.int32
-
-
-def requantize(
-    v: Tensor, multiplier: Tensor | int, shift: Tensor | int, lo: int, hi: int
-) -> Tensor:
-    """``clamp((v * multiplier + 2**(shift-1)) >> shift, lo, hi)`` in int64 (round half up).
-
-    Example:
-        >>> requantize(torch.tensor([5, 6, -6, 1000]), 3, 2, -128, 127)  # 15/4, 18/4, -18/4
-        tensor([  4,   5,  -4, 127])
-    """
-    # Python ints stay scalars: no host-to-device copy, so a CUDA graph can capture this
-    if isinstance(shift, Tensor):
-        shift = shift.to(torch.int64)
-        half: Tensor | int = torch.bitwise_left_shift(torch.ones_like(shift), shift) >> 1
-    else:
-        half = (1 << shift) >> 1
-    if isinstance(multiplier, Tensor):
-        multiplier = multiplier.to(torch.int64)
-    v = v.to(torch.int64) * multiplier
-    return torch.bitwise_right_shift(v + half, shift).clamp_(lo, hi)
 
 
 def accumulator_bound(codes: Tensor, bits: int, frac: int, x_max: int) -> Tensor:
@@ -225,23 +192,18 @@ def _input(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
 
 def _conv(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
     a = op.attrs
-    acc = torch.ops.inq.shift_conv2d_int8(
+    return torch.ops.inq.shift_conv2d_int8_requant(
         x, t["codes"], a["bits"], a["weight_shape"], a["stride"], a["padding"], a["dilation"],
-        a["groups"], a["frac"],
+        a["groups"], a["frac"], t["bias"], t["multiplier"], t["shift"], a["lo"], a["hi"],
     )  # fmt: skip
-    channel = (-1, 1, 1)
-    v = acc.to(torch.int64) + t["bias"].reshape(channel)
-    q = requantize(
-        v, t["multiplier"].reshape(channel), t["shift"].reshape(channel), a["lo"], a["hi"]
-    )
-    return _clamped(op, q)
 
 
 def _linear(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
     a = op.attrs
-    acc = torch.ops.inq.shift_linear_int8(x, t["codes"], a["bits"], a["in_features"], a["frac"])
-    v = acc.to(torch.int64) + t["bias"]
-    return _clamped(op, requantize(v, t["multiplier"], t["shift"], a["lo"], a["hi"]))
+    return torch.ops.inq.shift_linear_int8_requant(
+        x, t["codes"], a["bits"], a["in_features"], a["frac"], t["bias"], t["multiplier"],
+        t["shift"], a["lo"], a["hi"],
+    )  # fmt: skip
 
 
 def _add(op: IntOp, t: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:

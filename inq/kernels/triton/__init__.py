@@ -7,7 +7,12 @@ tests them without a GPU.
 
 from inq.kernels.triton.conv import shift_conv2d
 from inq.kernels.triton.decode import FLOAT_DTYPES, decode_weight
-from inq.kernels.triton.int8 import shift_conv2d_int8, shift_linear_int8
+from inq.kernels.triton.int8 import (
+    shift_conv2d_int8,
+    shift_conv2d_int8_requant,
+    shift_linear_int8,
+    shift_linear_int8_requant,
+)
 from inq.kernels.triton.linear import shift_linear
 
 __all__ = [
@@ -15,6 +20,8 @@ __all__ = [
     "decode_weight",
     "shift_conv2d",
     "shift_conv2d_int8",
+    "shift_conv2d_int8_requant",
     "shift_linear",
     "shift_linear_int8",
+    "shift_linear_int8_requant",
 ]

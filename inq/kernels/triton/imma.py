@@ -34,7 +34,16 @@ from inq.kernels.int8_layout import PART_SHIFT, Int8Weight
 from inq.kernels.triton.conv import conv_tile, pixel_origins
 from inq.kernels.triton.decode import sm_count
 
-__all__ = ["MAX_STEPS", "MIN_OUTPUTS", "ImmaConfig", "imma_config", "imma_conv2d", "k_steps"]
+__all__ = [
+    "MAX_STEPS",
+    "MIN_OUTPUTS",
+    "ImmaConfig",
+    "Requant",
+    "imma_config",
+    "imma_conv2d",
+    "k_steps",
+    "requant",
+]
 
 MAX_STEPS = 32  # serial K steps a CTA runs at most (split-K beyond)
 MIN_OUTPUTS = 16  # outputs per group below which the shift-add kernel runs (depthwise)
@@ -57,11 +66,12 @@ class ImmaConfig:
 
 @triton.jit
 def _imma_kernel(
-    x_ptr, w_ptr, row_sum_ptr, out_ptr,
+    x_ptr, w_ptr, row_sum_ptr, out_ptr, acc_bias_ptr, mult_ptr, shift_ptr, lo, hi,
     P, H, W, C, OH, OW, COUT, CG, OG, K, STEPS, STEPS_PER_SPLIT,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, part_stride,
     KH: tl.constexpr, KW: tl.constexpr, UNSIGNED: tl.constexpr, PARTS: tl.constexpr,
     TAPWISE: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    REQUANT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     g, rp, rn = conv_tile(tl.program_id(0), P, OG, BLOCK_M, BLOCK_N)
@@ -124,20 +134,50 @@ def _imma_kernel(
             w = tl.load(w_rows + k[None, :], mask=w_ok, other=0)
             if PARTS == 2:
                 w_high = tl.load(w_rows + part_stride + k[None, :], mask=w_ok, other=0)
-        acc = tl.dot(x, tl.trans(w), acc)
+        acc = tl.dot(x, tl.trans(w), acc, out_dtype=tl.int32)  # (Triton 3.6: fp32 default)
         if PARTS == 2:
-            high = tl.dot(x, tl.trans(w_high), high)
+            high = tl.dot(x, tl.trans(w_high), high, out_dtype=tl.int32)
     if PARTS == 2:
         acc += high << SHIFT
     if UNSIGNED:  # the correction once, whatever the split
         zero_point = tl.where(pid_k == 0, 128, 0)
         acc += zero_point * tl.load(row_sum_ptr + oc, mask=n_ok, other=0)[None, :]
-    offsets = rp[:, None] * COUT + oc[None, :]
+    offsets = rp[:, None] * COUT + oc[None, :]  # channels_last
     mask = p_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptr + offsets, acc, mask)
-    else:
+    if SPLIT_K > 1:  # int32 partial sums (a requantization follows in _requant_kernel)
         tl.atomic_add(out_ptr + offsets, acc, mask, sem="relaxed")
+    elif REQUANT:
+        q = requant(acc, oc, n_ok, acc_bias_ptr, mult_ptr, shift_ptr, lo, hi)
+        tl.store(out_ptr + offsets, q.to(out_ptr.dtype.element_ty), mask)
+    else:
+        tl.store(out_ptr + offsets, acc, mask)
+
+
+@triton.jit
+def requant(acc, oc, oc_ok, acc_bias_ptr, mult_ptr, shift_ptr, lo, hi):
+    """``clamp(((acc + bias) * multiplier + 2**(shift-1)) >> shift, lo, hi)`` per output channel
+    ``oc`` of an int32 ``[rows, channels]`` tile, in int64 (round half up; the arithmetic
+    shift floors), exactly :func:`inq.kernels.int8.requantize`."""
+    bias = tl.load(acc_bias_ptr + oc, mask=oc_ok, other=0).to(tl.int64)
+    multiplier = tl.load(mult_ptr + oc, mask=oc_ok, other=0).to(tl.int64)
+    shift = tl.load(shift_ptr + oc, mask=oc_ok, other=0).to(tl.int64)
+    half = (tl.full(shift.shape, 1, tl.int64) << shift) >> 1
+    v = (acc.to(tl.int64) + bias[None, :]) * multiplier[None, :] + half[None, :]
+    return tl.minimum(tl.maximum(v >> shift[None, :], lo), hi)
+
+
+@triton.jit
+def _requant_kernel(acc_ptr, acc_bias_ptr, mult_ptr, shift_ptr, out_ptr, lo, hi, ROWS, COUT,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """:func:`requant` of an int32 ``[ROWS, COUT]`` (channels last) into ``out``."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < COUT
+    mask = (rm < ROWS)[:, None] & n_ok[None, :]
+    offsets = rm[:, None] * COUT + rn[None, :]
+    acc = tl.load(acc_ptr + offsets, mask=mask, other=0)
+    q = requant(acc, rn, n_ok, acc_bias_ptr, mult_ptr, shift_ptr, lo, hi)
+    tl.store(out_ptr + offsets, q.to(out_ptr.dtype.element_ty), mask)
 
 
 def k_steps(channels: int, taps: int, block_k: int, tapwise: bool) -> int:
@@ -150,9 +190,9 @@ def k_steps(channels: int, taps: int, block_k: int, tapwise: bool) -> int:
 def imma_config(pixels: int, out_per_group: int, groups: int, channels: int, taps: int,
                 sms: int) -> ImmaConfig:  # fmt: skip
     """Tiles for ``pixels`` output rows, ``out_per_group`` x ``groups`` outputs and
-    ``channels`` (per group) x ``taps`` terms, on a GPU of ``sms`` SMs: the largest tiles that
-    fill the SMs alone, then split-K until every CTA runs at most :data:`MAX_STEPS` K steps and,
-    where K has 16 steps or more, the SMs are busy (a split keeps at least 4 steps).
+    ``channels`` (per group) x ``taps`` terms, on a GPU of ``sms`` SMs: large tiles, then
+    split-K until every CTA runs at most :data:`MAX_STEPS` K steps and, where K has 16 steps
+    or more, the SMs are busy (a split keeps at least 4 steps).
 
     Example:
         >>> imma_config(49, 512, 1, 512, 9, 132)  # ResNet-18 layer4 at batch 1
@@ -160,12 +200,13 @@ def imma_config(pixels: int, out_per_group: int, groups: int, channels: int, tap
     """  # noqa: E501
     block_n = 128 if out_per_group >= 128 else 64 if out_per_group >= 64 else 32
     tiles_n = groups * triton.cdiv(out_per_group, block_n)
-    # 128-pixel tiles from 2048 pixels (a batch-1 56x56 layer), 64 below, 16 for a linear
-    # layer's few rows
-    block_m = 128 if pixels >= 2048 else 64 if pixels > 16 else 16
     tapwise = channels >= _TAPWISE_CHANNELS
     block_k = 128 if channels >= 128 else 64 if channels >= 64 or not tapwise else 32
     steps = k_steps(channels, taps, block_k, tapwise)
+    # 128-pixel tiles from 2048 pixels (a batch-1 56x56 layer), unless a long K would then
+    # leave SMs idle; 64 below; 16 for a linear layer's few rows
+    wide = pixels >= 2048 and (steps < 16 or triton.cdiv(pixels, 128) * tiles_n >= sms)
+    block_m = 128 if wide else 64 if pixels > 16 else 16
     tiles = triton.cdiv(pixels, block_m) * tiles_n
     # a short K (under 16 steps) runs in a few microseconds whatever the grid: not worth the
     # zeroing and atomic adds of a split
@@ -185,9 +226,11 @@ def imma_conv2d(
     dilation: list[int],
     groups: int,
     out: Tensor,
+    requant: Requant | None = None,
 ) -> None:
     """Write ``inq::shift_conv2d_int8`` of int8/uint8 ``x [N, Cin, H, W]`` (checked by the
-    caller) into the contiguous int32 ``out [N, O, OH, OW]`` on int8 tensor cores."""
+    caller) into ``out [N, O, OH, OW]`` (channels_last) on int8 tensor cores: the int32 sums, or
+    with ``requant`` the requantized values in ``out``'s dtype."""
     o, cg, kh, kw = weight_shape
     nb, c, h, w = x.shape
     oh, ow = out.shape[-2:]
@@ -195,18 +238,42 @@ def imma_conv2d(
     cfg = imma_config(pixels, o // groups, groups, cg, kh * kw, sm_count(x.device))
     nhwc = x.permute(0, 2, 3, 1).contiguous()
     steps = k_steps(cg, kh * kw, cfg.block_k, cfg.tapwise)
-    per_split = triton.cdiv(steps, cfg.split_k)
+    sums = out
     if cfg.split_k > 1:
-        out.zero_()
+        sums = out if requant is None else torch.empty_like(out, dtype=torch.int32)
+        sums.zero_()
     grid = (groups * triton.cdiv(pixels, cfg.block_m) * triton.cdiv(o // groups, cfg.block_n),
             cfg.split_k)  # fmt: skip
     parts = weight.parts
+    fused = requant if requant is not None and cfg.split_k == 1 else None
+    epilogue = (sums, sums, sums, 0, 0) if fused is None else (*fused.tensors(), fused.lo, fused.hi)
     _imma_kernel[grid](
-        nhwc, parts, weight.row_sum, out,
-        pixels, h, w, c, oh, ow, o, cg, o // groups, cg * kh * kw, steps, per_split,
-        *stride, *padding, *dilation, parts.stride(0) if parts.shape[0] > 1 else 0,
+        nhwc, parts, weight.row_sum, sums, *epilogue,
+        pixels, h, w, c, oh, ow, o, cg, o // groups, cg * kh * kw, steps,
+        triton.cdiv(steps, cfg.split_k), *stride, *padding, *dilation,
+        parts.stride(0) if parts.shape[0] > 1 else 0,
         kh, kw, x.dtype == torch.uint8, parts.shape[0], cfg.tapwise, cg % cfg.block_k == 0,
-        (o // groups) % cfg.block_n == 0,
-        cfg.split_k,
+        (o // groups) % cfg.block_n == 0, cfg.split_k, fused is not None,
         cfg.block_m, cfg.block_n, cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    if requant is not None and fused is None:
+        block_m, block_n = 64, 64
+        rows = (pixels, o)
+        _requant_kernel[(triton.cdiv(pixels, block_m), triton.cdiv(o, block_n))](
+            sums, *requant.tensors(), out, requant.lo, requant.hi, *rows, block_m, block_n
+        )
+
+
+@dataclass(frozen=True)
+class Requant:
+    """The integer model's requantization of a layer: int32 ``bias``, ``multiplier`` and
+    ``shift`` per output channel, results clamped to ``[lo, hi]``."""
+
+    bias: Tensor
+    multiplier: Tensor
+    shift: Tensor
+    lo: int
+    hi: int
+
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.bias.contiguous(), self.multiplier.contiguous(), self.shift.contiguous()

@@ -26,14 +26,27 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.codes import code_width
-from inq.kernels.int8 import check_conv2d_int8_args, check_int8_args
+from inq.kernels.int8 import (
+    check_conv2d_int8_args,
+    check_int8_args,
+    check_requant_args,
+    requantize_channels,
+    value_dtype,
+)
 from inq.kernels.int8_layout import Int8Weight, cached_int8_weight
 from inq.kernels.ops import conv2d_output_size
 from inq.kernels.triton.conv import ConvConfig, conv_tile, gather_patches, pixel_origins
 from inq.kernels.triton.decode import check_devices, check_operands, load_codes, output_tensor
-from inq.kernels.triton.imma import MIN_OUTPUTS, imma_conv2d
+from inq.kernels.triton.imma import MIN_OUTPUTS, Requant, imma_conv2d
 
-__all__ = ["KERNELS", "conv_int8_config", "shift_conv2d_int8", "shift_linear_int8"]
+__all__ = [
+    "KERNELS",
+    "conv_int8_config",
+    "shift_conv2d_int8",
+    "shift_conv2d_int8_requant",
+    "shift_linear_int8",
+    "shift_linear_int8_requant",
+]
 
 KERNELS = ("auto", "imma", "shift_add")  # which kernel a launcher runs ("auto": imma if it can)
 
@@ -205,6 +218,67 @@ def shift_conv2d_int8(
             kh, kw, bits, code_width(bits), cfg.block_m, cfg.block_n, cfg.block_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
+    return out
+
+
+def shift_linear_int8_requant(
+    x: Tensor, packed: Tensor, bits: int, in_features: int, frac_bits: int, bias: Tensor,
+    multiplier: Tensor, shift: Tensor, lo: int, hi: int, kernel: str = "auto",
+) -> Tensor:  # fmt: skip
+    """``inq::shift_linear_int8_requant``: on int8 tensor cores with the requantization in the
+    kernel's epilogue where the layer allows (``kernel`` as for :func:`shift_linear_int8`), else
+    the shift-add kernel and the requantization in PyTorch.
+
+    Raises:
+        ValueError: as :func:`shift_linear_int8` and
+            :func:`inq.kernels.int8.check_requant_args`.
+    """
+    op = "shift_linear_int8_requant"
+    check_requant_args(op, packed.shape[0], bias, multiplier, shift)
+    check_int8_args(x, bits, in_features, frac_bits)
+    check_devices(op, x, packed, bias, multiplier, shift)
+    m, o = math.prod(x.shape[:-1]), packed.shape[0]
+    check_operands(op, packed, bits, o, in_features, None, x.numel(), m * o)
+    imma = _imma_weight(op, kernel, packed, bits, in_features, frac_bits, 1, o)
+    if imma is None or not m * o:
+        acc = shift_linear_int8(x, packed, bits, in_features, frac_bits, kernel="shift_add")
+        return requantize_channels(acc, bias, multiplier, shift, lo, hi)
+    out = torch.empty((m, o), dtype=value_dtype(lo, hi), device=x.device)
+    rows = x.reshape(m, in_features, 1, 1)
+    imma_conv2d(rows, imma, [o, in_features, 1, 1], [1, 1], [0, 0], [1, 1], 1,
+                out.view(m, o, 1, 1), Requant(bias, multiplier, shift, lo, hi))  # fmt: skip
+    return out.reshape(*x.shape[:-1], o)
+
+
+def shift_conv2d_int8_requant(
+    x: Tensor, packed: Tensor, bits: int, weight_shape: list[int], stride: list[int],
+    padding: list[int], dilation: list[int], groups: int, frac_bits: int, bias: Tensor,
+    multiplier: Tensor, shift: Tensor, lo: int, hi: int, kernel: str = "auto",
+) -> Tensor:  # fmt: skip
+    """``inq::shift_conv2d_int8_requant`` (channels_last), as
+    :func:`shift_linear_int8_requant`.
+
+    Raises:
+        ValueError: as :func:`shift_conv2d_int8` and
+            :func:`inq.kernels.int8.check_requant_args`.
+    """
+    op = "shift_conv2d_int8_requant"
+    geometry = (weight_shape, stride, padding, dilation, groups)
+    check_requant_args(op, weight_shape[0], bias, multiplier, shift)
+    check_conv2d_int8_args(x, bits, *geometry, frac_bits)
+    check_devices(op, x, packed, bias, multiplier, shift)
+    o, cg, kh, kw = weight_shape
+    og, k = o // groups, cg * kh * kw
+    oh, ow = conv2d_output_size(x.shape[-2:], weight_shape, stride, padding, dilation)
+    shape = (x.shape[0], o, oh, ow)
+    check_operands(op, packed, bits, o, k, None, x.numel(), math.prod(shape))
+    imma = _imma_weight(op, kernel, packed, bits, k, frac_bits, kh * kw, og)
+    if imma is None or not math.prod(shape):
+        acc = shift_conv2d_int8(x, packed, bits, *geometry, frac_bits, kernel="shift_add")
+        return requantize_channels(acc, bias, multiplier, shift, lo, hi)
+    out = torch.empty(shape, dtype=value_dtype(lo, hi), device=x.device,
+                      memory_format=torch.channels_last)  # fmt: skip
+    imma_conv2d(x, imma, *geometry, out, Requant(bias, multiplier, shift, lo, hi))
     return out
 
 
