@@ -33,7 +33,6 @@ from torch import Tensor
 from inq.codes import decode_weight
 
 __all__ = [
-    "conv2d_decoded",
     "conv2d_output_size",
     "effective_n1",
     "shift_conv2d",
@@ -89,21 +88,6 @@ def shift_conv2d_reference(
     dilated convolution with one output column).
     """
     weight = decode_weight(packed, bits, effective_n1(n1, n1_rows), tuple(weight_shape), x.dtype)
-    return conv2d_decoded(x, weight, bias, stride, padding, dilation, groups)
-
-
-def conv2d_decoded(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    stride: list[int],
-    padding: list[int],
-    dilation: list[int],
-    groups: int,
-) -> Tensor:
-    """``F.conv2d`` of ``x`` and a decoded ``weight`` of ``x``'s dtype (cuDNN on CUDA), the
-    result contiguous; on the CPU bfloat16/float16 run in float32, rounded once (see
-    :func:`shift_conv2d_reference`)."""
     b = None if bias is None else bias.to(x.dtype)
     if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
         b = None if b is None else b.float()

@@ -222,9 +222,8 @@ def variants() -> list[Variant]:
                 kernel = "_gemm_kernel"
                 work = _work(cfg.block_m, cfg.block_n, cfg.block_k)
                 out.append(Variant(name, "linear", kernel, dtype, cx, *launch, False, mma, **work))
-        # fp16/bf16 convolutions decode once and call cuDNN: only fp32 runs these kernels
-        for pixels, og, cg in ((12544, 64, 64), (196, 512, 256), (12544, 1, 1)) if ieee else ():
-            cfg = conv_config(pixels, og, cg)  # ResNet-18 early, late; depthwise
+        for pixels, og, cg in ((12544, 64, 64), (196, 512, 256), (12544, 1, 1)):
+            cfg = conv_config(pixels, og, cg, 9, fp32=ieee)  # ResNet-18 early, late; depthwise
             cx = flags | {"KH": 3, "KW": 3, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}
             launch = (cfg.num_warps, cfg.num_stages)
             if cfg.kernel == "depthwise":
@@ -232,7 +231,7 @@ def variants() -> list[Variant]:
                 out.append(Variant(name, "conv", "_depthwise_kernel", dtype, cx, *launch))
             else:
                 name = f"conv implicit gemm {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{suffix}"
-                cx |= {"BLOCK_K": cfg.block_k}
+                cx |= {"UPCAST": False, "IEEE": ieee, "BLOCK_K": cfg.block_k}
                 kernel = "_implicit_gemm_kernel"
                 work = _work(cfg.block_m, cfg.block_n, cfg.block_k)
                 out.append(Variant(name, "conv", kernel, dtype, cx, *launch, False, mma, **work))

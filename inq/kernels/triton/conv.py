@@ -1,20 +1,12 @@
-"""``inq::shift_conv2d`` on the GPU: which path runs where, and why.
+"""``inq::shift_conv2d`` in Triton: 2-d convolution with the weight read as packed codes.
 
-- **fp16 and bf16** (what a GPU deployment runs): the layer's weight is decoded once per call
-  into a transient dense buffer by the Triton decode kernel (bit for bit the reference's
-  weight) and cuDNN convolves. Measured on an H200 (RESULTS, issue 32), the fused kernels below
-  ran at 0.02-0.18x of cuDNN on ResNet-18's 3x3 layers: a decode costs one memory pass over the
-  weight (0.5-1 byte read, 2 written per weight), a few microseconds, so this path runs near
-  cuDNN's speed until a fused kernel that beats it exists. It is the reference's own
-  arithmetic on the GPU.
-- **fp32** (IEEE products, no TF32, as the tests' bound assumes): the fused Triton kernels.
-
-  - :func:`_implicit_gemm_kernel`: the convolution as a GEMM of output pixels (``N*OH*OW``) by
-    output channels over ``K = Cin/groups * kh * kw``; each step gathers an activation tile
-    (stride, padding, dilation; any strides, so NCHW and channels_last alike), decodes a code
-    tile in registers and multiplies with fp32 accumulation. Groups are a grid dimension.
-  - :func:`_depthwise_kernel`: one input channel per group (depthwise, channel multiplier
-    too): a direct loop over the filter taps on CUDA cores.
+- :func:`_implicit_gemm_kernel`: the convolution as a GEMM of output pixels (``N*OH*OW``) by
+  output channels over ``K = Cin/groups * kh * kw``; each step gathers an activation tile
+  (stride, padding, dilation; any strides, so NCHW and channels_last alike), decodes a code tile
+  in registers and multiplies on tensor cores with fp32 accumulation. Groups are a grid
+  dimension.
+- :func:`_depthwise_kernel`: one input channel per group (depthwise, channel multiplier too),
+  where a GEMM would waste the tensor cores: a direct loop over the filter taps on CUDA cores.
 
 The result is contiguous NCHW (the reference's layout); the decoded weight is the reference's
 bit for bit, so results differ only by fp32 summation order.
@@ -30,14 +22,15 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.codes import code_width
-from inq.kernels.ops import conv2d_decoded, conv2d_output_size
+from inq.kernels.ops import conv2d_output_size
 from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
     MIN_EXP,
     check_devices,
     check_operands,
     decode,
-    decode_weight,
+    dot,
+    dot_upcast,
     downcast,
     load_codes,
     n1_args,
@@ -114,7 +107,7 @@ def _implicit_gemm_kernel(
     sxn, sxc, sxh, sxw, row_stride,
     KH: tl.constexpr, KW: tl.constexpr,
     BITS: tl.constexpr, WIDTH: tl.constexpr, MIN_EXP: tl.constexpr,
-    PER_ROW_N1: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PER_ROW_N1: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     g, rp, rn = conv_tile(tl.program_id(0), P, OG, BLOCK_M, BLOCK_N)
@@ -131,8 +124,10 @@ def _implicit_gemm_kernel(
         xt = gather_patches(x_base, ih0, iw0, p_ok, rk, K, H, W, sxc, sxh, sxw, dil_h, dil_w,
                             KH, KW)  # fmt: skip
         codes = load_codes(codes_ptr, oc, rk, row_stride, K, n_ok, WIDTH)
-        w = decode(codes, n1, BITS, MIN_EXP)  # fp32: IEEE products, no TF32
-        acc = tl.dot(xt, tl.trans(w), acc, input_precision="ieee")
+        w = decode(codes, n1, BITS, MIN_EXP)
+        if not UPCAST:
+            w = w.to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")  # exact: no rounding
+        acc = dot(xt, tl.trans(w), acc, UPCAST, IEEE)
     _store_nchw(acc, n, oh * OW + ow, oc, p_ok, n_ok, bias_ptr, out_ptr, COUT, OH * OW, HAS_BIAS)
 
 
@@ -187,19 +182,25 @@ def _store_nchw(acc, n, pixel, oc, p_ok, c_ok, bias_ptr, out_ptr, COUT, PIXELS,
     tl.store(out_ptr + offsets, y, p_ok[:, None] & c_ok[None, :])
 
 
-def conv_config(pixels: int, out_per_group: int, in_per_group: int) -> ConvConfig:
-    """The fp32 kernel and tiles for a convolution with ``pixels = N*OH*OW`` outputs per
-    channel (IEEE products; sizes from the sm_90 static check).
+def conv_config(
+    pixels: int, out_per_group: int, in_per_group: int, taps: int, fp32: bool = False
+) -> ConvConfig:
+    """The kernel and tiles for a convolution with ``pixels = N*OH*OW`` outputs per channel
+    (``fp32``: IEEE products on CUDA cores, smaller tiles; sizes from the sm_90 static check).
 
     Example:
-        >>> conv_config(12544, 64, 64)
-        ConvConfig(kernel='implicit_gemm', block_m=64, block_n=64, block_k=16, num_warps=8, num_stages=2)
+        >>> conv_config(12544, 64, 64, 9)
+        ConvConfig(kernel='implicit_gemm', block_m=128, block_n=64, block_k=32, num_warps=8, num_stages=3)
     """  # noqa: E501
     if in_per_group == 1:
         return ConvConfig("depthwise", 64, 32, 0, 8, 1)
-    block_m = 64 if pixels >= 512 else 32
-    block_n = min(64, max(16, triton.next_power_of_2(out_per_group)))
-    return ConvConfig("implicit_gemm", block_m, block_n, 16, 8, 2)
+    block_m = 128 if pixels >= 4096 else 64 if pixels >= 512 else 32
+    block_n = min(128 if block_m < 128 else 64, max(16, triton.next_power_of_2(out_per_group)))
+    block_k = 16 if in_per_group * taps <= 16 else 32
+    warps = 8 if block_m * block_n >= 128 * 64 else 4  # fewer threads spill (sm_90 check)
+    if fp32:
+        return ConvConfig("implicit_gemm", min(block_m, 64), min(block_n, 64), 16, 8, 2)
+    return ConvConfig("implicit_gemm", block_m, block_n, block_k, warps, 3)
 
 
 def shift_conv2d(
@@ -244,19 +245,12 @@ def shift_conv2d(
         )
     k = cg * kh * kw
     check_operands("shift_conv2d", packed, bits, o, k, bias, x.numel(), nb * o * oh * ow)
-    if x.dtype != torch.float32:  # fp16/bf16: decode once, then cuDNN (module docstring)
-        weight = decode_weight(packed.contiguous(), bits, n1, tuple(weight_shape), x.dtype)
-        y = conv2d_decoded(batched, weight, bias, stride, padding, dilation, groups)
-        if out is not None:
-            output_tensor(out, tuple(y.shape), x.dtype, x.device).copy_(y)
-            y = out
-        return y.squeeze(0) if x.dim() == 3 else y
     out = output_tensor(out, (nb, o, oh, ow), x.dtype, x.device)
     pixels = out.shape[0] * out.shape[2] * out.shape[3]
     n1_ptr, n1_value, per_row = n1_args(n1, o, x.dtype, x.device)
     b = None if bias is None else bias.to(x.dtype).contiguous()
     if out.numel():
-        cfg = conv_config(pixels, o // groups, cg)
+        cfg = conv_config(pixels, o // groups, cg, kh * kw, x.dtype == torch.float32)
         args = (
             batched, packed.contiguous(), n1_ptr, n1_value, out if b is None else b, out,
             pixels, h, w, oh, ow, o,
@@ -275,6 +269,7 @@ def shift_conv2d(
             grid = (groups * tiles_m * triton.cdiv(og, cfg.block_n),)
             _implicit_gemm_kernel[grid](
                 *args, cg, og, k, groups, *geometry, *common,
+                dot_upcast(x.dtype), x.dtype == torch.float32,
                 cfg.block_m, cfg.block_n, cfg.block_k, **launch,
             )  # fmt: skip
     return out.squeeze(0) if x.dim() == 3 else out
