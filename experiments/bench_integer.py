@@ -65,11 +65,11 @@ def main() -> int:
         lowering = Lowering(shifted, act_bits=8)
         with torch.no_grad():
             lowering.calibrate([torch.randn(16, 3, 224, 224, device="cuda") for _ in range(8)])
-        integer = lowering.integer_model()
+        integer = lowering.integer_model().cuda()  # outside inference mode: see cached_layout
         reference = lowering.integer_model().cpu()
         x = torch.randn(2, 3, 224, 224)
         with torch.inference_mode():
-            got, want = integer.cuda()(x.cuda()).cpu(), reference(x)
+            got, want = integer(x.cuda()).cpu(), reference(x)
         differing += int((got != want).sum())
         print(f"{bits} bits: integer model on CUDA vs CPU reference: {int((got != want).sum())} "
               f"of {got.numel()} int32 logits differ", flush=True)  # fmt: skip

@@ -7,7 +7,7 @@
 #   ncu     Nsight Compute on the batch-1 and a batch-1024 linear kernel: DRAM throughput,
 #           issue slots, pipe utilisation, warp stall reasons (ncu_batch1.txt, ncu_batch1024.txt);
 # and, when named in STEPS:
-#   imma    the int8 tensor-core, fused requantization and float conv tests on the GPU
+#   imma    the int8 tensor-core and fused requantization tests on the GPU
 #           (imma.log);
 #   e2e     ResNet-18 as CUDA graphs: cuDNN fp16, shift fp16, the integer model on int8 tensor
 #           cores, whose logits must equal the CPU reference's (e2e.log, e2e.json);
@@ -62,7 +62,7 @@ fi
 if wanted imma; then
   step "int8 tensor-core and conv tests (GPU)" imma.log python3 -m pytest \
     tests/test_kernels_triton.py tests/test_kernels_int8_layout.py -q --tb=short \
-    -p no:cacheprovider -k "imma or requant or conv_int8 or shift_conv2d or opcheck_int8"
+    -p no:cacheprovider -k "imma or requant or conv_int8 or opcheck_int8"
   grep -E "passed|failed|error" "$logs/imma.log" | tail -n 3
   grep -E "^(FAILED|ERROR)" "$logs/imma.log" | head -n 20
 fi

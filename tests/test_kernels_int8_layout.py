@@ -87,3 +87,10 @@ def test_cache_follows_in_place_changes() -> None:
 def test_empty_weight(bits: int) -> None:
     weight = int8_weight(torch.zeros(0, row_bytes(2, bits), dtype=torch.uint8), bits, 2, 1, 1)
     assert weight is not None and weight.parts.shape == (1, 0, 2)
+
+
+def test_cache_takes_inference_tensors() -> None:
+    """Inference tensors have no version counter: the layout is made once for them."""
+    with torch.inference_mode():
+        packed = pack_codes(torch.tensor([[8, 13]], dtype=torch.uint8), 4)
+        assert cached_int8_weight(packed, 4, 2, 3, 1) is cached_int8_weight(packed, 4, 2, 3, 1)

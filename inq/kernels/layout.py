@@ -204,8 +204,12 @@ def cached_layout(
     packed: Tensor, key: tuple, build: Callable[[], T], rows: Tensor | None = None
 ) -> T:
     """``build()``, made once per ``packed`` tensor object and ``key`` (and per-row tensor
-    ``rows``, if any), rebuilt when either changes in place, dropped when ``packed`` dies."""
-    versions = (packed._version, 0 if rows is None else rows._version)
+    ``rows``, if any), rebuilt when either changes in place, dropped when ``packed`` dies.
+
+    Inference tensors (made under ``torch.inference_mode``) have no version counter: for them
+    the layout is made once, and an in-place change of one (possible only in inference mode)
+    is not seen; move or load a model outside inference mode to keep that guarantee."""
+    versions = (_version(packed), 0 if rows is None else _version(rows))
     entries = _entries(packed)
     hit = entries.get(key)
     if hit is not None and hit[0] == versions and (hit[1] is None or hit[1]() is rows):
@@ -215,6 +219,10 @@ def cached_layout(
     layout = build()
     entries[key] = (versions, None if rows is None else weakref.ref(rows), layout)
     return layout
+
+
+def _version(t: Tensor) -> int:
+    return -1 if t.is_inference() else t._version
 
 
 def _pack(field: Tensor, per_word: int, fmt: str) -> Tensor:
