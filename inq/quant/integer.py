@@ -177,8 +177,9 @@ class IntegerModel(nn.Module):
         return values
 
     def op_tensors(self, name: str) -> dict[str, Tensor]:
-        """The tensors of op ``name``, by field (``codes``, ``bias``, ...)."""
-        return dict(self.params[name].state_dict()) if name in self.params else {}
+        """The tensors of op ``name``, by field (``codes``, ``bias``, ...): the buffers
+        themselves, so the kernels' layouts cached per tensor are made once."""
+        return dict(self.params[name].named_buffers()) if name in self.params else {}
 
 
 def _clamped(op: IntOp, v: Tensor) -> Tensor:
