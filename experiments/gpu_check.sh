@@ -3,14 +3,14 @@
 # excluded), writing everything into LOG_DIR (default experiments/gpu, to be committed):
 #   tests   the linear and layout kernel tests on the GPU (test.log);
 #   static  the static sm_90 check with this machine's Triton (static.log, static.json);
-#   bench   the kernel benchmark against cuBLAS/cuDNN (bench.log, kernel_bench.json);
+#   bench   the kernel benchmark against cuBLAS/cuDNN, and ResNet-18 end to end as CUDA graphs
+#           (cuDNN fp16, shift fp16, the integer model on int8 tensor cores, whose logits must
+#           equal its CPU reference's) (bench.log, kernel_bench.json);
 #   ncu     Nsight Compute on the batch-1 and a batch-1024 linear kernel: DRAM throughput,
 #           issue slots, pipe utilisation, warp stall reasons (ncu_batch1.txt, ncu_batch1024.txt);
 # and, when named in STEPS:
 #   imma    the int8 tensor-core and fused requantization tests on the GPU
 #           (imma.log);
-#   e2e     ResNet-18 as CUDA graphs: cuDNN fp16, shift fp16, the integer model on int8 tensor
-#           cores, whose logits must equal the CPU reference's (e2e.log, e2e.json);
 #   train   a short inq-train on CUDA (ResNet-20 on synthetic 32x32 data, AMP on, integer phase);
 #   integer that run's integer model on the CUDA kernels against its CPU reference, bit for bit;
 #   ddp     a one-GPU torchrun (NCCL) of the same training;
@@ -65,12 +65,6 @@ if wanted imma; then
     -p no:cacheprovider -k "imma or requant or conv_int8 or opcheck_int8"
   grep -E "passed|failed|error" "$logs/imma.log" | tail -n 3
   grep -E "^(FAILED|ERROR)" "$logs/imma.log" | head -n 20
-fi
-
-if wanted e2e; then
-  step "ResNet-18 end to end: float, shift, integer" e2e.log python3 experiments/bench_integer.py \
-    --json "$logs/e2e.json"
-  cat "$logs/e2e.log"
 fi
 
 wanted static && step "static check" static.log python3 -m inq.cli bench kernel --static \

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
@@ -51,6 +52,7 @@ from inq.packed import (
     pack_stats,
     read_format,
 )
+from inq.quant.bench import integer_pair
 from inq.quant.integer import (
     INT_FORMAT,
     IntegerModel,
@@ -508,7 +510,7 @@ def _requant_kind(op: IntOp, tensors: dict[str, torch.Tensor]) -> str:
 # ---------------------------------------------------------------------------------- bench
 
 BENCH_TARGETS: dict[str, Command] = {
-    "kernel": Command(BENCH_HELP, add_bench_arguments, run_bench),
+    "kernel": Command(BENCH_HELP, add_bench_arguments, partial(run_bench, integer=integer_pair)),
     "onnx": Command(ONNX_HELP, add_onnx_arguments, run_onnx),
 }
 

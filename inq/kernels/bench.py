@@ -52,6 +52,7 @@ __all__ = [
     "BENCH_HELP",
     "BenchResult",
     "EndToEnd",
+    "IntegerFactory",
     "OpLayer",
     "add_bench_arguments",
     "run_bench",
@@ -181,6 +182,13 @@ class EndToEnd:
     inq_eager_ms: float
     float_graph_ms: float  # GPU time of one CUDA-graph replay, median (L2 flushed before)
     inq_graph_ms: float
+    int8_graph_ms: float | None = None  # the integer model (int8 activations), as a graph
+    int8_logits_differ: int | None = None  # of its int32 logits, vs the CPU reference
+
+
+# (quantized float model, bits) -> (its integer model on CUDA, the same on the CPU): made
+# above the kernels (inq.quant), handed in by the CLI
+IntegerFactory = Callable[[nn.Module, int], tuple[nn.Module, nn.Module]]
 
 
 def quantized_resnet18(bits: int) -> nn.Module:
@@ -271,13 +279,27 @@ def cuda_graph(fn: Callable[[], object]) -> Callable[[], object]:
 
 
 def bench_end_to_end(
-    bits: int, dtype: torch.dtype, batches: list[int], repeats: int, flush: Tensor
+    bits: int,
+    dtype: torch.dtype,
+    batches: list[int],
+    repeats: int,
+    flush: Tensor,
+    integer: IntegerFactory | None = None,
 ) -> list[EndToEnd]:
+    """ResNet-18 (random weights, power-of-two quantized) as the float model in cuDNN, the
+    shift model, and (given ``integer``) the integer model, whose logits on CUDA are first
+    compared with its CPU reference on two images."""
     base = quantized_resnet18(bits)
     models = {
         "float": base.to("cuda", dtype, memory_format=torch.channels_last),
         "inq": to_op_layers(base, bits).to("cuda", dtype),
     }
+    int8, differ = None, None
+    if integer is not None:
+        int8, reference = integer(quantized_resnet18(bits), bits)
+        x = torch.randn(2, 3, 224, 224)
+        with torch.inference_mode():
+            differ = int((int8(x.cuda()).cpu() != reference(x)).sum())
     results = []
     for batch in batches:
         x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=dtype)
@@ -288,21 +310,33 @@ def bench_end_to_end(
                 run = partial(model, x)
                 eager[name] = time_host(run, repeats)
                 graph[name] = time_cuda(cuda_graph(run), repeats, flush) / 1e3
-        results.append(EndToEnd(batch, bits, _dtype_name(dtype), *eager.values(), *graph.values()))
+            int8_ms = None
+            if int8 is not None:  # it quantizes fp32 images itself
+                images = torch.randn(batch, 3, 224, 224, device="cuda")
+                int8_ms = time_cuda(cuda_graph(partial(int8, images)), repeats, flush) / 1e3
+        results.append(EndToEnd(batch, bits, _dtype_name(dtype), *eager.values(), *graph.values(),
+                                int8_ms, differ))  # fmt: skip
     return results
 
 
 def format_end_to_end(results: list[EndToEnd]) -> str:
+    """The end-to-end table: eager and CUDA-graph milliseconds, speed-ups over the float
+    graph, and the integer model's logits against its reference."""
     head = (
         f"{'ResNet-18 224x224':<18}{'batch':>6}{'bits':>5}{'dtype':>6}"
         f"{'float eager':>13}{'inq eager':>11}{'float graph':>13}{'inq graph':>11}{'speedup':>9}"
+        f"{'int8 graph':>12}{'speedup':>9}  int8 logits vs reference"
     )
-    rows = [
-        f"{'end to end (ms)':<18}{r.batch:>6}{r.bits:>5}{r.dtype:>6}"
-        f"{r.float_eager_ms:>13.3f}{r.inq_eager_ms:>11.3f}{r.float_graph_ms:>13.3f}"
-        f"{r.inq_graph_ms:>11.3f}{r.float_graph_ms / r.inq_graph_ms:>8.2f}x"
-        for r in results
-    ]
+    rows = []
+    for r in results:
+        int8 = ("" if r.int8_graph_ms is None else
+                f"{r.int8_graph_ms:>12.3f}{r.float_graph_ms / r.int8_graph_ms:>8.2f}x  "
+                f"{r.int8_logits_differ} of 2000 differ")  # fmt: skip
+        rows.append(
+            f"{'end to end (ms)':<18}{r.batch:>6}{r.bits:>5}{r.dtype:>6}"
+            f"{r.float_eager_ms:>13.3f}{r.inq_eager_ms:>11.3f}{r.float_graph_ms:>13.3f}"
+            f"{r.inq_graph_ms:>11.3f}{r.float_graph_ms / r.inq_graph_ms:>8.2f}x{int8}"
+        )
     return _table(head, rows)
 
 
@@ -413,9 +447,10 @@ def run_static(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    """Time the ops and print the tables (``--static``: :func:`run_static`); exit status 0, or 1
-    (one line on stderr) where no GPU is visible.
+def run_bench(args: argparse.Namespace, integer: IntegerFactory | None = None) -> int:
+    """Time the ops and print the tables (``--static``: :func:`run_static`), with ``integer``
+    the integer model end to end too; exit status 0, or 1 (one line on stderr) where no GPU is
+    visible or an integer logit differs from its reference.
 
     Example::
 
@@ -443,7 +478,8 @@ def run_bench(args: argparse.Namespace) -> int:
         results += bench_linear(bits, dtype, args.batches, args.repeats, flush, copy)
         if not args.skip_conv:
             results += bench_resnet18(bits, dtype, args.conv_batches, args.repeats, flush, copy)
-            end_to_end += bench_end_to_end(bits, dtype, args.conv_batches, args.repeats, flush)
+            end_to_end += bench_end_to_end(bits, dtype, args.conv_batches, args.repeats, flush,
+                                           integer)  # fmt: skip
     print(format_table(results))
     if not args.skip_conv:
         print(_network_totals(results))
@@ -460,4 +496,7 @@ def run_bench(args: argparse.Namespace) -> int:
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}")
+    if any(r.int8_logits_differ for r in end_to_end):
+        print("inq bench kernel: integer logits on CUDA differ from the reference", file=sys.stderr)
+        return 1
     return 0
