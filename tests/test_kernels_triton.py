@@ -544,13 +544,71 @@ def test_shift_conv2d_matches_reference(case, dtype, bits: int, channels_last: b
     assert_close_fp32_sum(y, x, w, ref, math.prod(shape[1:]), 1, conv)
 
 
-def test_shift_conv2d_unbatched_per_row_n1_and_errors() -> None:
+# (N, Cin, H, W, Cout, kh, kw, stride, padding, dilation): at least half a chunk of channels,
+# so fp16/bf16 take the tensor-core kernel on the kernel layout (groups=1)
+MMA_CONV_CASES = [
+    (2, 64, 5, 6, 17, 3, 3, 1, 1, 1),  # half a nibble chunk, a whole byte chunk; 17 outputs
+    (1, 130, 4, 4, 8, 1, 1, 2, 0, 1),  # 1x1, stride 2, ragged second chunk
+    (1, 96, 7, 5, 33, 5, 3, (2, 1), (2, 0), (1, 2)),  # 5x3 taps, stride, padding, dilation
+]
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("bits", [4, 6])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", MMA_CONV_CASES)
+def test_shift_conv2d_tensor_core_path(case, dtype, bits: int, channels_last: bool) -> None:
+    n, cin, h, wd, cout, kh, kw, stride, padding, dilation = case
+    shape = [cout, cin, kh, kw]
+    k = math.prod(shape[1:])
+    packed = pack_codes(random_codes(cout, k, bits, seed=cin + bits), bits)
+    n1 = torch.arange(cout, dtype=torch.int32) % 5 - 2  # per-row n1 too
+    w = torch.cat([decode_weight(packed[i : i + 1], bits, int(n1[i]), (1, *shape[1:]), dtype)
+                   for i in range(cout)]).double()  # fmt: skip
+    gen = torch.Generator().manual_seed(cin + bits)
+    x = torch.randn(n, cin, h, wd, generator=gen).to(dtype)
+    args = (_pair(stride), _pair(padding), _pair(dilation), 1)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    out, check = guarded((n, cout, *ops.conv2d_output_size((h, wd), shape, *args[:3])), dtype)
+    y = tk.shift_conv2d(x.to(DEVICE, memory_format=layout), packed.to(DEVICE), bits,
+                        n1.to(DEVICE), shape, None, *args, out=out)  # fmt: skip
+    check()
+    conv = lambda a, b: F.conv2d(a, b, None, *args)  # noqa: E731
+    assert y.is_contiguous()
+    assert_close_fp32_sum(y.cpu(), x, w, conv(x.double(), w), k, 1, conv)
+
+
+@pytest.mark.parametrize(("dtype", "bits"), [(torch.float16, 4), (torch.bfloat16, 7)])
+def test_shift_conv2d_split_k(dtype: torch.dtype, bits: int) -> None:
+    """A long K (130 channels: two chunks a tap, the second ragged; 3x3 taps) on few pixels
+    splits across CTAs; the partial sums reduce in split order, within the bound."""
+    from inq.kernels.triton.conv_mma import conv_mma_split
+
+    shape, args = [20, 130, 3, 3], ([1, 1], [1, 1], [2, 1], 1)
+    k = math.prod(shape[1:])
+    chunks = 9 * (2 if bits <= 4 else 3)
+    assert conv_mma_split(chunks, 1, 132) > 1
+    packed = pack_codes(random_codes(20, k, bits, seed=9), bits)
+    w = decode_weight(packed, bits, 0, tuple(shape), dtype).double()
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(1, 130, 4, 5, generator=gen).to(dtype)
+    bias = torch.randn(20, generator=gen).to(dtype)
+    y = tk.shift_conv2d(x.to(DEVICE), packed.to(DEVICE), bits, 0, shape, bias.to(DEVICE), *args)
+    ref = F.conv2d(x.double(), w, bias.double(), *args)
+    conv = lambda a, b: F.conv2d(a, b, None, *args)  # noqa: E731
+    assert_close_fp32_sum(y.cpu(), x, w, ref, k, conv_mma_split(chunks, 1, 132), conv)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_shift_conv2d_unbatched_per_row_n1_and_errors(dtype: torch.dtype) -> None:
+    """Per-row n1 and unbatched input on each path (fp16/bf16: the tensor-core kernel on the
+    kernel layout; fp32: the implicit GEMM)."""
     shape, args = [4, 2, 3, 3], ([1, 1], [1, 1], [1, 1], 1)
     packed = pack_codes(random_codes(4, 18, 4, seed=3), 4)
     n1 = torch.tensor([0, -2, 1, -5], dtype=torch.int32)
-    w = torch.cat([decode_weight(packed[i : i + 1], 4, int(n1[i]), (1, 2, 3, 3), torch.float32)
+    w = torch.cat([decode_weight(packed[i : i + 1], 4, int(n1[i]), (1, 2, 3, 3), dtype)
                    for i in range(4)]).double()  # fmt: skip
-    x = torch.randn(2, 6, 6)
+    x = torch.randn(2, 6, 6).to(dtype)
     y = tk.shift_conv2d(x.to(DEVICE), packed.to(DEVICE), 4, n1.to(DEVICE), shape, None, *args)
     conv = lambda a, b: F.conv2d(a, b, None, *args)  # noqa: E731
     assert y.shape == (4, 6, 6)

@@ -52,6 +52,7 @@ __all__ = [
     "Roofline",
     "Variant",
     "compile_variant",
+    "conv_mma_variants",
     "ctas_per_sm",
     "estimate_linear",
     "format_estimates",
@@ -235,6 +236,7 @@ def variants() -> list[Variant]:
                 kernel = "_implicit_gemm_kernel"
                 work = _work(cfg.block_m, cfg.block_n, cfg.block_k)
                 out.append(Variant(name, "conv", kernel, dtype, cx, *launch, False, mma, **work))
+    out += conv_mma_variants()
     out += imma_variants()
     tiles = {"BLOCK_M": int8.BLOCK_M, "BLOCK_O": int8.BLOCK_O, "BLOCK_K": int8.BLOCK_K}
     name = f"int8 shift-add {int8.BLOCK_M}x{int8.BLOCK_O}x{int8.BLOCK_K}"
@@ -252,6 +254,34 @@ def variants() -> list[Variant]:
                 out.append(
                     Variant(conv, "int8", "_conv_int8_kernel", dtype, cx, *launch, **_work(m, n, k))
                 )
+    return out
+
+
+def conv_mma_variants() -> list[Variant]:
+    """The fp16/bf16 convolution on the kernel layout (:mod:`inq.kernels.triton.conv_mma`) in
+    the tiles it picks for ResNet-18's convolutions at batch 1 and 32, nibble and byte codes,
+    with the linear kernels' budgets: per MAC for 128-pixel tiles, per weight for narrower ones
+    (their decode is shared by fewer pixels), twice for byte codes."""
+    from inq.kernels.shapes import CONV_BATCHES, resnet18_convs
+    from inq.kernels.triton.conv_mma import conv_mma_tiles
+
+    tiles = set()
+    for batch in CONV_BATCHES:
+        for layer in resnet18_convs(batch):
+            n, o, oh, ow = layer.output_shape
+            tiles.add(conv_mma_tiles(n * oh * ow, o))
+    out = []
+    for m, n, warps in sorted(tiles):
+        for dtype in ("fp16", "bf16"):
+            for per_word in (8, 4):
+                cx = {"KH": 3, "KW": 3, "PER_WORD": per_word, "BF16": dtype == "bf16",
+                      "HAS_BIAS": True, "IEEE": False, "EVEN_C": True,
+                      "BLOCK_M": m, "BLOCK_N": n, "GROUP_N": 8,
+                      "BITS": 4 if per_word == 8 else 8}  # fmt: skip
+                work = _work(m, n, CHUNK_WORDS * per_word)  # a chunk a loop iteration
+                budget = _budget("large" if m >= 128 else "skinny", per_word, m)
+                out.append(Variant(f"conv mma {m}x{n}", "conv_mma", "_conv_mma_kernel", dtype,
+                                   cx, warps, 3, False, True, **work, budget=budget))  # fmt: skip
     return out
 
 
@@ -448,8 +478,8 @@ _POINTERS = {"codes_ptr": "*u8", "n1_ptr": "*i32", "part_ptr": "*fp32", "words_p
              "mult_ptr": "*i32", "shift_ptr": "*i32"}  # fmt: skip
 # integer arguments that are multiples of 16 for the benchmark shapes (Triton specialises them)
 _DIVISIBLE = {"K", "KB", "KW", "N", "row_stride", "stride_xm", "bytes_per_split", "words_per_split",
-              "total", "sxn", "C", "CG", "COUT", "OG", "part_stride"}  # fmt: skip
-_UNIT = {"stride_xk", "sxw"}  # unit strides: Triton makes them constants at run time
+              "total", "sxn", "C", "CG", "COUT", "OG", "part_stride", "KWORDS"}  # fmt: skip
+_UNIT = {"stride_xk", "sxw", "INNER"}  # unit strides: Triton makes them constants at run time
 
 
 def compile_variant(variant: Variant, arch: int = 90) -> CompiledVariant:

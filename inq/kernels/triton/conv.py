@@ -22,6 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.codes import code_width
+from inq.kernels.layout import CHUNK_WORDS
 from inq.kernels.ops import conv2d_output_size
 from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
@@ -203,6 +204,18 @@ def conv_config(
     return ConvConfig("implicit_gemm", block_m, block_n, block_k, warps, 3)
 
 
+def chunk_columns(bits: int) -> int:
+    """Columns of one chunk of the kernel layout: a tap's channels are padded to whole chunks,
+    so the tensor-core conv takes layers with at least half a chunk of channels (a first conv
+    of 3 channels would waste 97 % of its work) and leaves the rest to the implicit GEMM.
+
+    Example:
+        >>> chunk_columns(4), chunk_columns(5)
+        (128, 64)
+    """
+    return CHUNK_WORDS * 32 // code_width(bits)
+
+
 def shift_conv2d(
     x: Tensor,
     packed: Tensor,
@@ -246,6 +259,13 @@ def shift_conv2d(
     k = cg * kh * kw
     check_operands("shift_conv2d", packed, bits, o, k, bias, x.numel(), nb * o * oh * ow)
     out = output_tensor(out, (nb, o, oh, ow), x.dtype, x.device)
+    if groups == 1 and x.dtype != torch.float32 and out.numel() and 2 * cg >= chunk_columns(bits):
+        from inq.kernels.triton.conv_mma import conv_layout, conv_mma  # imports this module
+
+        layout = conv_layout(packed, bits, n1, weight_shape, x.dtype)
+        if layout is not None:
+            conv_mma(batched, layout, weight_shape, bias, stride, padding, dilation, out)
+            return out.squeeze(0) if x.dim() == 3 else out
     pixels = out.shape[0] * out.shape[2] * out.shape[3]
     n1_ptr, n1_value, per_row = n1_args(n1, o, x.dtype, x.device)
     b = None if bias is None else bias.to(x.dtype).contiguous()

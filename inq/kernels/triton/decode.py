@@ -168,30 +168,37 @@ def finish(acc, rm, rn, m_ok, n_ok, pid_k, scale_ptr, bias_ptr, out_ptr, part_pt
 
 
 @triton.jit
-def reduce_kernel(part_ptr, scale_ptr, bias_ptr, out_ptr, total, N, SPLIT_K: tl.constexpr,
-                  HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+def reduce_kernel(part_ptr, scale_ptr, bias_ptr, out_ptr, total, N, INNER,
+                  SPLIT_K: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
                   BLOCK: tl.constexpr):  # fmt: skip
-    """``out = (sum over splits, in order) * 2**scale[column] + bias[column]`` on a flat
-    ``[M * N]`` range, one rounding."""
+    """``out = (sum over splits, in order) * 2**scale[channel] + bias[channel]`` on a flat
+    range of ``total`` elements, one rounding; the channel of element ``i`` is
+    ``(i // INNER) % N`` (``[M, N]``: ``INNER = 1``; NCHW: ``INNER = H * W``)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < total
     acc = tl.load(part_ptr + offs, mask=ok, other=0.0)
     for s in tl.static_range(1, SPLIT_K):
         acc += tl.load(part_ptr + s * total + offs, mask=ok, other=0.0)
+    channel = (offs // INNER) % N
     if HAS_SCALE:
-        acc = acc * pow2(tl.load(scale_ptr + offs % N, mask=ok, other=0))
+        acc = acc * pow2(tl.load(scale_ptr + channel, mask=ok, other=0))
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
+        acc += tl.load(bias_ptr + channel, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, downcast(acc, out_ptr.dtype.element_ty), ok)
 
 
-def reduce_partials(part: Tensor, scale: Tensor | None, bias: Tensor | None, out: Tensor) -> None:
-    """``out = part.sum(0) * 2**scale[column] + bias[column]`` in split order, one rounding
-    (``scale`` and ``bias`` optional)."""
+def reduce_partials(
+    part: Tensor, scale: Tensor | None, bias: Tensor | None, out: Tensor, channel_dim: int = -1
+) -> None:
+    """``out = part.sum(0) * 2**scale[channel] + bias[channel]`` in split order, one rounding
+    (``scale`` and ``bias`` optional); channels along ``channel_dim`` of the contiguous
+    ``out`` (the last, or 1 of an NCHW result)."""
     total, block = out.numel(), 1024
+    inner = math.prod(out.shape[channel_dim:][1:])
     reduce_kernel[(triton.cdiv(total, block),)](
         part, out if scale is None else scale, out if bias is None else bias, out, total,
-        out.shape[-1], part.shape[0], scale is not None, bias is not None, block,
+        out.shape[channel_dim], max(inner, 1), part.shape[0], scale is not None,
+        bias is not None, block,
     )  # fmt: skip
 
 

@@ -1,0 +1,215 @@
+"""``inq::shift_conv2d`` for fp16/bf16 on the tensor cores, on the linear kernels' weight layout.
+
+The convolution as an implicit GEMM computed transposed, ``out.T [O, pixels] = W @ cols.T``,
+as :func:`inq.kernels.triton.swar._mma_kernel` computes a linear layer: the weight rows decode
+from the SWAR words of :mod:`inq.kernels.layout` (one shift and one mask per pair of weights,
+``n1`` factored out as ``2**scale[row]``) into the MMA's register operand, and the pixels are the
+narrow side. What makes it a convolution is the order of K, fixed when the layout is made
+(:func:`conv_layout`): ``(kh, kw, c)`` with each tap's channels padded to whole chunks, so a
+chunk is one tap times consecutive channels of a channels_last input. The input row, column,
+bounds and address are worked out once per pixel and chunk, and each 16-column slot of the
+chunk loads a ``[16 channels, pixels]`` tile with contiguous channels.
+
+Groups of one (ordinary convolutions) only; grouped and depthwise convolutions, fp32
+activations and weights the layout cannot hold keep the kernels of
+:mod:`inq.kernels.triton.conv`. Results differ from the reference only by fp32 summation order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from inq.codes import pack_codes, unpack_codes
+from inq.kernels.layout import CHUNK_WORDS, KernelWeight, cached_layout, kernel_weight
+from inq.kernels.triton.conv import pixel_origins
+from inq.kernels.triton.decode import (
+    dot_upcast,
+    downcast,
+    grouped,
+    pow2,
+    reduce_partials,
+    sm_count,
+)
+from inq.kernels.triton.imma import MAX_STEPS
+from inq.kernels.triton.swar import bf16_to_f32, decode_pair
+
+__all__ = [
+    "ConvLayout",
+    "conv_layout",
+    "conv_mma",
+    "conv_mma_split",
+    "conv_mma_tiles",
+]
+
+
+@dataclass(frozen=True)
+class ConvLayout:
+    """The kernel layout of a conv weight whose K is ``(kh, kw, c)``, ``c`` padded to
+    ``channels_padded`` (whole chunks of the layout)."""
+
+    weight: KernelWeight
+    channels_padded: int
+
+
+def conv_layout(
+    packed: Tensor, bits: int, n1: int | Tensor, weight_shape: list[int], dtype: torch.dtype
+) -> ConvLayout | None:
+    """The layout of a ``groups=1`` conv weight for :func:`conv_mma`, made once per packed
+    tensor (and per-row ``n1``), or ``None`` where :func:`inq.kernels.layout.kernel_weight`
+    has none.
+
+    Example:
+        >>> codes = torch.full((2, 3 * 9), 8, dtype=torch.uint8)  # 3 channels, 3x3 taps: 2**n1
+        >>> layout = conv_layout(pack_codes(codes, 4), 4, 0, [2, 3, 3, 3], torch.float16)
+        >>> layout.channels_padded, layout.weight.words.shape  # 128 columns a tap
+        (128, torch.Size([2, 144]))
+    """
+    o, c, kh, kw = weight_shape
+    key = ("conv", bits, tuple(weight_shape), dtype, n1 if isinstance(n1, int) else id(n1))
+    rows = n1 if isinstance(n1, Tensor) else None
+
+    def build() -> ConvLayout | None:
+        chunk = CHUNK_WORDS * (32 // (4 if bits <= 4 else 8))
+        padded = triton.cdiv(c, chunk) * chunk
+        codes = unpack_codes(packed, bits, c * kh * kw).view(o, c, kh * kw).transpose(1, 2)
+        tap_major = torch.zeros((o, kh * kw, padded), dtype=codes.dtype, device=codes.device)
+        tap_major[:, :, :c] = codes
+        flat = tap_major.reshape(o, kh * kw * padded)
+        weight = kernel_weight(pack_codes(flat, bits), bits, n1, flat.shape[1], dtype)
+        return None if weight is None else ConvLayout(weight, padded)
+
+    return cached_layout(packed, key, build, rows)
+
+
+@triton.jit
+def _conv_mma_kernel(
+    x_ptr, words_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr,
+    P, H, W, C, OH, OW, COUT, KWORDS, CHUNKS_PER_TAP, CHUNKS_PER_SPLIT,
+    stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+    KH: tl.constexpr, KW: tl.constexpr, PER_WORD: tl.constexpr, BF16: tl.constexpr,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, EVEN_C: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr,
+):  # fmt: skip
+    pid_n, pid_m = grouped(tl.program_id(0), COUT, P, BLOCK_N, BLOCK_M, GROUP_N)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output channels: weight rows
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # output pixels
+    p_ok = rm < P
+    n_ok = rn < COUT
+    n, oh, ow, ih0, iw0 = pixel_origins(rm, OH, OW, stride_h, stride_w, pad_h, pad_w)
+    pixel_base = ((n * H + ih0) * W + iw0) * C
+    w16 = tl.arange(0, 16)
+    chunk: tl.constexpr = 16 * PER_WORD
+    word_ptrs = words_ptr + rn[:, None] * KWORDS + w16[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    first = pid_k * CHUNKS_PER_SPLIT
+    tap = first // CHUNKS_PER_TAP  # then walked without dividing in the loop
+    c0 = (first - tap * CHUNKS_PER_TAP) * chunk
+    r = tap // KW
+    s = tap - r * KW
+    for c in range(first, tl.minimum(first + CHUNKS_PER_SPLIT, KH * KW * CHUNKS_PER_TAP)):
+        words = tl.load(word_ptrs + c * 16, mask=n_ok[:, None], other=0)
+        dh = r * dil_h
+        dw = s * dil_w
+        # 0 <= ih < H as one unsigned compare (a negative ih wraps above H)
+        pix_ok = p_ok & ((ih0 + dh).to(tl.uint32) < H) & ((iw0 + dw).to(tl.uint32) < W)
+        rows = pixel_base + (dh * W + dw) * C + c0
+        for g in tl.static_range(PER_WORD // 2):
+            pair = decode_pair(words, g, PER_WORD, BF16)
+            for high in tl.static_range(2):
+                slot = (2 * g + high) * 16 + w16
+                # EVEN_C: every channel of the chunk exists, the pixel mask alone
+                x_ok = pix_ok[None, :] if EVEN_C else pix_ok[None, :] & (c0 + slot < C)[:, None]
+                xt = tl.load(x_ptr + rows[None, :] + slot[:, None], mask=x_ok, other=0.0)
+                if IEEE:  # bf16 under the interpreter (see dot_upcast)
+                    w = bf16_to_f32(pair, high)
+                    acc = tl.dot(w, xt.to(tl.float32), acc, input_precision="ieee")
+                else:
+                    half = (pair >> 16) if high else pair
+                    w = half.to(tl.int16).to(xt.dtype, bitcast=True)
+                    acc = tl.dot(w, xt, acc)
+        c0 += chunk
+        next_tap = c0 >= CHUNKS_PER_TAP * chunk
+        c0 = tl.where(next_tap, 0, c0)
+        s = tl.where(next_tap, s + 1, s)
+        next_row = s == KW
+        s = tl.where(next_row, 0, s)
+        r = tl.where(next_row, r + 1, r)
+    # contiguous NCHW: out[n, o, pixel]
+    offsets = (rn * (OH * OW))[:, None] + (n * COUT * OH * OW + oh * OW + ow)[None, :]
+    mask = n_ok[:, None] & p_ok[None, :]
+    if SPLIT_K > 1:  # unscaled fp32 partial sums, reduced in split order (reduce_partials)
+        tl.store(part_ptr + pid_k * P * COUT + offsets, acc, mask)
+    else:
+        acc = acc * pow2(tl.load(scale_ptr + rn, mask=n_ok, other=0))[:, None]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + offsets, downcast(acc, out_ptr.dtype.element_ty), mask)
+
+
+def conv_mma_tiles(pixels: int, out_channels: int) -> tuple[int, int, int]:
+    """(pixels, output channels, warps) of a tile: pixels are the MMA's narrow side.
+
+    Example:
+        >>> conv_mma_tiles(12544, 64)
+        (128, 64, 4)
+    """
+    block_m = 128 if pixels >= 2048 else 64 if pixels > 32 else 16
+    block_n = 128 if out_channels >= 128 else 64
+    return block_m, block_n, 8 if block_m * block_n >= 128 * 128 else 4
+
+
+def conv_mma(
+    x: Tensor,
+    layout: ConvLayout,
+    weight_shape: list[int],
+    bias: Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    out: Tensor,
+) -> None:
+    """Write the convolution of fp16/bf16 ``x [N, C, H, W]`` (any memory format; checked by the
+    caller, ``groups=1``) into the contiguous ``out [N, O, OH, OW]``."""
+    o, c, kh, kw = weight_shape
+    nb, _, h, w = x.shape
+    oh, ow = out.shape[-2:]
+    pixels = nb * oh * ow
+    weight = layout.weight
+    nhwc = x.permute(0, 2, 3, 1).contiguous()
+    block_m, block_n, warps = conv_mma_tiles(pixels, o)
+    chunk = CHUNK_WORDS * weight.per_word
+    per_tap = layout.channels_padded // chunk
+    tiles = triton.cdiv(pixels, block_m) * triton.cdiv(o, block_n)
+    split = conv_mma_split(kh * kw * per_tap, tiles, sm_count(x.device))
+    per_split = triton.cdiv(kh * kw * per_tap, split)
+    part = out.new_empty((split, *out.shape), dtype=torch.float32) if split > 1 else out
+    b = None if bias is None else bias.to(x.dtype).contiguous()
+    _conv_mma_kernel[(tiles, split)](
+        nhwc, weight.words, weight.scale, out if b is None else b, out, part,
+        pixels, h, w, c, oh, ow, o, weight.words.shape[1], per_tap, per_split,
+        *stride, *padding, *dilation,
+        kh, kw, weight.per_word, weight.fmt == "bf16", b is not None, dot_upcast(x.dtype),
+        c % chunk == 0, split, block_m, block_n, 8, num_warps=warps, num_stages=3,
+    )  # fmt: skip
+    if split > 1:
+        reduce_partials(part, weight.scale, b, out, channel_dim=1)
+
+
+def conv_mma_split(steps: int, tiles: int, sms: int) -> int:
+    """Splits of K (``steps`` chunks): at most :data:`MAX_STEPS` chunks a CTA, and, where K
+    has 16 chunks or more, enough CTAs to busy the SMs (a split keeps at least 4 chunks); no
+    split left without a chunk.
+
+    Example:
+        >>> conv_mma_split(36, 4, 132)  # ResNet-18 layer4 at batch 1: 9 taps x 4 chunks
+        9
+    """
+    fill = min(triton.cdiv(sms, tiles), steps // 4) if steps >= 16 else 1
+    split = max(triton.cdiv(steps, MAX_STEPS), fill, 1)
+    return triton.cdiv(steps, triton.cdiv(steps, split))
