@@ -36,7 +36,7 @@ from inq.kernels.triton.decode import (
     sm_count,
 )
 from inq.kernels.triton.imma import MAX_STEPS
-from inq.kernels.triton.swar import bf16_to_f32, decode_pair
+from inq.kernels.triton.swar import decode_pair, slot_dot
 
 __all__ = [
     "ConvLayout",
@@ -126,13 +126,7 @@ def _conv_mma_kernel(
                 # EVEN_C: every channel of the chunk exists, the pixel mask alone
                 x_ok = pix_ok[None, :] if EVEN_C else pix_ok[None, :] & (c0 + slot < C)[:, None]
                 xt = tl.load(x_ptr + rows[None, :] + slot[:, None], mask=x_ok, other=0.0)
-                if IEEE:  # bf16 under the interpreter (see dot_upcast)
-                    w = bf16_to_f32(pair, high)
-                    acc = tl.dot(w, xt.to(tl.float32), acc, input_precision="ieee")
-                else:
-                    half = (pair >> 16) if high else pair
-                    w = half.to(tl.int16).to(xt.dtype, bitcast=True)
-                    acc = tl.dot(w, xt, acc)
+                acc = slot_dot(pair, high, xt, acc, IEEE)
         c0 += chunk
         next_tap = c0 >= CHUNKS_PER_TAP * chunk
         c0 = tl.where(next_tap, 0, c0)

@@ -44,6 +44,7 @@ __all__ = [
     "candidates",
     "choose",
     "decode_pair",
+    "slot_dot",
     "swar_config",
     "swar_linear",
 ]
@@ -88,6 +89,18 @@ def bf16_to_f32(pair, HIGH: tl.constexpr):
     if HIGH:
         return (pair & _HIGH).to(tl.float32, bitcast=True)
     return (pair << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def slot_dot(pair, HIGH: tl.constexpr, xt, acc, IEEE: tl.constexpr):
+    """``acc + W @ xt`` for the low or ``HIGH`` 16-bit weights of ``pair`` (``[rows, 16]``) and
+    an activation tile ``xt [16, cols]``, in fp32: IEEE products for fp32 activations, or bf16
+    under the interpreter (see ``dot_upcast``), the tensor cores otherwise."""
+    if IEEE:
+        w = bf16_to_f32(pair, HIGH)
+        return tl.dot(w, xt.to(tl.float32), acc, input_precision="ieee")
+    half = (pair >> 16) if HIGH else pair
+    return tl.dot(half.to(tl.int16).to(xt.dtype, bitcast=True), xt, acc)
 
 
 @triton.jit
@@ -171,13 +184,7 @@ def _mma_kernel(
             for high in tl.static_range(2):
                 k0 = c * chunk + (2 * g + high) * 16
                 xt = tl.load(x_ptrs + k0, mask=(k0 + w16 < K)[:, None], other=0.0)
-                if IEEE:  # fp32 activations, or bf16 under the interpreter (see dot_upcast)
-                    w = bf16_to_f32(pair, high)
-                    acc = tl.dot(w, xt.to(tl.float32), acc, input_precision="ieee")
-                else:
-                    half = (pair >> 16) if high else pair
-                    w = half.to(tl.int16).to(xt.dtype, bitcast=True)
-                    acc = tl.dot(w, xt, acc)
+                acc = slot_dot(pair, high, xt, acc, IEEE)
     # acc is out.T: rows of the weight by rows of x
     finish(tl.trans(acc), rm, rn, rm < M, rn < N, pid_k, scale_ptr, bias_ptr, out_ptr, part_ptr,
            M, N, True, HAS_BIAS, SPLIT_K)  # fmt: skip
