@@ -96,11 +96,12 @@ def slot_dot(pair, HIGH: tl.constexpr, xt, acc, IEEE: tl.constexpr):
     """``acc + W @ xt`` for the low or ``HIGH`` 16-bit weights of ``pair`` (``[rows, 16]``) and
     an activation tile ``xt [16, cols]``, in fp32: IEEE products for fp32 activations, or bf16
     under the interpreter (see ``dot_upcast``), the tensor cores otherwise."""
-    if IEEE:
-        w = bf16_to_f32(pair, HIGH)
-        return tl.dot(w, xt.to(tl.float32), acc, input_precision="ieee")
-    half = (pair >> 16) if HIGH else pair
-    return tl.dot(half.to(tl.int16).to(xt.dtype, bitcast=True), xt, acc)
+    if IEEE:  # one return: Triton compiles the code after a constexpr branch's return too
+        acc = tl.dot(bf16_to_f32(pair, HIGH), xt.to(tl.float32), acc, input_precision="ieee")
+    else:
+        half = (pair >> 16) if HIGH else pair
+        acc = tl.dot(half.to(tl.int16).to(xt.dtype, bitcast=True), xt, acc)
+    return acc
 
 
 @triton.jit
