@@ -889,6 +889,48 @@ def test_requant_refusals() -> None:
         tk.shift_linear_int8_requant(x, packed, 4, 32, 3, bias, mult, shift + 70, 0, 255)
 
 
+@pytest.mark.parametrize("lo_hi", REQUANT_RANGES)
+@pytest.mark.parametrize(
+    ("x_dtype", "y_dtype", "layout"),
+    [(torch.uint8, torch.uint8, torch.channels_last), (torch.int8, torch.uint8, None),
+     (torch.int32, torch.int8, torch.channels_last)],
+)  # fmt: skip
+def test_requant_add_bit_exact(x_dtype, y_dtype, layout, lo_hi) -> None:
+    """The residual add in one pass equals the int64 reference bit for bit (multipliers of
+    either sign up to 31 bits, shifts 0 and 40, the dtype extremes), keeping the layout."""
+    gen = torch.Generator().manual_seed(3)
+
+    def values(dtype: torch.dtype) -> torch.Tensor:
+        info = torch.iinfo(dtype)
+        v = torch.randint(info.min, info.max, (2, 5, 3, 7), generator=gen, dtype=torch.int64)
+        v.view(-1)[:2] = torch.tensor([info.min, info.max])
+        v = v.to(dtype)
+        return v if layout is None else v.contiguous(memory_format=layout)
+
+    x, y = values(x_dtype), values(y_dtype)
+    for m_x, m_y, shift in ((3, -5, 0), ((1 << 31) - 1, -(1 << 30), 40), (1, 1, 1)):
+        want = int8.requant_add_reference(x, y, m_x, m_y, shift, *lo_hi)
+        got = tk.requant_add(x.to(DEVICE), y.to(DEVICE), m_x, m_y, shift, *lo_hi)
+        assert got.dtype == want.dtype and got.stride() == x.stride()
+        assert torch.equal(got.cpu(), want)
+    mixed = tk.requant_add(x.to(DEVICE), y.to(DEVICE).contiguous(), 1, 1, 1, *lo_hi)  # layouts
+    assert torch.equal(mixed.cpu(), int8.requant_add_reference(x, y, 1, 1, 1, *lo_hi))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_quantize_input_bit_exact(dtype: torch.dtype) -> None:
+    """Input quantization in one pass: float64 floor(x / scale + 1/2), ties (x / scale = k + 1/2)
+    and the clamp included, bit for bit."""
+    gen = torch.Generator().manual_seed(4)
+    x = (torch.randn(3, 3, 9, 10, generator=gen) * 40).to(dtype)
+    x.view(-1)[:4] = torch.tensor([0.3125, -0.3125, 1e4, -1e4]).to(dtype)  # ties at 1/16
+    int32 = (-(1 << 31), (1 << 31) - 1)
+    for scale, lo, hi in ((0.125, -128, 127), (1 / 3, 0, 255), (2.0**-9, *int32)):
+        want = int8.quantize_input_reference(x, scale, lo, hi)
+        got = tk.quantize_input(x.to(DEVICE), scale, lo, hi)
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+
+
 # ---------------------------------------------------------------------------------- ops
 
 
@@ -976,6 +1018,10 @@ def test_opcheck_int8(triton_ops) -> None:
         rows = torch.randint(-100, 100, (3, 64), dtype=torch.int8, device=DEVICE)
         linear = (rows, wide, 5, 64, 7, *requant, lo, hi)
         torch.library.opcheck(torch.ops.inq.shift_linear_int8_requant.default, linear)
+        add = (x, x.to(torch.int8), 3, -2, 1, lo, hi)
+        torch.library.opcheck(torch.ops.inq.requant_add.default, add)
+        images = torch.randn(2, 3, 4, 5, device=DEVICE)
+        torch.library.opcheck(torch.ops.inq.quantize_input.default, (images, 0.25, lo, hi))
 
 
 def test_compile_fullgraph(triton_ops) -> None:

@@ -2,8 +2,8 @@
 
 Importing this package registers ``inq::shift_linear``, ``inq::shift_conv2d`` (pure-PyTorch
 reference, :mod:`inq.kernels.ops`, any device), ``inq::shift_linear_int8``,
-``inq::shift_conv2d_int8`` and their ``_requant`` forms (integer references,
-:mod:`inq.kernels.int8`), and the Triton kernels
+``inq::shift_conv2d_int8``, their ``_requant`` forms, ``inq::requant_add`` and
+``inq::quantize_input`` (integer references, :mod:`inq.kernels.int8`), and the Triton kernels
 of :mod:`inq.kernels.triton` as their CUDA implementations (``torch.library.register_kernel``).
 Triton compiles each kernel variant on its first call and caches it on disk. Where triton is
 not installed, the references run on CUDA too.
@@ -71,5 +71,6 @@ if _triton is not None:
 
     torch.library.register_kernel("inq::shift_linear_int8", "cuda", _triton.shift_linear_int8)
     torch.library.register_kernel("inq::shift_conv2d_int8", "cuda", _triton.shift_conv2d_int8)
-    for _name in ("shift_linear_int8_requant", "shift_conv2d_int8_requant"):
+    for _name in ("shift_linear_int8_requant", "shift_conv2d_int8_requant", "requant_add",
+                  "quantize_input"):  # fmt: skip
         torch.library.register_kernel(f"inq::{_name}", "cuda", getattr(_triton, _name))

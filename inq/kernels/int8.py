@@ -55,6 +55,10 @@ __all__ = [
     "exact_frac_bits",
     "int8_value",
     "max_frac_bits",
+    "quantize_input",
+    "quantize_input_reference",
+    "requant_add",
+    "requant_add_reference",
     "requantize",
     "requantize_channels",
     "shift_conv2d_int8",
@@ -408,6 +412,64 @@ def _(x, packed, bits, weight_shape, stride, padding, dilation, groups, frac_bit
     spatial = conv2d_output_size(x.shape[-2:], weight_shape, stride, padding, dilation)
     return torch.empty((x.shape[0], weight_shape[0], *spatial), dtype=value_dtype(lo, hi),
                        device=x.device, memory_format=torch.channels_last)  # fmt: skip
+
+
+@torch.library.custom_op(
+    "inq::requant_add",
+    mutates_args=(),
+    schema="(Tensor x, Tensor y, int m_x, int m_y, int shift, int lo, int hi) -> Tensor",
+)
+def requant_add(x: Tensor, y: Tensor, m_x: int, m_y: int, shift: int, lo: int, hi: int) -> Tensor:
+    """The integer model's residual add: ``requantize(x * m_x + y * m_y, 1, shift, lo, hi)`` in
+    int64, in :func:`value_dtype` of ``[lo, hi]``, ``x``'s memory format (one pass on a GPU).
+
+    Example:
+        >>> x, y = torch.tensor([10, 200], dtype=torch.uint8), torch.tensor([-3, 7], dtype=torch.int8)
+        >>> requant_add(x, y, 2, 4, 2, 0, 255)  # (20 - 12) / 4, (400 + 28) / 4
+        tensor([  2, 107], dtype=torch.uint8)
+    """  # noqa: E501
+    return requant_add_reference(x, y, m_x, m_y, shift, lo, hi)
+
+
+def requant_add_reference(
+    x: Tensor, y: Tensor, m_x: int, m_y: int, shift: int, lo: int, hi: int
+) -> Tensor:
+    """The reference of ``inq::requant_add`` (PyTorch int64 ops)."""
+    v = x.to(torch.int64) * m_x + y.to(torch.int64) * m_y
+    return requantize(v, 1, shift, lo, hi).to(value_dtype(lo, hi))
+
+
+@requant_add.register_fake
+def _(x, y, m_x, m_y, shift, lo, hi):
+    torch._check(x.shape == y.shape, lambda: "requant_add: x and y differ in shape")
+    return torch.empty_like(x, dtype=value_dtype(lo, hi))
+
+
+@torch.library.custom_op(
+    "inq::quantize_input",
+    mutates_args=(),
+    schema="(Tensor x, float scale, int lo, int hi) -> Tensor",
+)
+def quantize_input(x: Tensor, scale: float, lo: int, hi: int) -> Tensor:
+    """The integer model's input: ``clamp(floor(x / scale + 1/2), lo, hi)`` in float64, in
+    :func:`value_dtype` of ``[lo, hi]`` (one pass on a GPU).
+
+    Example:
+        >>> quantize_input(torch.tensor([0.26, -1.0, 9.0]), 0.125, -8, 7)  # 2.08, -8, 72
+        tensor([ 2, -8,  7], dtype=torch.int8)
+    """
+    return quantize_input_reference(x, scale, lo, hi)
+
+
+def quantize_input_reference(x: Tensor, scale: float, lo: int, hi: int) -> Tensor:
+    """The reference of ``inq::quantize_input`` (PyTorch float64 ops)."""
+    q = torch.floor(x.to(torch.float64) / scale + 0.5).clamp_(lo, hi)
+    return q.to(value_dtype(lo, hi))
+
+
+@quantize_input.register_fake
+def _(x, scale, lo, hi):
+    return torch.empty_like(x, dtype=value_dtype(lo, hi))
 
 
 # ---------------------------------------------------------------------------------- references

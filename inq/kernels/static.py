@@ -238,6 +238,11 @@ def variants() -> list[Variant]:
                 out.append(Variant(name, "conv", kernel, dtype, cx, *launch, False, mma, **work))
     out += conv_mma_variants()
     out += imma_variants()
+    # the integer model's elementwise ops (one pass each; memory-bound, no budget)
+    out.append(Variant("int8 requantized add", "int8", "_requant_add_kernel", "uint8",
+                       {"BLOCK": 1024}))  # fmt: skip
+    out.append(Variant("int8 input quantization", "int8", "_quantize_input_kernel", "fp32",
+                       {"BLOCK": 1024}))  # fmt: skip
     tiles = {"BLOCK_M": int8.BLOCK_M, "BLOCK_O": int8.BLOCK_O, "BLOCK_K": int8.BLOCK_K}
     name = f"int8 shift-add {int8.BLOCK_M}x{int8.BLOCK_O}x{int8.BLOCK_K}"
     for dtype in ("int8", "uint8"):  # the load and its widening differ
@@ -347,7 +352,7 @@ class Grid:
     @property
     def problem(self) -> str | None:
         """Why the launch misses the batch-1 goal of at most :data:`MAX_STEPS` serial steps."""
-        from inq.kernels.triton.imma import MAX_STEPS
+        from inq.kernels.triton.geometry import MAX_STEPS
 
         if self.steps_per_cta > MAX_STEPS:
             return f"{self.steps_per_cta} serial K steps a CTA > {MAX_STEPS}"

@@ -188,7 +188,7 @@ def _clamped(op: IntOp, v: Tensor) -> Tensor:
 
 def _input(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
     a = op.attrs
-    return _clamped(op, torch.floor(x.double() / a["scale"] + 0.5).clamp_(a["lo"], a["hi"]))
+    return torch.ops.inq.quantize_input(x, float(a["scale"]), a["lo"], a["hi"])
 
 
 def _conv(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
@@ -210,8 +210,7 @@ def _linear(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
 def _add(op: IntOp, t: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
     a = op.attrs
     m_x, m_y = a["multipliers"]
-    v = x.to(torch.int64) * m_x + y.to(torch.int64) * m_y
-    return _clamped(op, requantize(v, 1, a["shift"], a["lo"], a["hi"]))
+    return torch.ops.inq.requant_add(x, y, m_x, m_y, a["shift"], a["lo"], a["hi"])
 
 
 def _avgpool(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:

@@ -8,6 +8,8 @@ tests them without a GPU.
 from inq.kernels.triton.conv import shift_conv2d
 from inq.kernels.triton.decode import FLOAT_DTYPES, decode_weight
 from inq.kernels.triton.int8 import (
+    quantize_input,
+    requant_add,
     shift_conv2d_int8,
     shift_conv2d_int8_requant,
     shift_linear_int8,
@@ -18,6 +20,8 @@ from inq.kernels.triton.linear import shift_linear
 __all__ = [
     "FLOAT_DTYPES",
     "decode_weight",
+    "quantize_input",
+    "requant_add",
     "shift_conv2d",
     "shift_conv2d_int8",
     "shift_conv2d_int8_requant",

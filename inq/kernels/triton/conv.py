@@ -24,6 +24,7 @@ from torch import Tensor
 from inq.codes import code_width
 from inq.kernels.layout import CHUNK_WORDS
 from inq.kernels.ops import conv2d_output_size
+from inq.kernels.triton.conv_mma import conv_layout, conv_mma
 from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
     MIN_EXP,
@@ -37,13 +38,13 @@ from inq.kernels.triton.decode import (
     n1_args,
     output_tensor,
 )
+from inq.kernels.triton.geometry import conv_tile, pixel_origins
 
 __all__ = [
     "ConvConfig",
+    "chunk_columns",
     "conv_config",
-    "conv_tile",
     "gather_patches",
-    "pixel_origins",
     "shift_conv2d",
 ]
 
@@ -58,28 +59,6 @@ class ConvConfig:
     block_k: int  # reduction (implicit GEMM only)
     num_warps: int
     num_stages: int
-
-
-@triton.jit
-def conv_tile(pid, P, OG, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Program ``pid`` of an implicit GEMM: its group, output pixels and output channels
-    (within the group); pixel tiles vary fastest."""
-    tiles_m = tl.cdiv(P, BLOCK_M)
-    tiles_n = tl.cdiv(OG, BLOCK_N)
-    g = pid // (tiles_m * tiles_n)
-    rp = (pid % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = ((pid // tiles_m) % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-    return g, rp, rn
-
-
-@triton.jit
-def pixel_origins(rp, OH, OW, stride_h, stride_w, pad_h, pad_w):
-    """Image, output row and output column of the output pixels ``rp``, and the input row and
-    column of their first tap (negative in the padding)."""
-    n = rp // (OH * OW)
-    oh = (rp // OW) % OH
-    ow = rp % OW
-    return n, oh, ow, oh * stride_h - pad_h, ow * stride_w - pad_w
 
 
 @triton.jit
@@ -260,8 +239,6 @@ def shift_conv2d(
     check_operands("shift_conv2d", packed, bits, o, k, bias, x.numel(), nb * o * oh * ow)
     out = output_tensor(out, (nb, o, oh, ow), x.dtype, x.device)
     if groups == 1 and x.dtype != torch.float32 and out.numel() and 2 * cg >= chunk_columns(bits):
-        from inq.kernels.triton.conv_mma import conv_layout, conv_mma  # imports this module
-
         layout = conv_layout(packed, bits, n1, weight_shape, x.dtype)
         if layout is not None:
             conv_mma(batched, layout, weight_shape, bias, stride, padding, dilation, out)

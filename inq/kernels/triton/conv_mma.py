@@ -26,7 +26,6 @@ from torch import Tensor
 
 from inq.codes import pack_codes, unpack_codes
 from inq.kernels.layout import CHUNK_WORDS, KernelWeight, cached_layout, kernel_weight
-from inq.kernels.triton.conv import pixel_origins
 from inq.kernels.triton.decode import (
     dot_upcast,
     downcast,
@@ -35,7 +34,7 @@ from inq.kernels.triton.decode import (
     reduce_partials,
     sm_count,
 )
-from inq.kernels.triton.imma import MAX_STEPS
+from inq.kernels.triton.geometry import MAX_STEPS, pixel_origins
 from inq.kernels.triton.swar import decode_pair, slot_dot
 
 __all__ = [

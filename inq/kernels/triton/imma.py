@@ -31,11 +31,10 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.kernels.int8_layout import PART_SHIFT, Int8Weight
-from inq.kernels.triton.conv import conv_tile, pixel_origins
 from inq.kernels.triton.decode import sm_count
+from inq.kernels.triton.geometry import MAX_STEPS, conv_tile, pixel_origins
 
 __all__ = [
-    "MAX_STEPS",
     "MIN_OUTPUTS",
     "ImmaConfig",
     "Requant",
@@ -45,7 +44,6 @@ __all__ = [
     "requant",
 ]
 
-MAX_STEPS = 32  # serial K steps a CTA runs at most (split-K beyond)
 MIN_OUTPUTS = 16  # outputs per group below which the shift-add kernel runs (depthwise)
 _TAPWISE_CHANNELS = 32
 SHIFT = tl.constexpr(PART_SHIFT)

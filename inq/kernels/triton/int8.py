@@ -30,18 +30,23 @@ from inq.kernels.int8 import (
     check_conv2d_int8_args,
     check_int8_args,
     check_requant_args,
+    quantize_input_reference,
+    requant_add_reference,
     requantize_channels,
     value_dtype,
 )
 from inq.kernels.int8_layout import Int8Weight, cached_int8_weight
 from inq.kernels.ops import conv2d_output_size
-from inq.kernels.triton.conv import ConvConfig, conv_tile, gather_patches, pixel_origins
+from inq.kernels.triton.conv import ConvConfig, gather_patches
 from inq.kernels.triton.decode import check_devices, check_operands, load_codes, output_tensor
+from inq.kernels.triton.geometry import conv_tile, pixel_origins
 from inq.kernels.triton.imma import MIN_OUTPUTS, Requant, imma_conv2d
 
 __all__ = [
     "KERNELS",
     "conv_int8_config",
+    "quantize_input",
+    "requant_add",
     "shift_conv2d_int8",
     "shift_conv2d_int8_requant",
     "shift_linear_int8",
@@ -298,3 +303,62 @@ def _imma_weight(
             "outputs a group, a term that floors, or weights beyond two int8 parts)"
         )
     return weight
+
+
+_ELEMENTS = 1024  # elements a program of the elementwise kernels
+
+
+@triton.jit
+def _requant_add_kernel(x_ptr, y_ptr, out_ptr, m_x, m_y, half, shift, lo, hi, total,
+                        BLOCK: tl.constexpr):  # fmt: skip
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < total
+    v = tl.load(x_ptr + offs, mask=ok, other=0).to(tl.int64) * m_x
+    v += tl.load(y_ptr + offs, mask=ok, other=0).to(tl.int64) * m_y
+    q = tl.minimum(tl.maximum((v + half) >> shift, lo), hi)
+    tl.store(out_ptr + offs, q.to(out_ptr.dtype.element_ty), ok)
+
+
+@triton.jit
+def _quantize_input_kernel(x_ptr, out_ptr, scale, lo, hi, total, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < total
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float64)
+    q = tl.floor(x / scale + 0.5)  # float64 division rounds correctly (div.rn.f64)
+    q = tl.minimum(tl.maximum(q, lo.to(tl.float64)), hi.to(tl.float64))
+    tl.store(out_ptr + offs, q.to(out_ptr.dtype.element_ty), ok)
+
+
+def _same_layout(*tensors: Tensor) -> bool:
+    """Whether the tensors are dense in one memory order (elementwise by flat index)."""
+    first = tensors[0]
+    dense = first.is_contiguous() or first.is_contiguous(memory_format=torch.channels_last)
+    return dense and all(t.shape == first.shape and t.stride() == first.stride() for t in tensors)
+
+
+def requant_add(x: Tensor, y: Tensor, m_x: int, m_y: int, shift: int, lo: int, hi: int) -> Tensor:
+    """``inq::requant_add`` in one Triton pass where ``x`` and ``y`` share a dense layout
+    (else the reference); bit for bit :func:`inq.kernels.int8.requant_add`."""
+    check_devices("requant_add", x, y)
+    if x.shape != y.shape:
+        raise ValueError(f"requant_add: x {list(x.shape)} and y {list(y.shape)} differ in shape")
+    if not _same_layout(x, y) or not 0 <= shift <= 62:
+        return requant_add_reference(x, y, m_x, m_y, shift, lo, hi)
+    out = torch.empty_like(x, dtype=value_dtype(lo, hi))
+    if out.numel():
+        grid = (triton.cdiv(out.numel(), _ELEMENTS),)
+        _requant_add_kernel[grid](x, y, out, m_x, m_y, (1 << shift) >> 1, shift, lo, hi,
+                                  out.numel(), _ELEMENTS)  # fmt: skip
+    return out
+
+
+def quantize_input(x: Tensor, scale: float, lo: int, hi: int) -> Tensor:
+    """``inq::quantize_input`` in one Triton pass on a dense ``x`` (else the reference); bit for
+    bit :func:`inq.kernels.int8.quantize_input`."""
+    if not x.is_floating_point() or not _same_layout(x):
+        return quantize_input_reference(x, scale, lo, hi)
+    out = torch.empty_like(x, dtype=value_dtype(lo, hi))
+    if out.numel():
+        grid = (triton.cdiv(out.numel(), _ELEMENTS),)
+        _quantize_input_kernel[grid](x, out, scale, lo, hi, out.numel(), _ELEMENTS)
+    return out
