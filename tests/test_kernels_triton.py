@@ -582,12 +582,12 @@ def test_shift_conv2d_tensor_core_path(case, dtype, bits: int, channels_last: bo
 def test_shift_conv2d_split_k(dtype: torch.dtype, bits: int) -> None:
     """A long K (130 channels: two chunks a tap, the second ragged; 3x3 taps) on few pixels
     splits across CTAs; the partial sums reduce in split order, within the bound."""
-    from inq.kernels.triton.conv_mma import conv_mma_split
+    from inq.kernels.triton.geometry import k_splits
 
     shape, args = [20, 130, 3, 3], ([1, 1], [1, 1], [2, 1], 1)
     k = math.prod(shape[1:])
     chunks = 9 * (2 if bits <= 4 else 3)
-    assert conv_mma_split(chunks, 1, 132) > 1
+    assert k_splits(chunks, 1, 132) > 1
     packed = pack_codes(random_codes(20, k, bits, seed=9), bits)
     w = decode_weight(packed, bits, 0, tuple(shape), dtype).double()
     gen = torch.Generator().manual_seed(9)
@@ -596,7 +596,7 @@ def test_shift_conv2d_split_k(dtype: torch.dtype, bits: int) -> None:
     y = tk.shift_conv2d(x.to(DEVICE), packed.to(DEVICE), bits, 0, shape, bias.to(DEVICE), *args)
     ref = F.conv2d(x.double(), w, bias.double(), *args)
     conv = lambda a, b: F.conv2d(a, b, None, *args)  # noqa: E731
-    assert_close_fp32_sum(y.cpu(), x, w, ref, k, conv_mma_split(chunks, 1, 132), conv)
+    assert_close_fp32_sum(y.cpu(), x, w, ref, k, k_splits(chunks, 1, 132), conv)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -879,6 +879,19 @@ def test_conv_requant_bit_exact(case, lo_hi) -> None:
     assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
 
 
+def test_linear_requant_keeps_batch_dims() -> None:
+    """Three batch dimensions (a 4-d result) requantize along the last, on both paths."""
+    packed = pack_codes(mma_codes(16, 32, 4, 3, seed=2), 4)
+    x = extreme_activations((2, 3, 2, 32), torch.int8, seed=2)
+    requant = (*random_requant(16, seed=2), -128, 127)
+    want = int8.shift_linear_int8_requant_reference(x, packed, 4, 32, 3, *requant)
+    for kernel in ("imma", "shift_add"):
+        got = tk.shift_linear_int8_requant(x.to(DEVICE), packed.to(DEVICE), 4, 32, 3,
+                                           *[t.to(DEVICE) for t in requant[:3]], -128, 127,
+                                           kernel=kernel)  # fmt: skip
+        assert got.shape == (2, 3, 2, 16) and torch.equal(got.cpu(), want)
+
+
 def test_requant_refusals() -> None:
     packed = pack_codes(mma_codes(16, 32, 4, 3, seed=0), 4).to(DEVICE)
     x = torch.zeros(2, 32, dtype=torch.int8, device=DEVICE)
@@ -953,9 +966,9 @@ _CPU_ROUTE = {"triton": False}
 
 
 def _register_cpu_route() -> None:
-    pairs = [
-        (ops.shift_linear, tk.shift_linear, ops.shift_linear_reference),
-        (ops.shift_conv2d, tk.shift_conv2d, ops.shift_conv2d_reference),
+    pairs = [  # the float ops through their CUDA registration (which passes n1_rows by name)
+        (ops.shift_linear, inq.kernels._shift_linear_cuda, ops.shift_linear_reference),
+        (ops.shift_conv2d, inq.kernels._shift_conv2d_cuda, ops.shift_conv2d_reference),
         (int8.shift_linear_int8, tk.shift_linear_int8, int8.shift_linear_int8_reference),
         (int8.shift_conv2d_int8, tk.shift_conv2d_int8, int8.shift_conv2d_int8_reference),
         (
@@ -995,6 +1008,24 @@ def test_opcheck(triton_ops, bits: int) -> None:
     for x in (torch.randn(2, 4, 7, 8), torch.randn(4, 7, 8)):
         args = (x.to(DEVICE), packed, bits, 0, *conv)
         torch.library.opcheck(torch.ops.inq.shift_conv2d.default, args)
+
+
+def test_conv_layout_is_made_once_with_per_row_n1(triton_ops) -> None:
+    """Through the op, per-row n1 keeps one cached tensor-core layout across calls (a layout per
+    call would sync the device and could not be captured in a CUDA graph)."""
+    from inq.kernels import layout
+
+    shape = [8, 64, 3, 3]
+    packed = pack_codes(random_codes(8, 64 * 9, 4, seed=1), 4).to(DEVICE)
+    n1_rows = (torch.arange(8, dtype=torch.int32) % 3).to(DEVICE)
+    x = torch.randn(1, 64, 5, 5).to(DEVICE, torch.float16)
+    args = (x, packed, 4, 0, shape, None, [1, 1], [1, 1], [1, 1], 1, n1_rows)
+    first = torch.ops.inq.shift_conv2d(*args)
+    (made,) = [entry[2] for entry in layout._entries(packed).values()]
+    assert made is not None
+    assert torch.equal(torch.ops.inq.shift_conv2d(*args), first)
+    (again,) = [entry[2] for entry in layout._entries(packed).values()]
+    assert again is made  # the same layout, not rebuilt
 
 
 def test_opcheck_int8(triton_ops) -> None:

@@ -18,7 +18,6 @@ from inq.kernels.int8 import (
     shift_linear_int8_requant,
 )
 from inq.kernels.ops import (
-    effective_n1,
     shift_conv2d,
     shift_conv2d_reference,
     shift_linear,
@@ -55,19 +54,8 @@ if _triton is not None:
             return shift_conv2d_reference(
                 x, packed, bits, n1, weight_shape, bias, stride, padding, dilation, groups, n1_rows
             )
-        args = (
-            x,
-            packed,
-            bits,
-            effective_n1(n1, n1_rows),
-            weight_shape,
-            bias,
-            stride,
-            padding,
-            dilation,
-            groups,
-        )
-        return _triton.shift_conv2d(*args)
+        args = (x, packed, bits, n1, weight_shape, bias, stride, padding, dilation, groups)
+        return _triton.shift_conv2d(*args, n1_rows=n1_rows)
 
     torch.library.register_kernel("inq::shift_linear_int8", "cuda", _triton.shift_linear_int8)
     torch.library.register_kernel("inq::shift_conv2d_int8", "cuda", _triton.shift_conv2d_int8)

@@ -168,19 +168,27 @@ def requantize(
 
 
 def requantize_channels(
-    acc: Tensor, bias: Tensor, multiplier: Tensor, shift: Tensor, lo: int, hi: int
+    acc: Tensor,
+    bias: Tensor,
+    multiplier: Tensor,
+    shift: Tensor,
+    lo: int,
+    hi: int,
+    channel_dim: int,
 ) -> Tensor:
-    """``requantize(acc + bias, multiplier, shift, lo, hi)`` per output channel (dim 1 of a
-    ``[N, O, OH, OW]`` result, the last of ``[..., O]``), in :func:`value_dtype` of
-    ``[lo, hi]``, keeping ``acc``'s memory format.
+    """``requantize(acc + bias, multiplier, shift, lo, hi)`` per output channel along
+    ``channel_dim`` (1 of a conv's ``[N, O, OH, OW]``, -1 of a linear op's ``[..., O]``), in
+    :func:`value_dtype` of ``[lo, hi]``, keeping ``acc``'s memory format.
 
     Example:
         >>> acc = torch.tensor([[10, -10]], dtype=torch.int32)
         >>> one = torch.ones(2, dtype=torch.int32)
-        >>> requantize_channels(acc, one, one, torch.tensor([1, 2], dtype=torch.int32), 0, 255)
+        >>> shift = torch.tensor([1, 2], dtype=torch.int32)
+        >>> requantize_channels(acc, one, one, shift, 0, 255, channel_dim=-1)
         tensor([[6, 0]], dtype=torch.uint8)
     """
-    shape = (-1, 1, 1) if acc.dim() == 4 else (-1,)
+    shape = [1] * acc.dim()
+    shape[channel_dim] = -1
     v = acc.to(torch.int64) + bias.reshape(shape)
     q = requantize(v, multiplier.reshape(shape), shift.reshape(shape), lo, hi)
     return q.to(value_dtype(lo, hi))
@@ -254,7 +262,7 @@ def check_requant_args(op: str, rows: int, bias: Tensor, multiplier: Tensor, shi
     ``rows`` entries with shifts in ``0..62`` (the integer model's requantization)."""
     for name, t in (("bias", bias), ("multiplier", multiplier), ("shift", shift)):
         if t.dtype not in (torch.int32, torch.int64) or t.numel() != rows:
-            raise ValueError(f"{op}: {name} must be {rows} int32 values, got {t.dtype} "
+            raise ValueError(f"{op}: {name} must be {rows} int32 or int64 values, got {t.dtype} "
                              f"{list(t.shape)}")  # fmt: skip
     # checked once per shift tensor (a device sync the first time, none after: a CUDA graph
     # can capture a warmed-up call)
@@ -610,7 +618,7 @@ def shift_linear_int8_requant_reference(
     :func:`shift_linear_int8_reference`."""
     check_requant_args("shift_linear_int8_requant", packed.shape[0], bias, multiplier, shift)
     acc = shift_linear_int8_reference(x, packed, bits, in_features, frac_bits)
-    return requantize_channels(acc, bias, multiplier, shift, lo, hi)
+    return requantize_channels(acc, bias, multiplier, shift, lo, hi, channel_dim=-1)
 
 
 def shift_conv2d_int8_requant_reference(
@@ -624,7 +632,7 @@ def shift_conv2d_int8_requant_reference(
     acc = shift_conv2d_int8_reference(
         x, packed, bits, weight_shape, stride, padding, dilation, groups, frac_bits
     )
-    return requantize_channels(acc, bias, multiplier, shift, lo, hi)
+    return requantize_channels(acc, bias, multiplier, shift, lo, hi, channel_dim=1)
 
 
 def _fields(codes: Tensor, bits: int) -> tuple[Tensor, Tensor, Tensor]:

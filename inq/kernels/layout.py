@@ -64,6 +64,7 @@ __all__ = [
     "KernelWeight",
     "cached_kernel_weight",
     "cached_layout",
+    "chunk_columns",
     "dequantize",
     "kernel_weight",
     "layout_format",
@@ -91,6 +92,16 @@ class KernelWeight:
     scale: Tensor
     per_word: int  # codes per int32 word: 8 (nibbles) or 4 (bytes)
     fmt: str  # "fp16" or "bf16": what a decoded pair of codes is
+
+
+def chunk_columns(bits: int) -> int:
+    """Columns of one chunk of the layout: :data:`CHUNK_WORDS` words of ``bits``-bit codes.
+
+    Example:
+        >>> chunk_columns(4), chunk_columns(5)
+        (128, 64)
+    """
+    return CHUNK_WORDS * 32 // code_width(bits)
 
 
 def layout_format(dtype: torch.dtype) -> str:
@@ -192,9 +203,9 @@ def cached_kernel_weight(
     rows = n1 if isinstance(n1, Tensor) else n1_rows
     base = 0 if isinstance(n1, Tensor) else int(n1)
     key = (bits, in_features, dtype, base, None if rows is None else id(rows))
-    effective = n1 if rows is None else rows.to(torch.int64) + base
 
     def build() -> KernelWeight | None:
+        effective = n1 if rows is None else rows.to(torch.int64) + base
         return kernel_weight(packed, bits, effective, in_features, dtype)
 
     return cached_layout(packed, key, build, rows)

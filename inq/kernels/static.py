@@ -103,6 +103,7 @@ class Variant:
     loop_weights: int = 0  # weights one CTA decodes per main-loop iteration
     loop_macs: int = 0  # multiply-accumulates one CTA does per main-loop iteration
     budget: Budget | None = None
+    out_dtype: str | None = None  # Triton type of out_ptr's elements, if not the default
 
 
 @dataclass
@@ -240,9 +241,9 @@ def variants() -> list[Variant]:
     out += imma_variants()
     # the integer model's elementwise ops (one pass each; memory-bound, no budget)
     out.append(Variant("int8 requantized add", "int8", "_requant_add_kernel", "uint8",
-                       {"BLOCK": 1024}))  # fmt: skip
+                       {"BLOCK": 1024}, out_dtype="u8"))  # fmt: skip
     out.append(Variant("int8 input quantization", "int8", "_quantize_input_kernel", "fp32",
-                       {"BLOCK": 1024}))  # fmt: skip
+                       {"BLOCK": 1024}, out_dtype="u8"))  # fmt: skip
     tiles = {"BLOCK_M": int8.BLOCK_M, "BLOCK_O": int8.BLOCK_O, "BLOCK_K": int8.BLOCK_K}
     name = f"int8 shift-add {int8.BLOCK_M}x{int8.BLOCK_O}x{int8.BLOCK_K}"
     for dtype in ("int8", "uint8"):  # the load and its widening differ
@@ -334,7 +335,8 @@ def imma_variants() -> list[Variant]:
             work = _work(m, n, k * parts)
             budget = None if not tapwise else IMMA_SKINNY_BUDGET if m <= 16 else IMMA_BUDGET
             out.append(Variant(name, "imma", "_imma_kernel", dtype, cx, cfg.num_warps,
-                               cfg.num_stages, False, True, **work, budget=budget))  # fmt: skip
+                               cfg.num_stages, False, True, **work, budget=budget,
+                               out_dtype="u8" if requant else None))  # fmt: skip
     return out
 
 
@@ -485,6 +487,7 @@ _POINTERS = {"codes_ptr": "*u8", "n1_ptr": "*i32", "part_ptr": "*fp32", "words_p
 _DIVISIBLE = {"K", "KB", "KW", "N", "row_stride", "stride_xm", "bytes_per_split", "words_per_split",
               "total", "sxn", "C", "CG", "COUT", "OG", "part_stride", "KWORDS"}  # fmt: skip
 _UNIT = {"stride_xk", "sxw", "INNER"}  # unit strides: Triton makes them constants at run time
+_WIDE = {"scale_bits", "m_x", "m_y", "half"}  # int64 arguments (a float64's bits, multipliers)
 
 
 def compile_variant(variant: Variant, arch: int = 90) -> CompiledVariant:
@@ -499,9 +502,7 @@ def compile_variant(variant: Variant, arch: int = 90) -> CompiledVariant:
     if not hasattr(fn, "params"):
         raise RuntimeError("the static check compiles kernels: unset TRITON_INTERPRET first")
     element = {"int8": "i8", "uint8": "u8"}.get(variant.dtype, variant.dtype)
-    out_element = "i32" if variant.dtype in ("int8", "uint8") else element
-    if variant.constexprs.get("REQUANT"):  # the integer model's next activation
-        out_element = "u8"
+    out_element = variant.out_dtype or ("i32" if variant.dtype in ("int8", "uint8") else element)
     names = {param.name for param in fn.params}  # BITS may only label a variant
     constexprs = {k: v for k, v in variant.constexprs.items() if k in names}
     signature, attrs = {}, {}
@@ -517,7 +518,7 @@ def compile_variant(variant: Variant, arch: int = 90) -> CompiledVariant:
             signature[name] = kind
             attrs[(index,)] = [["tt.divisibility", 16]]
         else:
-            signature[name] = "i32"
+            signature[name] = "i64" if name in _WIDE else "i32"
             if name in _DIVISIBLE:
                 attrs[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)

@@ -1,15 +1,17 @@
 """``inq::shift_conv2d`` in Triton: 2-d convolution with the weight read as packed codes.
 
-- :func:`_implicit_gemm_kernel`: the convolution as a GEMM of output pixels (``N*OH*OW``) by
-  output channels over ``K = Cin/groups * kh * kw``; each step gathers an activation tile
-  (stride, padding, dilation; any strides, so NCHW and channels_last alike), decodes a code tile
-  in registers and multiplies on tensor cores with fp32 accumulation. Groups are a grid
-  dimension.
+- fp16/bf16, ``groups=1``, at least half a chunk of channels: the tensor-core kernel on the
+  kernel layout (:mod:`inq.kernels.triton.conv_mma`).
+- :func:`_implicit_gemm_kernel` (everything else but depthwise: fp32 with IEEE products, first
+  convolutions, grouped convolutions): the convolution as a GEMM of output pixels (``N*OH*OW``)
+  by output channels over ``K = Cin/groups * kh * kw``; each step gathers an activation tile
+  (stride, padding, dilation; any strides, so NCHW and channels_last alike), decodes a code
+  tile in registers and multiplies with fp32 accumulation. Groups are a grid dimension.
 - :func:`_depthwise_kernel`: one input channel per group (depthwise, channel multiplier too),
   where a GEMM would waste the tensor cores: a direct loop over the filter taps on CUDA cores.
 
-The result is contiguous NCHW (the reference's layout); the decoded weight is the reference's
-bit for bit, so results differ only by fp32 summation order.
+The result is contiguous NCHW (the reference's layout); every kernel multiplies the reference's
+weights exactly, so results differ only by fp32 summation order.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.codes import code_width
-from inq.kernels.layout import CHUNK_WORDS
-from inq.kernels.ops import conv2d_output_size
+from inq.kernels.layout import chunk_columns
+from inq.kernels.ops import conv2d_output_size, effective_n1
 from inq.kernels.triton.conv_mma import conv_layout, conv_mma
 from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
@@ -42,7 +44,6 @@ from inq.kernels.triton.geometry import conv_tile, pixel_origins
 
 __all__ = [
     "ConvConfig",
-    "chunk_columns",
     "conv_config",
     "gather_patches",
     "shift_conv2d",
@@ -183,18 +184,6 @@ def conv_config(
     return ConvConfig("implicit_gemm", block_m, block_n, block_k, warps, 3)
 
 
-def chunk_columns(bits: int) -> int:
-    """Columns of one chunk of the kernel layout: a tap's channels are padded to whole chunks,
-    so the tensor-core conv takes layers with at least half a chunk of channels (a first conv
-    of 3 channels would waste 97 % of its work) and leaves the rest to the implicit GEMM.
-
-    Example:
-        >>> chunk_columns(4), chunk_columns(5)
-        (128, 64)
-    """
-    return CHUNK_WORDS * 32 // code_width(bits)
-
-
 def shift_conv2d(
     x: Tensor,
     packed: Tensor,
@@ -207,12 +196,14 @@ def shift_conv2d(
     dilation: list[int],
     groups: int,
     out: Tensor | None = None,
+    n1_rows: Tensor | None = None,
 ) -> Tensor:
     """``inq::shift_conv2d`` on Triton kernels (CUDA tensors, or CPU under the interpreter).
 
     ``x`` is ``[N, Cin, H, W]`` (any memory format) or unbatched ``[Cin, H, W]``; the result is
     contiguous (``out``, a contiguous ``[N, O, OH, OW]`` tensor, receives it if given). ``n1``
-    may be an int32 tensor ``[O]``.
+    may be an int32 tensor ``[O]``, or ``n1 + n1_rows`` the exponents per row (the op's form,
+    which keeps the tensor-core kernel's layout cached with ``n1_rows``).
 
     Raises:
         ValueError: on a dtype other than fp32/fp16/bf16, channels that do not match, or an
@@ -238,13 +229,14 @@ def shift_conv2d(
     k = cg * kh * kw
     check_operands("shift_conv2d", packed, bits, o, k, bias, x.numel(), nb * o * oh * ow)
     out = output_tensor(out, (nb, o, oh, ow), x.dtype, x.device)
+    effective = n1 if n1_rows is None else effective_n1(int(n1), n1_rows)
+    n1_ptr, n1_value, per_row = n1_args(effective, o, x.dtype, x.device)  # checks n1
     if groups == 1 and x.dtype != torch.float32 and out.numel() and 2 * cg >= chunk_columns(bits):
-        layout = conv_layout(packed, bits, n1, weight_shape, x.dtype)
+        layout = conv_layout(packed, bits, n1, weight_shape, x.dtype, n1_rows)
         if layout is not None:
             conv_mma(batched, layout, weight_shape, bias, stride, padding, dilation, out)
             return out.squeeze(0) if x.dim() == 3 else out
     pixels = out.shape[0] * out.shape[2] * out.shape[3]
-    n1_ptr, n1_value, per_row = n1_args(n1, o, x.dtype, x.device)
     b = None if bias is None else bias.to(x.dtype).contiguous()
     if out.numel():
         cfg = conv_config(pixels, o // groups, cg, kh * kw, x.dtype == torch.float32)

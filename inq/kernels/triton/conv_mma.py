@@ -25,7 +25,13 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.codes import pack_codes, unpack_codes
-from inq.kernels.layout import CHUNK_WORDS, KernelWeight, cached_layout, kernel_weight
+from inq.kernels.layout import (
+    CHUNK_WORDS,
+    KernelWeight,
+    cached_layout,
+    chunk_columns,
+    kernel_weight,
+)
 from inq.kernels.triton.decode import (
     dot_upcast,
     downcast,
@@ -34,14 +40,13 @@ from inq.kernels.triton.decode import (
     reduce_partials,
     sm_count,
 )
-from inq.kernels.triton.geometry import MAX_STEPS, pixel_origins
+from inq.kernels.triton.geometry import k_splits, pixel_origins
 from inq.kernels.triton.swar import decode_pair, slot_dot
 
 __all__ = [
     "ConvLayout",
     "conv_layout",
     "conv_mma",
-    "conv_mma_split",
     "conv_mma_tiles",
 ]
 
@@ -56,11 +61,16 @@ class ConvLayout:
 
 
 def conv_layout(
-    packed: Tensor, bits: int, n1: int | Tensor, weight_shape: list[int], dtype: torch.dtype
+    packed: Tensor,
+    bits: int,
+    n1: int | Tensor,
+    weight_shape: list[int],
+    dtype: torch.dtype,
+    n1_rows: Tensor | None = None,
 ) -> ConvLayout | None:
-    """The layout of a ``groups=1`` conv weight for :func:`conv_mma`, made once per packed
-    tensor (and per-row ``n1``), or ``None`` where :func:`inq.kernels.layout.kernel_weight`
-    has none.
+    """The layout of a ``groups=1`` conv weight for :func:`conv_mma` (top exponents ``n1``,
+    plus ``n1_rows`` per row if given), made once per packed tensor (and per-row tensor) and
+    kept while it lives, or ``None`` where :func:`inq.kernels.layout.kernel_weight` has none.
 
     Example:
         >>> codes = torch.full((2, 3 * 9), 8, dtype=torch.uint8)  # 3 channels, 3x3 taps: 2**n1
@@ -69,17 +79,19 @@ def conv_layout(
         (128, torch.Size([2, 144]))
     """
     o, c, kh, kw = weight_shape
-    key = ("conv", bits, tuple(weight_shape), dtype, n1 if isinstance(n1, int) else id(n1))
-    rows = n1 if isinstance(n1, Tensor) else None
+    rows = n1 if isinstance(n1, Tensor) else n1_rows
+    base = 0 if isinstance(n1, Tensor) else int(n1)
+    key = ("conv", bits, tuple(weight_shape), dtype, base, None if rows is None else id(rows))
 
     def build() -> ConvLayout | None:
-        chunk = CHUNK_WORDS * (32 // (4 if bits <= 4 else 8))
+        chunk = chunk_columns(bits)
         padded = triton.cdiv(c, chunk) * chunk
         codes = unpack_codes(packed, bits, c * kh * kw).view(o, c, kh * kw).transpose(1, 2)
         tap_major = torch.zeros((o, kh * kw, padded), dtype=codes.dtype, device=codes.device)
         tap_major[:, :, :c] = codes
         flat = tap_major.reshape(o, kh * kw * padded)
-        weight = kernel_weight(pack_codes(flat, bits), bits, n1, flat.shape[1], dtype)
+        exponents = n1 if rows is None else rows.to(torch.int64) + base
+        weight = kernel_weight(pack_codes(flat, bits), bits, exponents, flat.shape[1], dtype)
         return None if weight is None else ConvLayout(weight, padded)
 
     return cached_layout(packed, key, build, rows)
@@ -180,7 +192,7 @@ def conv_mma(
     chunk = CHUNK_WORDS * weight.per_word
     per_tap = layout.channels_padded // chunk
     tiles = triton.cdiv(pixels, block_m) * triton.cdiv(o, block_n)
-    split = conv_mma_split(kh * kw * per_tap, tiles, sm_count(x.device))
+    split = k_splits(kh * kw * per_tap, tiles, sm_count(x.device))
     per_split = triton.cdiv(kh * kw * per_tap, split)
     part = out.new_empty((split, *out.shape), dtype=torch.float32) if split > 1 else out
     b = None if bias is None else bias.to(x.dtype).contiguous()
@@ -193,17 +205,3 @@ def conv_mma(
     )  # fmt: skip
     if split > 1:
         reduce_partials(part, weight.scale, b, out, channel_dim=1)
-
-
-def conv_mma_split(steps: int, tiles: int, sms: int) -> int:
-    """Splits of K (``steps`` chunks): at most :data:`MAX_STEPS` chunks a CTA, and, where K
-    has 16 chunks or more, enough CTAs to busy the SMs (a split keeps at least 4 chunks); no
-    split left without a chunk.
-
-    Example:
-        >>> conv_mma_split(36, 4, 132)  # ResNet-18 layer4 at batch 1: 9 taps x 4 chunks
-        9
-    """
-    fill = min(triton.cdiv(sms, tiles), steps // 4) if steps >= 16 else 1
-    split = max(triton.cdiv(steps, MAX_STEPS), fill, 1)
-    return triton.cdiv(steps, triton.cdiv(steps, split))

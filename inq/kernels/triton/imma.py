@@ -12,7 +12,7 @@ integer matrix product, and an int8 x int8 -> int32 MMA computes it exactly. One
   and channels of a K step are worked out per column.
 - uint8 activations are flipped to ``x - 128`` on load and corrected by ``128 * row_sum`` at the
   end; weights beyond int8 run a second product (``parts[1]``, shifted by 7).
-- Where the tiles of an output would leave SMs idle, or run more than :data:`MAX_STEPS` serial
+- Where the tiles of an output would leave SMs idle, or run more than ``MAX_STEPS`` serial
   K steps, K is split across CTAs that add their int32 sums atomically: integer addition is
   associative, so the result does not depend on the order (unlike a float split-K).
 
@@ -32,7 +32,7 @@ from torch import Tensor
 
 from inq.kernels.int8_layout import PART_SHIFT, Int8Weight
 from inq.kernels.triton.decode import sm_count
-from inq.kernels.triton.geometry import MAX_STEPS, conv_tile, pixel_origins
+from inq.kernels.triton.geometry import conv_tile, k_splits, pixel_origins
 
 __all__ = [
     "MIN_OUTPUTS",
@@ -189,8 +189,7 @@ def imma_config(pixels: int, out_per_group: int, groups: int, channels: int, tap
                 sms: int) -> ImmaConfig:  # fmt: skip
     """Tiles for ``pixels`` output rows, ``out_per_group`` x ``groups`` outputs and
     ``channels`` (per group) x ``taps`` terms, on a GPU of ``sms`` SMs: large tiles, then
-    split-K until every CTA runs at most :data:`MAX_STEPS` K steps and, where K has 16 steps
-    or more, the SMs are busy (a split keeps at least 4 steps).
+    split-K as :func:`inq.kernels.triton.geometry.k_splits` says.
 
     Example:
         >>> imma_config(49, 512, 1, 512, 9, 132)  # ResNet-18 layer4 at batch 1
@@ -206,13 +205,24 @@ def imma_config(pixels: int, out_per_group: int, groups: int, channels: int, tap
     wide = pixels >= 2048 and (steps < 16 or triton.cdiv(pixels, 128) * tiles_n >= sms)
     block_m = 128 if wide else 64 if pixels > 16 else 16
     tiles = triton.cdiv(pixels, block_m) * tiles_n
-    # a short K (under 16 steps) runs in a few microseconds whatever the grid: not worth the
-    # zeroing and atomic adds of a split
-    fill = min(triton.cdiv(sms, tiles), steps // 4) if steps >= 16 else 1
-    split = max(triton.cdiv(steps, MAX_STEPS), fill, 1)
-    split = triton.cdiv(steps, triton.cdiv(steps, split))  # no split left without a step
+    split = k_splits(steps, tiles, sms)
     warps = 8 if block_m * block_n >= 128 * 128 else 4
     return ImmaConfig(block_m, block_n, block_k, tapwise, split, warps, 3)
+
+
+@dataclass(frozen=True)
+class Requant:
+    """The integer model's requantization of a layer: int32 ``bias``, ``multiplier`` and
+    ``shift`` per output channel, results clamped to ``[lo, hi]``."""
+
+    bias: Tensor
+    multiplier: Tensor
+    shift: Tensor
+    lo: int
+    hi: int
+
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.bias.contiguous(), self.multiplier.contiguous(), self.shift.contiguous()
 
 
 def imma_conv2d(
@@ -250,7 +260,8 @@ def imma_conv2d(
         pixels, h, w, c, oh, ow, o, cg, o // groups, cg * kh * kw, steps,
         triton.cdiv(steps, cfg.split_k), *stride, *padding, *dilation,
         parts.stride(0) if parts.shape[0] > 1 else 0,
-        kh, kw, x.dtype == torch.uint8, parts.shape[0], cfg.tapwise, cg % cfg.block_k == 0,
+        kh, kw, x.dtype == torch.uint8, parts.shape[0], cfg.tapwise,
+        cfg.tapwise and cg % cfg.block_k == 0,
         (o // groups) % cfg.block_n == 0, cfg.split_k, fused is not None,
         cfg.block_m, cfg.block_n, cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -260,18 +271,3 @@ def imma_conv2d(
         _requant_kernel[(triton.cdiv(pixels, block_m), triton.cdiv(o, block_n))](
             sums, *requant.tensors(), out, requant.lo, requant.hi, *rows, block_m, block_n
         )
-
-
-@dataclass(frozen=True)
-class Requant:
-    """The integer model's requantization of a layer: int32 ``bias``, ``multiplier`` and
-    ``shift`` per output channel, results clamped to ``[lo, hi]``."""
-
-    bias: Tensor
-    multiplier: Tensor
-    shift: Tensor
-    lo: int
-    hi: int
-
-    def tensors(self) -> tuple[Tensor, Tensor, Tensor]:
-        return self.bias.contiguous(), self.multiplier.contiguous(), self.shift.contiguous()

@@ -1,5 +1,9 @@
-"""``inq::shift_linear_int8`` and ``inq::shift_conv2d_int8`` in Triton: int8 or uint8
-activations, true int32 shifts and adds.
+"""The integer ops in Triton: ``inq::shift_linear_int8``, ``inq::shift_conv2d_int8``, their
+``_requant`` forms, ``inq::requant_add`` and ``inq::quantize_input``.
+
+The launchers pick the kernel (``kernel="auto"``): the int8 tensor cores of
+:mod:`inq.kernels.triton.imma` where a layer's terms are all products and a group has 16
+outputs or more, else the shift-add kernels here, which compute the definition directly:
 
 - :func:`_int8_kernel`: rows x outputs, reducing over ``in_features`` a tile at a time.
 - :func:`_conv_int8_kernel`: the convolution as an implicit GEMM of output pixels (``N*OH*OW``)
@@ -13,12 +17,15 @@ int32, exactly the definition in :mod:`inq.kernels.int8`. Offsets reach 63 at 8 
 by 31 already gives what any larger one would (0 or -1, since ``|x << frac| < 2**31``), so the
 shift is clamped there and stays defined on every machine. Integer addition is associative and
 the ops refuse any ``frac`` that could overflow, so the result is the reference's bit for bit
-whatever the tiling.
+whatever the tiling. The ``_requant`` forms requantize in the tensor-core kernel's epilogue (in
+PyTorch after a shift-add kernel); the residual add and the input quantization are one pass
+each over a dense tensor.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 import triton
@@ -150,9 +157,7 @@ def shift_linear_int8(
     check_operands("shift_linear_int8", packed, bits, o, in_features, None, x.numel(), m * o)
     out = output_tensor(out, (m, o), torch.int32, x.device)
     imma = _imma_weight("shift_linear_int8", kernel, packed, bits, in_features, frac_bits, 1, o)
-    if m and o and not in_features:
-        out.zero_()
-    elif m and o and imma is not None:
+    if m and o and imma is not None:
         imma_conv2d(rows.view(m, in_features, 1, 1), imma, [o, in_features, 1, 1], [1, 1],
                     [0, 0], [1, 1], 1, out.view(m, o, 1, 1))  # fmt: skip
     elif m and o:
@@ -247,7 +252,7 @@ def shift_linear_int8_requant(
     imma = _imma_weight(op, kernel, packed, bits, in_features, frac_bits, 1, o)
     if imma is None or not m * o:
         acc = shift_linear_int8(x, packed, bits, in_features, frac_bits, kernel="shift_add")
-        return requantize_channels(acc, bias, multiplier, shift, lo, hi)
+        return requantize_channels(acc, bias, multiplier, shift, lo, hi, channel_dim=-1)
     out = torch.empty((m, o), dtype=value_dtype(lo, hi), device=x.device)
     rows = x.reshape(m, in_features, 1, 1)
     imma_conv2d(rows, imma, [o, in_features, 1, 1], [1, 1], [0, 0], [1, 1], 1,
@@ -269,8 +274,8 @@ def shift_conv2d_int8_requant(
     """
     op = "shift_conv2d_int8_requant"
     geometry = (weight_shape, stride, padding, dilation, groups)
-    check_requant_args(op, weight_shape[0], bias, multiplier, shift)
     check_conv2d_int8_args(x, bits, *geometry, frac_bits)
+    check_requant_args(op, weight_shape[0], bias, multiplier, shift)
     check_devices(op, x, packed, bias, multiplier, shift)
     o, cg, kh, kw = weight_shape
     og, k = o // groups, cg * kh * kw
@@ -280,7 +285,7 @@ def shift_conv2d_int8_requant(
     imma = _imma_weight(op, kernel, packed, bits, k, frac_bits, kh * kw, og)
     if imma is None or not math.prod(shape):
         acc = shift_conv2d_int8(x, packed, bits, *geometry, frac_bits, kernel="shift_add")
-        return requantize_channels(acc, bias, multiplier, shift, lo, hi)
+        return requantize_channels(acc, bias, multiplier, shift, lo, hi, channel_dim=1)
     out = torch.empty(shape, dtype=value_dtype(lo, hi), device=x.device,
                       memory_format=torch.channels_last)  # fmt: skip
     imma_conv2d(x, imma, *geometry, out, Requant(bias, multiplier, shift, lo, hi))
@@ -320,10 +325,12 @@ def _requant_add_kernel(x_ptr, y_ptr, out_ptr, m_x, m_y, half, shift, lo, hi, to
 
 
 @triton.jit
-def _quantize_input_kernel(x_ptr, out_ptr, scale, lo, hi, total, BLOCK: tl.constexpr):
+def _quantize_input_kernel(x_ptr, out_ptr, scale_bits, lo, hi, total, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < total
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float64)
+    # the scale arrives as the bits of its float64 (a Python float argument would be fp32)
+    scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True)
     q = tl.floor(x / scale + 0.5)  # float64 division rounds correctly (div.rn.f64)
     q = tl.minimum(tl.maximum(q, lo.to(tl.float64)), hi.to(tl.float64))
     tl.store(out_ptr + offs, q.to(out_ptr.dtype.element_ty), ok)
@@ -360,5 +367,6 @@ def quantize_input(x: Tensor, scale: float, lo: int, hi: int) -> Tensor:
     out = torch.empty_like(x, dtype=value_dtype(lo, hi))
     if out.numel():
         grid = (triton.cdiv(out.numel(), _ELEMENTS),)
-        _quantize_input_kernel[grid](x, out, scale, lo, hi, out.numel(), _ELEMENTS)
+        bits = struct.unpack("<q", struct.pack("<d", scale))[0]
+        _quantize_input_kernel[grid](x, out, bits, lo, hi, out.numel(), _ELEMENTS)
     return out
