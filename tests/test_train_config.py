@@ -137,15 +137,45 @@ def test_a_value_of_the_wrong_type_is_refused(conf) -> None:
         ("prune.steps=0", "prune.steps"),
         ("prune.epochs=-1", "prune.epochs"),
         ("prune.lr=0", "prune.lr"),
+        # issue 33: non-finite numbers, divergent momentum and settings without effect
+        ("inq.lr=nan", "inq.lr"),
+        ("optim.lr=inf", "optim.lr"),
+        ("lr.milestones=[0.5,nan]", "lr.milestones"),
+        ("optim.momentum=2", "optim.momentum"),
+        ("optim.momentum=1", "optim.momentum"),
+        ("lr.milestones=[0.75,0.5]", "lr.milestones"),
+        ("lr.milestones=[0.5,0.5]", "lr.milestones"),
+        ("lr.warmup_epochs=-1", "lr.warmup_epochs"),
+        ("lr.gamma=0", "lr.gamma"),
+        ("quant.epochs=2", "quant.epochs"),
+        ("quant.calibration=mse", "quant.calibration"),
+        ("model.checkpoint=x.pt trainer.float_epochs=5", "trainer.float_epochs"),
+        ("trainer.resume=", "trainer.resume"),
+        ("inq.method=oneshot inq.distill.weight=0.5", "inq.distill.weight"),
         *([("trainer.device=cuda", "trainer.device")] if not torch.cuda.is_available() else []),
     ],
 )
 def test_validate_names_the_bad_key(conf, override: str, key: str) -> None:
-    cfg = compose("config", overrides=[override])
+    cfg = compose("config", overrides=override.split())
     with pytest.raises(ConfigError) as info:
         validate(cfg)
     assert info.value.key == key
     assert str(info.value).startswith(f"{key}: ")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.checkpoint=x.pt", "trainer.float_epochs=0"],  # the checkpoint, stated twice
+        ["model.checkpoint=x.pt"],  # float_epochs left at its default: unused, and no surprise
+        ["quant.act_bits=8", "quant.epochs=2"],
+        ["inq.method=oneshot", "inq.distill.weight=0.5", "quant.act_bits=8", "quant.epochs=1"],
+        ["inq.method=oneshot", "inq.distill.weight=0.5", "prune.sparsity=0.5"],
+        ["lr.milestones=[0.25,0.5,0.75]"],
+    ],
+)
+def test_meaningful_neighbours_of_the_refused_settings_pass(conf, overrides: list[str]) -> None:
+    validate(compose("config", overrides=overrides))
 
 
 def test_a_missing_mandatory_value_is_named(conf) -> None:

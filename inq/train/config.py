@@ -7,6 +7,7 @@ OmegaConf cannot express.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
@@ -133,6 +134,7 @@ class TrainerConfig:
     keep_checkpoints: int | None = 1  # newest stage ones kept beside latest and float; null: all
     log_every: int = 10  # optimizer steps between train/* scalars
     resume: str | None = None  # run dir or checkpoint file of a killed run
+    allow_nonempty_dir: bool = False  # a new run may write beside other files in hydra.run.dir
     progress: bool = True  # tqdm bars (only when stderr is a terminal)
 
 
@@ -186,6 +188,9 @@ def validate(cfg: DictConfig) -> None:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(missing[0], "must be set (it is ??? in the config)")
+    _check_finite(to_dict(cfg))
+    if cfg.trainer.resume == "":
+        raise ConfigError("trainer.resume", "is empty; name the run directory to continue")
     for key, check, value in (
         ("inq.bits", check_bits, cfg.inq.bits),
         ("inq.portions", check_portions, list(cfg.inq.portions)),
@@ -205,7 +210,7 @@ def validate(cfg: DictConfig) -> None:
         "prune.epochs": cfg.prune.epochs,
         "trainer.num_threads": cfg.trainer.num_threads,
     }
-    for key, value in counts.items():
+    for key, value in {**counts, "lr.warmup_epochs": cfg.lr.warmup_epochs}.items():
         if value < 0:
             raise ConfigError(key, f"must be >= 0, got {value}")
     if cfg.trainer.seed >= 2**32:  # numpy's and torch's seeding limit
@@ -215,6 +220,7 @@ def validate(cfg: DictConfig) -> None:
         "trainer.log_every": cfg.trainer.log_every,
         "optim.lr": cfg.optim.lr,
         "prune.steps": cfg.prune.steps,
+        "lr.gamma": cfg.lr.gamma,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -222,15 +228,8 @@ def validate(cfg: DictConfig) -> None:
     if cfg.model.width <= 0:
         raise ConfigError("model.width", f"must be > 0, got {cfg.model.width}")
     _check_optimizer(cfg.optim)
-    quant_problem = OmegaConf.to_object(cfg.quant).problem()  # type: ignore[union-attr]
-    if quant_problem is not None:
-        raise ConfigError(f"quant.{quant_problem[0]}", quant_problem[1])
-    if cfg.trainer.float_epochs == 0 and not cfg.model.checkpoint:
-        raise ConfigError(
-            "model.checkpoint",
-            "no float weights: give a local file to start from, or trainer.float_epochs > 0 "
-            "to pretrain here",
-        )
+    _check_quant(cfg.quant)
+    _check_float_weights(cfg)
     for key in ("inq.lr", "prune.lr"):
         value = OmegaConf.select(cfg, key)
         if value is not None and value <= 0:
@@ -253,13 +252,73 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("trainer.device", f"{device!r} asked for, but no CUDA GPU is visible")
     if not 0.0 <= cfg.lr.min_factor <= 1.0:
         raise ConfigError("lr.min_factor", f"must lie in [0, 1], got {cfg.lr.min_factor}")
-    if any(not 0.0 < m < 1.0 for m in cfg.lr.milestones):
-        raise ConfigError("lr.milestones", f"fractions of a stage, in (0, 1): {cfg.lr.milestones}")
+    milestones = list(cfg.lr.milestones)
+    if any(not 0.0 < m < 1.0 for m in milestones) or milestones != sorted(set(milestones)):
+        raise ConfigError("lr.milestones", f"rising fractions of a stage, in (0, 1): {milestones}")
+    _check_distill(cfg)
+
+
+def _check_finite(settings: dict[str, Any], prefix: str = "") -> None:
+    """Refuse NaN and infinite numbers anywhere in the (plain-dict) config: none is meaningful."""
+    for key, value in settings.items():
+        values = value if isinstance(value, list) else [value]
+        if isinstance(value, dict):
+            _check_finite(value, f"{prefix}{key}.")
+        elif any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ConfigError(f"{prefix}{key}", f"must be a finite number, got {value}")
+
+
+def _check_quant(quant: DictConfig) -> None:
+    """The integer phase's settings in range, and none given without ``quant.act_bits``."""
+    settings: QuantSettings = OmegaConf.to_object(quant)  # type: ignore[assignment]
+    problem = settings.problem()
+    if problem is not None:
+        raise ConfigError(f"quant.{problem[0]}", problem[1])
+    if settings.act_bits is None:
+        unused = [f.name for f in fields(QuantSettings) if getattr(settings, f.name) != f.default]
+        if unused:
+            raise ConfigError(
+                f"quant.{unused[0]}",
+                "has no effect without quant.act_bits (which makes the integer model); set "
+                "quant.act_bits too, or leave it out",
+            )
+
+
+def _check_float_weights(cfg: DictConfig) -> None:
+    """Float weights from exactly one source: ``model.checkpoint``, or pretraining here."""
+    epochs, default = cfg.trainer.float_epochs, TrainerConfig.float_epochs
+    if epochs == 0 and not cfg.model.checkpoint:
+        raise ConfigError(
+            "model.checkpoint",
+            "no float weights: give a local file to start from, or trainer.float_epochs > 0 "
+            "to pretrain here",
+        )
+    if cfg.model.checkpoint and epochs not in (0, default):
+        raise ConfigError(
+            "trainer.float_epochs",
+            f"model.checkpoint gives the float weights, so no float pretraining runs; leave "
+            f"trainer.float_epochs out (or 0), got {epochs}",
+        )
+
+
+def _check_distill(cfg: DictConfig) -> None:
     distill = cfg.inq.distill
     if not 0.0 <= distill.weight <= 1.0:
         raise ConfigError("inq.distill.weight", f"must lie in [0, 1], got {distill.weight}")
     if not distill.temperature > 0:
         raise ConfigError("inq.distill.temperature", f"must be > 0, got {distill.temperature}")
+    retrains = (
+        cfg.inq.method.name != "oneshot"
+        or cfg.inq.final_epochs > 0
+        or bool(cfg.prune.sparsity or cfg.prune.layers)
+        or (cfg.quant.act_bits is not None and cfg.quant.epochs > 0)
+    )
+    if distill.weight > 0 and not retrains:
+        raise ConfigError(
+            "inq.distill.weight",
+            "inq.method=oneshot retrains nothing, so nothing distills; leave it out (or add "
+            "pruning, inq.final_epochs or quant.epochs, which retrain)",
+        )
 
 
 def prune_layers(cfg: DictConfig) -> dict[str, float]:
@@ -313,8 +372,8 @@ def _glob_values(
 def _check_optimizer(optim: DictConfig) -> None:
     if optim.get("weight_decay", 0.0) < 0:
         raise ConfigError("optim.weight_decay", f"must be >= 0, got {optim.weight_decay}")
-    if optim.get("momentum", 0.0) < 0:
-        raise ConfigError("optim.momentum", f"must be >= 0, got {optim.momentum}")
+    if not 0.0 <= optim.get("momentum", 0.0) < 1.0:  # >= 1: the step grows without bound
+        raise ConfigError("optim.momentum", f"must lie in [0, 1), got {optim.momentum}")
     betas = optim.get("betas")
     if betas is not None and (len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas)):
         raise ConfigError("optim.betas", f"two values in [0, 1), got {list(betas)}")

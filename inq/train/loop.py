@@ -266,7 +266,12 @@ class Trainer:
         self.val_loader = build_eval_loader(data, val_set, env.rank, env.world_size)
         self._steps_per_epoch = batches_per_epoch(self._train_loader)
         self.phases = plan_phases(cfg)
-        self._amp = cfg.trainer.amp and env.device.type == "cuda"
+        if cfg.trainer.amp and env.device.type != "cuda":
+            raise ConfigError(
+                "trainer.amp",
+                f"float16 autocast runs on a CUDA GPU only; this run is on {env.device}",
+            )
+        self._amp = bool(cfg.trainer.amp)
         self._scaler = torch.amp.GradScaler(env.device.type, enabled=self._amp)
         self._optimizer: torch.optim.Optimizer | None = None
         self._params = ""
