@@ -616,8 +616,8 @@ def _select_targets(
                 )
         hit = [n for n in chosen if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
         chosen = hit if role == "include" else [n for n in chosen if n not in hit]
-    if not chosen:
-        raise ValueError("include/exclude leave no layer to quantize; relax the patterns")
+    if not chosen:  # each include pattern matches a layer, so exclude emptied the selection
+        raise ValueError(f"exclude {exclude!r} leaves no layer to quantize; relax the patterns")
     return [(name, candidates[name]) for name in chosen]
 
 

@@ -203,7 +203,7 @@ def test_include_and_exclude_patterns(
         ({"include": "conv*"}, "include pattern 'conv\\*' matches no conv/linear layer"),
         ({"exclude": ["fc", "nope"]}, "exclude pattern 'nope' matches no"),
         ({"include": "bn"}, "include pattern 'bn' matches no"),  # a norm layer is no target
-        ({"include": "fc", "exclude": "fc"}, "leave no layer"),
+        ({"include": "fc", "exclude": "fc"}, "exclude .fc. leaves no layer"),
     ],
 )
 def test_bad_patterns_raise(kwargs: dict, message: str) -> None:

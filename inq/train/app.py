@@ -206,7 +206,7 @@ def integer_phase(cfg: DictConfig, out_dir: Path, trainer: Trainer) -> dict[str,
     log.info(
         "integer model (%d-bit activations, %s calibration%s): val acc %.2f %%, in %s",
         q.act_bits, q.calibration,
-        f", {q.epochs} fine-tuning epochs" if q.epochs else "",
+        f", {q.epochs} fine-tuning epoch{'s' if q.epochs > 1 else ''}" if q.epochs else "",
         100 * metrics["acc"], out_dir / INTEGER,
     )  # fmt: skip
     return {**metrics, "act_bits": q.act_bits, **{k: v for k, v in report.items() if k != "scales"}}
