@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import re
 import resource
 import shutil
 import signal
@@ -18,7 +19,7 @@ from omegaconf import OmegaConf
 from train_helpers import INQ_TRAIN, TINY, inq_train
 
 from inq.errors import ConfigError
-from inq.runfiles import LATEST
+from inq.runfiles import INTEGER, LATEST, MASKED, PACKED, SUMMARY
 from inq.train.checkpoint import FORMAT, KILL_ENV, save_checkpoint
 from inq.train.rundir import (
     LOCK_NAME,
@@ -253,8 +254,15 @@ def test_os_errors_are_named() -> None:
     )
 
 
-def _resume(resume: Path | None = None) -> OmegaConf:
-    return OmegaConf.create({"trainer": {"resume": None if resume is None else str(resume)}})
+def _resume(resume: Path | None = None, allow_nonempty_dir: bool = False) -> OmegaConf:
+    return OmegaConf.create(
+        {
+            "trainer": {
+                "resume": None if resume is None else str(resume),
+                "allow_nonempty_dir": allow_nonempty_dir,
+            }
+        }
+    )
 
 
 def test_claimed_owns_a_new_run_directory_for_the_block(tmp_path: Path) -> None:
@@ -271,6 +279,40 @@ def test_claimed_owns_a_new_run_directory_for_the_block(tmp_path: Path) -> None:
     refused = pytest.raises(ConfigError, match=r"already holds a run: continue it with trainer")
     with refused, claimed(_resume(), run_dir, dir_chosen=True, main=True):
         pass
+
+
+@pytest.mark.parametrize("name", [MASKED, PACKED, INTEGER, SUMMARY])
+def test_a_folder_holding_any_file_a_run_writes_is_taken(tmp_path: Path, name: str) -> None:
+    """Issue 33: a folder where ``inq export``/``inq calibrate`` wrote the run's file names was
+    free for a new run, which then replaced them."""
+    (tmp_path / name).write_bytes(b"an export")
+    refused = pytest.raises(ConfigError, match=rf"holds files a run writes \({re.escape(name)}\)")
+    with refused, claimed(_resume(allow_nonempty_dir=True), tmp_path, dir_chosen=True, main=True):
+        pass
+    assert (tmp_path / name).read_bytes() == b"an export"
+
+
+def test_a_new_run_needs_leave_to_write_into_a_folder_holding_other_files(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    refused = pytest.raises(ConfigError, match=r"is not empty \(notes\.txt\).*allow_nonempty_dir")
+    with refused, claimed(_resume(), tmp_path, dir_chosen=True, main=True):
+        pass
+    with claimed(_resume(allow_nonempty_dir=True), tmp_path, dir_chosen=True, main=True) as claim:
+        assert claim.home == tmp_path
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_relative_run_directory_is_claimed_by_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33: summary.json lists the run's files under ``claim.home``; relative ones were
+    taken for the cwd's by later commands."""
+    monkeypatch.chdir(tmp_path)
+    save_checkpoint(tmp_path / "run" / LATEST, {"format": FORMAT})
+    with claimed(_resume(Path("run")), Path("run"), dir_chosen=True, main=True) as claim:
+        assert claim.home == tmp_path / "run" and claim.resume_path == tmp_path / "run" / LATEST
 
 
 def test_claimed_continues_a_run_in_its_own_directory(tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ KILL_ENV = "INQ_TRAIN_KILL_AT"
 RESUMABLE_CHANGES = frozenset(
     {
         "trainer.resume",
+        "trainer.allow_nonempty_dir",
         "trainer.progress",
         "trainer.device",
         "trainer.eval_every",

@@ -1,12 +1,13 @@
 """The run directory: one process at a time, never a second run over a first one's files.
 
-A directory holds a run once anything of one is in it (:data:`RUN_FILES`); only
-``trainer.resume`` continues such a run. A run killed before its first checkpoint leaves only
-its start (:data:`START_FILES`): nothing worth keeping, so the next process that owns the
-directory (a new run, or ``trainer.resume``, which starts it again from its recorded config)
-clears it. A process owns its directory through an advisory lock
-(``fcntl.flock`` on :data:`LOCK_NAME`), which the kernel drops when the process dies, however it
-dies, so a killed run never leaves the directory locked. The owner also writes ``app.log`` (one
+A directory holds a run once any file a run writes is in it (:data:`RUN_FILES`, the exported
+models included); only ``trainer.resume`` continues such a run. A new run starts only in an empty
+directory, or beside other files with ``trainer.allow_nonempty_dir=true``. A run killed before
+its first checkpoint leaves only its start (:data:`START_FILES`): nothing worth keeping, so the
+next process that owns the directory (a new run, or ``trainer.resume``, which starts it again
+from its recorded config) clears it. A process owns its directory through an advisory lock
+(``fcntl.flock`` on :data:`LOCK_NAME`), which the kernel drops when the process dies, however
+it dies, so a killed run never leaves the directory locked. The owner also writes ``app.log`` (one
 per run, appended to by every resumed process) and removes temporary files of saves that a kill
 cut short. :func:`claimed` is all of this for one run, on every rank of a distributed one.
 """
@@ -30,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from inq.errors import ConfigError
 from inq.io import LOCK_NAME, DirBusy, atomic_path, lock_dir
-from inq.runfiles import LATEST, MASKED, SUMMARY
+from inq.runfiles import INTEGER, LATEST, MASKED, PACKED, SUMMARY
 from inq.train.checkpoint import CHECKPOINT_DIR, resolve_resume
 from inq.train.config import to_dict
 from inq.train.distributed import share, teardown
@@ -61,7 +62,7 @@ LOG_NAME = "app.log"
 TB_DIR = "tb"  # the TensorBoard event files (inq.train.monitor)
 RECORDED_CONFIG = ".hydra/config.yaml"  # the config a run started with
 START_FILES = (".hydra", LOG_NAME, TB_DIR, CHECKPOINT_DIR)  # a run's start, before it saves
-RESULT_FILES = (LATEST, SUMMARY, MASKED)
+RESULT_FILES = (LATEST, SUMMARY, MASKED, PACKED, INTEGER)
 RUN_FILES = START_FILES + RESULT_FILES
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
@@ -97,7 +98,7 @@ def claimed(
         >>> import tempfile
         >>> from omegaconf import OmegaConf
         >>> folder = Path(tempfile.mkdtemp()) / "run"
-        >>> cfg = OmegaConf.create({"trainer": {"resume": None}})
+        >>> cfg = OmegaConf.create({"trainer": {"resume": None, "allow_nonempty_dir": False}})
         >>> with claimed(cfg, folder, dir_chosen=True, main=True) as claim:
         ...     claim.home == folder, claim.resume_path
         (True, None)
@@ -107,6 +108,7 @@ def claimed(
             nothing to resume.
         RunStopped: on Ctrl-C, SIGTERM or a failed write (disk full, read-only) in the block.
     """
+    hydra_dir = hydra_dir.absolute()  # summary.json names the run's files by absolute paths
     owner, claim, note, problem = None, None, None, None
     if main:
         try:
@@ -149,7 +151,7 @@ def _claim(cfg: DictConfig, hydra_dir: Path, dir_chosen: bool) -> tuple[RunDir, 
     """The owned directory, the claim on it and what was done to it (for the run's log); the
     start of a run that saved nothing (:func:`saved_nothing`) is cleared, and ``trainer.resume``
     of one starts it again from its recorded config."""
-    resume = Path(cfg.trainer.resume).expanduser() if cfg.trainer.resume else None
+    resume = Path(cfg.trainer.resume).expanduser().absolute() if cfg.trainer.resume else None
     if resume is not None and resume.is_dir() and saved_nothing(resume):
         _check_same_dir(resume, hydra_dir, dir_chosen)
         return _restart(RunDir(resume, "trainer.resume"))
@@ -159,18 +161,46 @@ def _claim(cfg: DictConfig, hydra_dir: Path, dir_chosen: bool) -> tuple[RunDir, 
         _check_same_dir(home, hydra_dir, dir_chosen)
         return RunDir(home, "trainer.resume"), Claim(home, resume_path, continues=True), None
     owner = RunDir(hydra_dir, "hydra.run.dir")  # a new run (perhaps from a loose checkpoint)
+    problem = _taken(hydra_dir, cfg.trainer.allow_nonempty_dir)
+    if problem is not None:
+        owner.release()
+        raise ConfigError("hydra.run.dir", problem)
     note = None
     if saved_nothing(hydra_dir):
         owner.clear_start()
         note = "cleared the start of a run that stopped before its first checkpoint"
-    elif holds_run(hydra_dir):
-        owner.release()
-        raise ConfigError(
-            "hydra.run.dir",
-            f"{hydra_dir} already holds a run: continue it with trainer.resume={hydra_dir}, or "
-            "choose another directory",
-        )
     return owner, Claim(hydra_dir, resume_path), note
+
+
+def _taken(folder: Path, allow_nonempty: bool) -> str | None:
+    """Why a new run cannot start in ``folder`` (None: it can): the results of a run are in it,
+    or (unless ``allow_nonempty``) other files; the start of a run that saved nothing is no
+    obstacle (it is cleared)."""
+    results = [name for name in RESULT_FILES if (folder / name).exists()]
+    if (folder / LATEST).exists():
+        return (
+            f"{folder} already holds a run: continue it with trainer.resume={folder}, or choose "
+            "another directory"
+        )
+    if results:
+        return f"{folder} holds files a run writes ({', '.join(results)}); choose another directory"
+    others = sorted(
+        p.name for p in _entries(folder) if p.name not in START_FILES and p.name != LOCK_NAME
+    )
+    if others and not allow_nonempty:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        return (
+            f"{folder} is not empty ({shown}); choose an empty or new directory, or set "
+            "trainer.allow_nonempty_dir=true to write the run's files beside these"
+        )
+    return None
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except FileNotFoundError:
+        return []
 
 
 def _check_same_dir(home: Path, hydra_dir: Path, dir_chosen: bool) -> None:
