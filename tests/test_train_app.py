@@ -140,6 +140,8 @@ def test_multirun_gives_each_job_its_own_directory(tmp_path: Path) -> None:
         (["quant.act_bits=9"], "inq-train: error: quant.act_bits: from 2 to 8, got 9"),
         (["prune.layers=[head:0.9]"], "inq-train: error: prune.layers: pattern 'head' matches no"),
         (["prune.schedule=exp"], "Invalid value 'exp', expected one of [cubic, linear]"),
+        (["inq.exclude=[*]"], "inq-train: error: inq.exclude: exclude ['*'] leaves no layer"),
+        (["trainer.amp=true"], "inq-train: error: trainer.amp: float16 autocast runs on a CUDA"),
         (  # refused before any training: Hardswish has no integer form here
             [
                 "data=synthetic",
@@ -221,6 +223,11 @@ def test_integer_phase_writes_a_sound_integer_model_and_resumes_exactly(tmp_path
     assert integer["act_bits"] == 8 and len(integer["finetune_loss"]) == 2
     assert summary["files"]["integer"] == str(whole / "model.int.safetensors")
     assert main(["verify", str(whole / "model.int.safetensors")]) == 0
+    # issue 33: resuming without the integer phase would orphan its file: refused, nothing lost
+    proc = inq_train(f"trainer.resume={whole}", "quant.act_bits=null", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "inq-train: error: quant.act_bits: " in proc.stderr
+    assert (whole / "model.int.safetensors").read_bytes() == int_file
     events = EventAccumulator(str(whole / "tb"), size_guidance={"scalars": 0})
     events.Reload()
     scalars = set(events.Tags()["scalars"])

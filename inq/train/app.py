@@ -95,7 +95,7 @@ def run(
             saved = load_checkpoint(claim.resume_path) if claim.resume_path is not None else None
             recorded = json.loads(saved["config"]) if saved is not None else claim.recorded
             if recorded is not None:
-                cfg = _resumed(recorded, cfg, given, saved)
+                cfg = _resumed(recorded, cfg, given, saved, claim.home)
             return train(cfg, claim.home, env, saved)
     finally:
         teardown()
@@ -217,9 +217,14 @@ def _resumed(
     cfg: DictConfig,
     given: Collection[str] | None,
     saved: dict[str, Any] | None,
+    run_dir: Path,
 ) -> DictConfig:
-    """The run's recorded config with the allowed changes ``given`` makes; checked and logged."""
+    """The run's recorded config with the allowed changes ``given`` makes; checked and logged.
+    Without ``quant.act_bits`` now, the integer phase's other recorded settings go too."""
     cfg, changes = resumed_config(recorded, cfg, given)
+    if cfg.quant.act_bits is None:
+        _check_integer_kept(run_dir)
+        cfg.quant = OmegaConf.structured(QuantSettings)
     validate(cfg)
     if saved is not None:
         log.info("resuming at step %d", saved["progress"]["step"])
@@ -229,6 +234,17 @@ def _resumed(
     if changed:
         log.info("changed on resume: %s", ", ".join(changed))
     return cfg
+
+
+def _check_integer_kept(run_dir: Path) -> None:
+    """A resumed run without ``quant.act_bits`` would leave its earlier integer model in the
+    directory, no longer described by ``summary.json``: refuse it, losing nothing."""
+    if (run_dir / INTEGER).exists():
+        raise ConfigError(
+            "quant.act_bits",
+            f"{run_dir / INTEGER} was made by this run; resuming without quant.act_bits would "
+            "leave it out of the run's summary: keep quant.act_bits, or move the file away first",
+        )
 
 
 HYDRA_DEFAULT_RUN_DIR = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"

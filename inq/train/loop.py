@@ -54,7 +54,7 @@ from inq.train.distributed import (
     check_identical,
 )
 from inq.train.monitor import Monitor
-from inq.train.rundir import TB_DIR, RunStopped
+from inq.train.rundir import TB_DIR, RunStopped, diverged_hint
 
 __all__ = [
     "NORM_TYPES",
@@ -361,7 +361,8 @@ class Trainer:
         their intervals (``trainer.log_every``, ``trainer.checkpoint_every``).
 
         Raises:
-            RunStopped: when the loss is no longer finite (on every rank, before any save).
+            RunStopped: when the loss or a weight is no longer finite (on every rank, before any
+                save).
         """
         t, device = self.cfg.trainer, self.env.device
         start = self.progress.batch * self._train_loader.batch_size
@@ -490,6 +491,7 @@ class Trainer:
         ones of this step (see :mod:`inq.train.monitor`). Only the newest
         ``trainer.keep_checkpoints`` stage checkpoints stay.
         """
+        self._stop_if_diverged(_first_non_finite(self.model))
         if not self.env.main:
             return
         state = ckpt.training_state(
@@ -513,6 +515,22 @@ class Trainer:
             stale = done[: max(0, len(done) - keep)]
         ckpt.save_run_checkpoint(self.out, state, names, stale)
 
+    def _stop_if_diverged(self, problem: str | None) -> None:
+        """Stop the run, on every rank together, if any rank found a ``problem`` (a non-finite
+        loss or weight): before any save, so every checkpoint holds finite values.
+
+        Raises:
+            RunStopped: saying where, and how to go on from this directory.
+        """
+        diverged = all_sum(torch.tensor(float(problem is not None), device=self.env.device))
+        if not bool(diverged):
+            return
+        where = self.phases[min(self.progress.phase, len(self.phases) - 1)].name
+        raise RunStopped(
+            f"training diverged: {problem or 'non-finite values on another process'} at step "
+            f"{self.progress.step} ({where}); {diverged_hint(self.out)}"
+        )
+
     def phase_seconds(self) -> float:
         """Wall-clock seconds spent in the current phase, by this process and killed ones."""
         return self.progress.seconds + time.perf_counter() - self._clock
@@ -521,13 +539,9 @@ class Trainer:
         """``train/*`` scalars of the steps since the last ones; stop if the loss diverged."""
         step = self.progress.step
         loss_sum, correct, count, kd_sum = window.tolist()
-        diverged = all_sum(window.new_tensor(0.0 if math.isfinite(loss_sum) else 1.0))
-        if bool(diverged):  # on every rank, before any save: no checkpoint holds NaN
-            raise RunStopped(
-                f"training diverged: the loss is {loss_sum / count} at step {step} "
-                f"({phase.name}, epoch {epoch + 1}); lower optim.lr or inq.lr, or set "
-                "trainer.grad_clip, and start again"
-            )
+        self._stop_if_diverged(
+            None if math.isfinite(loss_sum) else f"the loss is {loss_sum / count}"
+        )
         values = {"train/loss": loss_sum / count, "train/acc": correct / count, "train/lr": lr}
         if self.teacher is not None:
             values["train/kd_loss"] = kd_sum / count
@@ -656,6 +670,22 @@ def _prune_targets(sched: INQScheduler, cfg: DictConfig) -> dict[str, float]:
         return layer_targets(names, cfg.prune.sparsity, prune_layers(cfg))
     except ValueError as err:
         raise ConfigError("prune.layers", str(err)) from None
+
+
+def _first_non_finite(model: nn.Module) -> str | None:
+    """What is not finite in ``model`` (a weight, or a norm layer's running statistics), if any.
+
+    Example:
+        >>> bn = nn.BatchNorm1d(2)
+        >>> _first_non_finite(bn), bn.running_var.fill_(float("inf")) is not None
+        (None, True)
+        >>> _first_non_finite(bn)
+        "'running_var' holds NaN or infinite values"
+    """
+    for name, value in model.state_dict().items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return f"{name!r} holds NaN or infinite values"
+    return None
 
 
 def _seed_everything(seed: int) -> None:

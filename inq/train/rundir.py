@@ -49,6 +49,7 @@ __all__ = [
     "RunStopped",
     "claimed",
     "describe_os_error",
+    "diverged_hint",
     "holds_run",
     "remove_if_empty",
     "remove_unused",
@@ -418,6 +419,21 @@ class RunStopped(Exception):
         else:
             what, code = str(cause), 1
         return cls(f"{what}; {resume_hint(run_dir)}", code)
+
+
+def diverged_hint(run_dir: Path) -> str:
+    """What to do after training diverged in ``run_dir``: resuming would diverge again the same
+    way, so start a new run with a smaller step, in another directory if this one saved a
+    checkpoint (it keeps that run's files and log for comparison).
+
+    Example:
+        >>> diverged_hint(Path("/no/run"))
+        'lower optim.lr (or inq.lr), or set trainer.grad_clip, and start the run again'
+    """
+    advice = "lower optim.lr (or inq.lr), or set trainer.grad_clip, and start the run again"
+    if (run_dir / LATEST).is_file():
+        return f"{advice} in a new directory ({run_dir} keeps this run's checkpoints and log)"
+    return advice
 
 
 def resume_hint(run_dir: Path) -> str:
