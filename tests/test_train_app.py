@@ -167,6 +167,27 @@ def test_bad_input_ends_in_one_message_naming_the_key(
 
 
 @pytest.mark.slow
+def test_what_hydra_would_fail_on_ends_in_one_line(tmp_path: Path) -> None:
+    """Issue 33: Hydra's own tracebacks (a run directory that is a file or cannot be made), an
+    empty hydra.run.dir (which trained into the cwd), a Slurm sweep without Slurm (which left a
+    multirun/ folder behind)."""
+    (tmp_path / "afile").write_text("mine")
+    cases = {
+        "hydra.run.dir=afile": "hydra.run.dir: afile is a file, not a directory",
+        "hydra.run.dir=": "hydra.run.dir: is empty",
+        "hydra.run.dir=/proc/version/run": "hydra.run.dir: cannot make /proc/version/run: ",
+        "hydra/launcher=submitit_slurm": "hydra/launcher: submitit_slurm submits to Slurm, but",
+    }
+    for override, message in cases.items():
+        sweep = ["-m", "inq.bits=4,5"] if "launcher" in override else []
+        proc = inq_train(*sweep, override, cwd=tmp_path, check=False)
+        assert proc.returncode == 1, (override, proc.stderr)
+        assert proc.stderr == f"inq-train: error: {message}" + proc.stderr.split(message)[1]
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"], override
+
+
+@pytest.mark.slow
 def test_a_checkpoint_holding_nan_is_refused(tmp_path: Path) -> None:
     model = build_model({"name": "digits_cnn", "num_classes": 10, "in_channels": 1, "width": 16})
     state = model.state_dict()

@@ -299,6 +299,7 @@ def test_a_new_run_needs_leave_to_write_into_a_folder_holding_other_files(
     refused = pytest.raises(ConfigError, match=r"is not empty \(notes\.txt\).*allow_nonempty_dir")
     with refused, claimed(_resume(), tmp_path, dir_chosen=True, main=True):
         pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # no lock file left
     with claimed(_resume(allow_nonempty_dir=True), tmp_path, dir_chosen=True, main=True) as claim:
         assert claim.home == tmp_path
     assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -26,15 +26,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import sys
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -51,7 +54,13 @@ from inq.train.checkpoint import kill_point, load_checkpoint, resumed_config
 from inq.train.config import register, validate
 from inq.train.distributed import Dist, setup, share, teardown
 from inq.train.loop import Trainer
-from inq.train.rundir import RECORDED_CONFIG, RunStopped, claimed, remove_unused
+from inq.train.rundir import (
+    RECORDED_CONFIG,
+    RunStopped,
+    claimed,
+    describe_os_error,
+    remove_unused,
+)
 from inq.train.summary import summarize, table, write_summary
 
 __all__ = ["export_artifacts", "integer_phase", "main", "run", "train"]
@@ -248,6 +257,53 @@ def _check_integer_kept(run_dir: Path) -> None:
 
 
 HYDRA_DEFAULT_RUN_DIR = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
+SLURM_LAUNCHER = (
+    "SlurmLauncher"  # hydra-submitit-launcher's class for hydra/launcher=submitit_slurm
+)
+
+
+class HydraChecks(Callback):
+    """What Hydra would fail on with a traceback, checked before it acts (``conf/config.yaml``
+    registers this callback): a run or sweep directory that cannot be made, and a Slurm sweep
+    on a machine without Slurm. Each ends ``inq-train`` with one line."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check_output_dir(config.hydra.run.dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+        if launcher.endswith(SLURM_LAUNCHER) and shutil.which("sbatch") is None:
+            _fail(
+                ConfigError(
+                    "hydra/launcher",
+                    "submitit_slurm submits to Slurm, but this machine has no Slurm (no sbatch "
+                    "on PATH); run the sweep here with hydra/launcher=submitit_local, or submit "
+                    "it from a Slurm login node",
+                )
+            )
+        _check_output_dir(config.hydra.sweep.dir, "hydra.sweep.dir")
+
+
+def _check_output_dir(path: str | None, key: str) -> None:
+    """Make the directory ``path`` as Hydra would, or end with one line saying why not."""
+    if not path:
+        _fail(ConfigError(key, "is empty; name the directory to write the run into"))
+    folder = Path(str(path)).expanduser()
+    if folder.exists() and not folder.is_dir():
+        _fail(ConfigError(key, f"{folder} is a file, not a directory; choose another {key}"))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        _fail(ConfigError(key, f"cannot make {folder}: {describe_os_error(err)}"))
+
+
+def _fail(err: ConfigError | RunStopped, exit_code: int = 1) -> NoReturn:
+    """End ``inq-train`` with ``err`` in one line, printed by rank 0 only (every rank of a
+    ``torchrun`` job meets the same error; one line is enough)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        prefix = "inq-train: error: " if isinstance(err, ConfigError) else "inq-train: "
+        print(f"{prefix}{err}", file=sys.stderr)
+    sys.exit(exit_code)
 
 
 @hydra.main(version_base="1.3", config_path="pkg://inq.conf", config_name="config")
@@ -268,10 +324,9 @@ def _hydra_app(cfg: DictConfig) -> float:
         given = [o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)]
         return run(cfg, Path(hydra_cfg.runtime.output_dir), chosen, files, given)["final_acc"]
     except ConfigError as err:
-        sys.exit(f"inq-train: error: {err}")
+        _fail(err)
     except RunStopped as stop:
-        print(f"inq-train: {stop}", file=sys.stderr)
-        sys.exit(stop.exit_code)
+        _fail(stop, stop.exit_code)
 
 
 def main() -> None:

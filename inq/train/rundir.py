@@ -161,10 +161,13 @@ def _claim(cfg: DictConfig, hydra_dir: Path, dir_chosen: bool) -> tuple[RunDir, 
     if resume_path is not None and resume_path.parent.name == CHECKPOINT_DIR and holds_run(home):
         _check_same_dir(home, hydra_dir, dir_chosen)
         return RunDir(home, "trainer.resume"), Claim(home, resume_path, continues=True), None
+    lock_was_there = (hydra_dir / LOCK_NAME).exists()
     owner = RunDir(hydra_dir, "hydra.run.dir")  # a new run (perhaps from a loose checkpoint)
     problem = _taken(hydra_dir, cfg.trainer.allow_nonempty_dir)
     if problem is not None:
         owner.release()
+        if not lock_was_there:  # a refused run leaves nothing in a folder it does not own
+            (hydra_dir / LOCK_NAME).unlink(missing_ok=True)
         raise ConfigError("hydra.run.dir", problem)
     note = None
     if saved_nothing(hydra_dir):
