@@ -97,7 +97,13 @@ def test_tensorboard_events_carry_the_tags(run_dir: Path) -> None:
     assert {f"weights/{name}" for name in layers} <= histograms
     assert "val/acc_top5" not in scalars  # 10 classes: top-5 says little
     assert events.Scalars("inq/quantized_fraction")[-1].value == 1.0
-    assert [e.value for e in events.Scalars("inq/stage")][-1] == 4
+    stages = [(e.step, e.value) for e in events.Scalars("inq/stage")]
+    assert stages[-1][1] == 4
+    # issue 33: no tag gets two points at one step (at a stage boundary: the new stage's)
+    for tag in scalars:
+        steps = [e.step for e in events.Scalars(tag)]
+        assert len(steps) == len(set(steps)), tag
+    assert [value for _, value in stages] == [1, 2, 3, 4, 4]  # stage k from its start on
 
 
 @pytest.mark.slow

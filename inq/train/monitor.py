@@ -11,7 +11,7 @@ Events reach the event file only when a checkpoint is saved (:meth:`Monitor.comm
 is a function of the checkpoints: a resumed run purges whatever a killed process wrote at or
 after its checkpoint's step and replays the events of that step, which the checkpoint carries
 (what :meth:`Monitor.commit` returned, given back as ``pending``). Nothing is lost and no point
-appears twice, wherever the kill fell.
+appears twice, wherever the kill fell; a tag logged twice at one step keeps its last value.
 """
 
 from __future__ import annotations
@@ -57,9 +57,16 @@ class Monitor:
         self.buffer: list[Event] = list(pending or []) if enabled else []
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        """Log each ``tag: value`` at ``step``."""
-        if self.writer:
-            self.buffer += [("scalar", tag, float(value), step) for tag, value in values.items()]
+        """Log each ``tag: value`` at ``step`` (replacing a value logged for it at ``step``)."""
+        self._add([("scalar", tag, float(value), step) for tag, value in values.items()])
+
+    def _add(self, events: list[Event]) -> None:
+        """Buffer ``events``; the last one logged for a tag at a step is the one kept (at a
+        stage boundary, the end-of-stage state and the next stage's start share a step)."""
+        if not self.writer:
+            return
+        new = {(kind, tag, step) for kind, tag, _, step in events}
+        self.buffer = [e for e in self.buffer if (e[0], e[1], e[3]) not in new] + events
 
     def commit(self, step: int) -> list[Event]:
         """Write every event before ``step`` (call before saving the checkpoint of ``step``);
@@ -103,7 +110,7 @@ class Monitor:
                 values[f"inq/quant_error/{layer.name}"] = error.item()
             if histograms:
                 copy = weight.to("cpu", torch.float32, copy=True)  # the weights train on
-                self.buffer.append(("histogram", f"weights/{layer.name}", copy, step))
+                self._add([("histogram", f"weights/{layer.name}", copy, step)])
         self.scalars(step, values)
 
     def close(self) -> None:
