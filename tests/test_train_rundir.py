@@ -192,6 +192,29 @@ def test_a_full_disk_stops_the_run_with_one_message(tmp_path: Path) -> None:
 
 
 @slow
+def test_a_full_disk_under_tensorboard_stops_the_run_with_one_message(tmp_path: Path) -> None:
+    """Issue 33: the event file (which outgrows this small model's checkpoints) hits the limit
+    in TensorBoard's writer thread, whose traceback was printed into the message."""
+
+    def limit_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (80_000, 80_000))
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [str(INQ_TRAIN), *TINY, "model.width=4", f"hydra.run.dir={run_dir}"],
+        capture_output=True, text=True, timeout=300, preexec_fn=limit_files,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr == (
+        f"inq-train: cannot write {run_dir}/tb: file too large (a file size limit, ulimit -f) "
+        f"(File too large); continue from the last checkpoint with: inq-train "
+        f"trainer.resume={run_dir}\n"
+    )
+    inq_train(f"trainer.resume={run_dir}")  # as the message says
+    assert (run_dir / "summary.json").is_file()
+
+
+@slow
 def test_resume_takes_the_runs_own_config(tmp_path: Path) -> None:
     """``trainer.resume=DIR`` alone, as the stop message prints it, continues a run that was
     started with overrides; a change that shapes the weights is refused."""

@@ -16,10 +16,12 @@ appears twice, wherever the kill fell; a tag logged twice at one step keeps its 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 import torch
+from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
 from torch.utils.tensorboard import SummaryWriter
 
 from inq.pow2 import pow2_quantize
@@ -54,6 +56,8 @@ class Monitor:
         pending: list[Event] | None = None,
     ) -> None:
         self.writer = SummaryWriter(str(log_dir), purge_step=resume_step) if enabled else None
+        if threading.excepthook is not _quiet_writer_thread:
+            threading.excepthook = _quiet_writer_thread
         self.buffer: list[Event] = list(pending or []) if enabled else []
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
@@ -76,14 +80,21 @@ class Monitor:
         return list(self.buffer)
 
     def _write(self, events: list[Event]) -> None:
+        """Write ``events`` to the event file. A failed write (disk full) raises here as the
+        OSError it is, naming ``tb/``; TensorBoard's writer thread, where it happened, stays
+        quiet (:func:`_quiet_writer_thread`)."""
         if not (self.writer and events):
             return
-        for kind, tag, value, step in events:
-            if kind == "scalar":
-                self.writer.add_scalar(tag, value, step)
-            else:
-                self.writer.add_histogram(tag, value, step)
-        self.writer.flush()
+        try:
+            for kind, tag, value, step in events:
+                if kind == "scalar":
+                    self.writer.add_scalar(tag, value, step)
+                else:
+                    self.writer.add_histogram(tag, value, step)
+            self.writer.flush()
+        except OSError as err:
+            err.filename = err.filename or self.writer.get_logdir()
+            raise
 
     @torch.no_grad()
     def inq_state(self, step: int, scheduler: INQScheduler, histograms: bool) -> None:
@@ -119,3 +130,15 @@ class Monitor:
             self._write(self.buffer)
             self.buffer = []
             self.writer.close()
+
+
+_print_thread_error = threading.excepthook
+
+
+def _quiet_writer_thread(args: threading.ExceptHookArgs) -> None:
+    """``threading.excepthook``: an OSError in TensorBoard's writer thread prints nothing (the
+    writer raises it again in the main thread at its next write or flush, where the run stops
+    with one message); every other error in a thread prints as before."""
+    quiet = isinstance(args.thread, _AsyncWriterThread) and issubclass(args.exc_type, OSError)
+    if not quiet:
+        _print_thread_error(args)
