@@ -6,11 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import INQ_TRAIN, TINY
+from train_helpers import INQ_TORCHRUN, INQ_TRAIN, TINY
 
 from inq import INQScheduler
 from inq.export import load_masked
@@ -46,6 +47,42 @@ def test_two_gloo_processes_stay_identical(tmp_path: Path) -> None:
     metrics = evaluate(RealOutput(int_model), build_eval_loader(int_model.info["data"]),
                        torch.device("cpu"), top5=False)  # fmt: skip
     assert summary["integer"]["acc"] == metrics["acc"]
+
+
+@pytest.mark.slow
+def test_inq_torchrun_ends_in_one_line_and_its_stop_line_resumes(tmp_path: Path) -> None:
+    """Issue 33: under torchrun, an error or SIGTERM printed torchrun's ChildFailedError or
+    SignalException traceback and the message once per rank, and the stop line named
+    ``inq-train trainer.resume=DIR``, which refuses a run saved by two processes."""
+    launcher = [str(INQ_TORCHRUN), "--standalone", "--nproc_per_node=2"]
+    bad = subprocess.run([*launcher, "inq.bits=9", f"hydra.run.dir={tmp_path / 'bad'}"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert bad.returncode == 1
+    assert bad.stderr == (
+        "inq-train: error: inq.bits: bits must be an integer from 2 to 8 (one bit encodes "
+        "zero), got 9\n"
+    )
+    run_dir = tmp_path / "run"
+    settings = (*TINY, "trainer.float_epochs=3", "data.train_size=2048", "trainer.progress=false")
+    proc = subprocess.Popen(
+        [*launcher, *settings, f"hydra.run.dir={run_dir}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoints" / "latest.pt").exists():  # end of float epoch 1 of 3
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.terminate()
+    _, err = proc.communicate(timeout=120)
+    stop_line = "inq-torchrun --nproc_per_node=2 trainer.resume="
+    assert proc.returncode == 143, err
+    assert err == "inq-train: stopped by SIGTERM; continue from the last checkpoint with: " + (
+        f"{stop_line}{run_dir}\n"
+    )
+    command = [*launcher[:2], *stop_line.split()[1:-1], f"trainer.resume={run_dir}"]
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
 
 
 # One rank of a two-process run that builds DDP as the app does, then leaves by teardown():

@@ -73,6 +73,9 @@ def test_a_second_process_is_refused_and_a_run_is_never_overwritten(
     first.terminate()
     _, err = first.communicate(timeout=120)
     assert first.returncode == 143, err
+    assert "[ERROR] - stopped: stopped by SIGTERM; continue from the last checkpoint with: " in (
+        (run_dir / "app.log").read_text()
+    )  # issue 33: the run's own log says why it stopped
 
     def files() -> dict[Path, bytes]:  # the run's files (the lock holds the last owner's pid)
         return {

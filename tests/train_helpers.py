@@ -11,6 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 INQ_TRAIN = Path(sys.executable).with_name("inq-train")
+INQ_TORCHRUN = Path(sys.executable).with_name("inq-torchrun")
 # float pretraining + 4 stages of one epoch each, 8 steps per epoch: seconds on one CPU thread
 TINY = (
     "trainer.float_epochs=1",

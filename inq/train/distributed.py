@@ -34,6 +34,7 @@ __all__ = [
     "all_sum",
     "broadcast_buffers",
     "check_identical",
+    "launch_command",
     "setup",
     "share",
     "teardown",
@@ -73,6 +74,22 @@ def setup(device: str = "auto") -> Dist:
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     rank = dist.get_rank() if world_size > 1 else 0
     return Dist(rank=rank, world_size=world_size, device=dev)
+
+
+def launch_command() -> str:
+    """The command that starts this process's run again: ``inq-train``, or ``inq-torchrun``
+    with as many processes as this one has (read from torchrun's environment).
+
+    Example:
+        >>> launch_command()  # one process, not under torchrun
+        'inq-train'
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return "inq-train"
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    nodes = f"--nnodes={world // per_node} " if world != per_node else ""
+    return f"inq-torchrun {nodes}--nproc_per_node={per_node}"
 
 
 def teardown() -> None:

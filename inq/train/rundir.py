@@ -34,7 +34,7 @@ from inq.io import LOCK_NAME, DirBusy, atomic_path, lock_dir
 from inq.runfiles import INTEGER, LATEST, MASKED, PACKED, SUMMARY
 from inq.train.checkpoint import CHECKPOINT_DIR, resolve_resume
 from inq.train.config import to_dict
-from inq.train.distributed import share, teardown
+from inq.train.distributed import launch_command, share, teardown
 
 __all__ = [
     "LOCK_NAME",
@@ -128,11 +128,17 @@ def claimed(
                 owner.start(claim.continues, hydra_files or {}, note)
             yield claim
     except BaseException as err:
+        stop = (
+            RunStopped.after(err, claim.home)
+            if isinstance(err, (KeyboardInterrupt, OSError))
+            else err
+        )
         if owner is not None:  # a new run that stopped before its first checkpoint leaves nothing
+            owner.log_stop(stop)
             owner.release(discard=not claim.continues)
             remove_unused(claim.home, dir_chosen)
-        if isinstance(err, (KeyboardInterrupt, OSError)):
-            raise RunStopped.after(err, claim.home) from None
+        if stop is not err:
+            raise stop from None
         raise
     finally:
         if owner is not None:
@@ -328,6 +334,16 @@ class RunDir:
         self.log_handler.setFormatter(logging.Formatter(LOG_FORMAT))
         logging.getLogger().addHandler(self.log_handler)
 
+    def log_stop(self, cause: BaseException) -> None:
+        """Record in ``app.log`` only (the console gets it once, from the app) why the run
+        stopped: its message, or the error's type for a bug."""
+        if self.log_handler is not None:
+            what = str(cause) if isinstance(cause, (RunStopped, ConfigError)) else repr(cause)
+            record = log.makeRecord(
+                log.name, logging.ERROR, __file__, 0, "stopped: %s", (what,), None
+            )
+            self.log_handler.handle(record)
+
     def release(self, discard: bool = False) -> None:
         """Stop logging and unlock (again: nothing). With ``discard`` (a new run that failed to
         start), delete what it wrote, and the directory if that leaves it empty; a run that
@@ -442,5 +458,7 @@ def diverged_hint(run_dir: Path) -> str:
 def resume_hint(run_dir: Path) -> str:
     """How to go on with the run in ``run_dir``: resume from its checkpoint, or start again."""
     if (run_dir / LATEST).is_file():
-        return f"continue from the last checkpoint with: inq-train trainer.resume={run_dir}"
+        return (
+            f"continue from the last checkpoint with: {launch_command()} trainer.resume={run_dir}"
+        )
     return "no checkpoint was saved yet: start the run again"

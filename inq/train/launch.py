@@ -1,0 +1,68 @@
+"""``inq-torchrun``: ``torchrun`` running ``inq-train``, whose failures end in one line.
+
+Plain ``torchrun $(which inq-train) ...`` works too, but when a rank stops (a config error,
+Ctrl-C, SIGTERM) torchrun prints its own ``ChildFailedError``/``SignalException`` traceback and a
+failure table after the run's one-line message. This entry point is torchrun itself (its
+argument parser and launcher, :mod:`torch.distributed.run`), with ``inq.train.app`` as the
+training script and those failure paths ending quietly in the ranks' exit status.
+
+Example (shell)::
+
+    inq-torchrun --nproc_per_node=2 hydra.run.dir=outputs/ddp     # torchrun's options first
+    inq-torchrun --nproc_per_node=2 trainer.resume=outputs/ddp    # as a stopped run says
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import get_args_parser, run
+
+__all__ = ["main"]
+
+_END = "--inq-overrides-end"  # marks where inq-train's overrides stop in torchrun's parse
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: ``inq-torchrun [TORCHRUN OPTIONS] [INQ-TRAIN OVERRIDES]``."""
+    # torchrun's parser takes the first word that is not one of its options as the script,
+    # the rest as its arguments; the marker keeps a call without overrides parseable.
+    args = get_args_parser().parse_args([*(sys.argv[1:] if argv is None else argv), _END])
+    overrides = [args.training_script, *args.training_script_args][:-1]
+    args.module, args.no_python = True, False
+    args.training_script, args.training_script_args = "inq.train.app", overrides
+    _quiet_torchrun_logs()
+    try:
+        run(args)
+    except ChildFailedError as failed:
+        sys.exit(_exit_code(failed))
+    except SignalException as stop:  # the ranks got the signal too; rank 0 said how to go on
+        sys.exit(128 + int(stop.sigval))
+    except KeyboardInterrupt:
+        sys.exit(128 + signal.SIGINT)
+
+
+def _quiet_torchrun_logs() -> None:
+    """Silence torchrun's own log lines (each of its loggers has its level set on import): its
+    OMP_NUM_THREADS note, and its failure and shutdown lines, which repeat what rank 0 says."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.run", "torch.distributed.elastic")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _exit_code(failed: ChildFailedError) -> int:
+    """Rank 0's exit status if it failed (it printed the run's message); else the first failed
+    rank's, which is then named here."""
+    if 0 in failed.failures:  # keyed by global rank
+        return failed.failures[0].exitcode or 1
+    rank, first = failed.get_first_failure()
+    print(
+        f"inq-torchrun: rank {rank} stopped with exit status {first.exitcode}; "
+        "see its output above",
+        file=sys.stderr,
+    )
+    return first.exitcode or 1
