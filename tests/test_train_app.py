@@ -215,6 +215,7 @@ def test_help_describes_inq() -> None:
     assert proc.stdout.startswith("inq-train: Incremental Network Quantization")
     for text in ("inq-train trainer.resume=DIR", "data: cifar10, cifar100, digits", "bits: 5"):
         assert text in proc.stdout
+    assert "optim: adamw, sgd\n" in proc.stdout  # issue 33: not the schemas as choices
 
 
 @pytest.mark.slow

@@ -157,8 +157,13 @@ def test_checkpoint_loads_weights_only_and_names_bad_files(tmp_path: Path) -> No
     torch.save(
         build_model({"name": "resnet20", "num_classes": 10, "in_channels": 3}).state_dict(), bad
     )
-    with pytest.raises(ConfigError, match=r"^model\.checkpoint: .*does not fit model\.name"):
+    with pytest.raises(ConfigError, match=r"^model\.checkpoint: .*does not fit the model: ") as err:
         load_float_weights(model, str(bad))
+    # issue 33: counts and a few names in one line, not ~200 keys
+    assert "20 missing ('0.weight', '1.weight', '1.bias', ...), 116 unexpected (" in str(err.value)
+    assert len(str(err.value)) < 400 and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"^model\.checkpoint: .* is a directory; name the"):
+        load_float_weights(model, str(tmp_path))
 
 
 def _garbage(tmp_path: Path) -> Path:

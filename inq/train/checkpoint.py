@@ -331,6 +331,8 @@ def load_float_weights(model: nn.Module, path: str) -> None:
             fit the model.
     """
     file = Path(path).expanduser()
+    if file.is_dir():
+        raise ConfigError("model.checkpoint", f"{file} is a directory; name the weights file")
     if not file.is_file():
         raise ConfigError("model.checkpoint", f"{file} does not exist")
     if file.suffix == ".safetensors":
@@ -347,8 +349,36 @@ def load_float_weights(model: nn.Module, path: str) -> None:
     check_finite(state, "model.checkpoint", file)
     try:
         model.load_state_dict(state)
-    except RuntimeError as err:
-        raise ConfigError("model.checkpoint", f"{file} does not fit model.name: {err}") from err
+    except RuntimeError:
+        raise ConfigError(
+            "model.checkpoint", f"{file} does not fit the model: {_misfit(model, state)}"
+        ) from None
+
+
+def _misfit(model: nn.Module, state: Mapping[str, Any], shown: int = 3) -> str:
+    """How ``state`` fails to fit ``model``, in one line: counts and the first few names.
+
+    Example (``...`` ends the line: ``(3, 2))``):
+        >>> _misfit(nn.Linear(2, 3), {"weight": torch.zeros(3, 4), "step": torch.ones(1)})  # doctest: +ELLIPSIS
+        "1 missing ('bias'), 1 unexpected ('step'), 1 of another shape ('weight': (3, 4), not ..."
+    """
+    mine = model.state_dict()
+    missing = [k for k in mine if k not in state]
+    unexpected = [k for k in state if k not in mine]
+    shapes = [
+        f"{k!r}: {tuple(state[k].shape)}, not {tuple(mine[k].shape)}"
+        for k in mine
+        if k in state and isinstance(state[k], torch.Tensor) and state[k].shape != mine[k].shape
+    ]
+    parts = []
+    for what, items in (("missing", missing), ("unexpected", unexpected)):
+        if items:
+            more = ", ..." if len(items) > shown else ""
+            parts.append(f"{len(items)} {what} ({', '.join(map(repr, items[:shown]))}{more})")
+    if shapes:
+        more = ", ..." if len(shapes) > shown else ""
+        parts.append(f"{len(shapes)} of another shape ({', '.join(shapes[:shown])}{more})")
+    return ", ".join(parts)
 
 
 def kill_point(event: str, count: int) -> None:

@@ -154,8 +154,9 @@ def register() -> None:
     """Put the schema in Hydra's ConfigStore (``conf/config.yaml`` starts from ``inq_schema``)."""
     store = ConfigStore.instance()
     store.store(name="inq_schema", node=Config)
-    store.store(group="optim", name="sgd_schema", node=SGDConfig)
-    store.store(group="optim", name="adamw_schema", node=AdamWConfig)
+    # at the root, not in the optim group: `inq-train --help` lists a group's entries as choices
+    store.store(name="optim_sgd_schema", node=SGDConfig)
+    store.store(name="optim_adamw_schema", node=AdamWConfig)
 
 
 def to_dict(node: DictConfig) -> dict[str, Any]:
