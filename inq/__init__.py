@@ -1,7 +1,8 @@
 """inq: Incremental Network Quantization (INQ, arXiv 1702.03044) for PyTorch.
 
 The names below load on first use, so ``import inq.kernels`` (or any other submodule) does not
-pull in the scheduler.
+pull in the scheduler; so does every submodule (``inq.export.save_masked`` works after
+``import inq``).
 
 Example:
     >>> import inq, torch
@@ -12,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -49,8 +51,11 @@ __all__ = [
 __version__ = "0.1.0"
 
 
+_SUBMODULES = frozenset(m.name for m in pkgutil.iter_modules(__path__))  # export, packed, ...
+
+
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
+    home = _HOMES.get(name, f"inq.{name}" if name in _SUBMODULES else None)
     if home is None:
         raise AttributeError(f"module 'inq' has no attribute {name!r}")
     module = importlib.import_module(home)
@@ -60,4 +65,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOMES])
+    return sorted({*globals(), *_HOMES, *_SUBMODULES})

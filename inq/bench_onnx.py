@@ -7,7 +7,8 @@ files of one input shape get the same input). For each (batch, threads) setting 
 warmed up, then the files take turns run by run (round robin, the first of each round rotating),
 so that machine noise hits all of them alike; a file's figure is the median of its timed runs
 (``time.perf_counter``). The table shows milliseconds and the speed-up over the first file
-(first / this).
+(first / this; the first row is the reference, 1.00x). A file given twice is timed twice (its
+rows ``name`` and ``name (2)``): the spread between them is the machine's noise.
 
 ``--peer`` adds ONNX Runtime's own int8 pipeline as a row, ``ort quantize_static``: the first
 file (taken to be the float export) run through ``quant_pre_process`` (shape inference and
@@ -48,7 +49,9 @@ from typing import Any
 import numpy as np
 
 from inq.data import build_eval_loader, eval_data_config, input_shape
-from inq.export_onnx import is_onnx
+from inq.export_onnx import first_line
+from inq.io import atomic_path
+from inq.runfiles import ONNX_MODEL, refuse_kind
 
 __all__ = [
     "ONNX_HELP",
@@ -158,13 +161,10 @@ def read_file(path: Path, folder: Path, name: str | None = None) -> OnnxFile:
         print(f.name, f.shape, f.ops.line())
 
     Raises:
-        ValueError: the file is missing, not named ``.onnx``, not loadable, or has an input that
-            is not one float tensor of a known shape.
+        ValueError: the file is missing, not an ONNX model (:func:`inq.runfiles.file_kind`), not
+            loadable, or has an input that is not one float tensor of a known shape.
     """
-    if not is_onnx(path):
-        raise ValueError(f"{path}: not an ONNX file (its name should end in .onnx)")
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
+    refuse_kind(path, "bench onnx", (ONNX_MODEL,))
     ort = _ort()
     import onnx
 
@@ -175,8 +175,7 @@ def read_file(path: Path, folder: Path, name: str | None = None) -> OnnxFile:
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         graph = onnx.load(str(saved), load_external_data=False).graph
     except Exception as err:  # onnx and onnxruntime raise their own kinds
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ValueError(f"{path}: cannot load as ONNX ({first})") from None
+        raise ValueError(f"{path}: cannot load as ONNX ({first_line(err)})") from None
     ops = count_ops("NchwcConv" if n.domain == _NCHWC else n.op_type for n in graph.node)
     data = json.loads(session.get_modelmeta().custom_metadata_map.get("inq_data", "{}"))
     inputs = session.get_inputs()
@@ -250,8 +249,9 @@ def ort_peer(source: OnnxFile, output: Path, folder: Path) -> str:
                 weight_type=QuantType.QInt8,
             )
     except Exception as err:  # onnxruntime raises many kinds
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ValueError(f"--peer: ONNX Runtime cannot quantize {source.path}: {first}") from None
+        raise ValueError(
+            f"--peer: ONNX Runtime cannot quantize {source.path}: {first_line(err)}"
+        ) from None
     return f"{pre}, QDQ, per-channel QInt8 weights, QUInt8 activations, calibrated on {calibration}"
 
 
@@ -273,7 +273,7 @@ def pre_process(source: Path, output: Path) -> tuple[Path, str]:
             with _quiet():
                 quant_pre_process(str(source), str(output), skip_symbolic_shape=skip_symbolic)
         except Exception as err:  # its shape inference raises many kinds
-            failed = (str(err).strip().splitlines() or [type(err).__name__])[0][:80]
+            failed = first_line(err)[:80]
             continue
         done = "quant_pre_process"
         return output, done + (f" without symbolic shape inference ({failed})" if failed else "")
@@ -361,8 +361,9 @@ def time_setting(
                 str(f.path), _options(ort, level, threads), providers=["CPUExecutionProvider"]
             )
         except Exception as err:  # onnxruntime raises its own kinds
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise ValueError(f"{f.path}: cannot load with all optimizations: {first}") from None
+            raise ValueError(
+                f"{f.path}: cannot load with all optimizations: {first_line(err)}"
+            ) from None
         x = np.random.default_rng(SEED).standard_normal((batch, *f.shape), dtype=np.float32)
         runs.append((session, {f.input: x}))
     slowest = 0.0
@@ -373,8 +374,9 @@ def time_setting(
             try:
                 session.run(None, feed)
             except Exception as err:  # onnxruntime raises its own kinds
-                first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                raise ValueError(f"{f.path}: does not run at batch {batch}: {first}") from None
+                raise ValueError(
+                    f"{f.path}: does not run at batch {batch}: {first_line(err)}"
+                ) from None
             took = time.perf_counter() - start
         slowest = max(slowest, took)  # the last warm-up run of the slowest file
     if repeats is None:
@@ -415,7 +417,8 @@ def cpu_name() -> str:
 
 
 def format_table(files: Sequence[OnnxFile], timings: Sequence[Timing]) -> str:
-    """Rows: files; columns: milliseconds and speed-up over the first file, per setting.
+    """Rows: files (their names unique); columns: milliseconds and speed-up over the first file,
+    per setting.
 
     Example:
         >>> f = [OnnxFile(Path(n), n, "x", (1,), {}) for n in ("a.onnx", "b.onnx")]
@@ -500,14 +503,17 @@ def run_onnx(args: argparse.Namespace) -> int:
     for flag, values in checks.items():
         if min(values) < 1:
             raise ValueError(f"{flag} {' '.join(map(str, values))}: must be at least 1")
+    if args.json is not None and args.json.is_dir():  # before any work
+        raise ValueError(f"--json {args.json}: a directory; name the file to write")
     ort = _ort()
     with tempfile.TemporaryDirectory(prefix="inq-bench-onnx-") as tmp:
         folder = Path(tmp)
         graphs = folder / "optimized"
         graphs.mkdir()
         paths = [Path(p) for p in args.files]
-        unique = len({p.name for p in paths}) == len(paths)
-        files = [read_file(p, graphs, p.name if unique else str(p)) for p in paths]
+        files = [
+            read_file(p, graphs, name) for p, name in zip(paths, row_names(paths), strict=True)
+        ]
         for f in files:
             if f.fixed_batch is not None and set(args.batches) != {f.fixed_batch}:
                 raise ValueError(
@@ -516,14 +522,19 @@ def run_onnx(args: argparse.Namespace) -> int:
                 )
         peer = None
         if args.peer:
-            where = folder if args.json is None else args.json.parent
-            where.mkdir(parents=True, exist_ok=True)
-            output = where / (("peer" if args.json is None else args.json.stem) + ".ort.onnx")
+            quantized = _quantized(files[0].ops)
+            if quantized:
+                raise ValueError(
+                    f"--peer quantizes the first file, the float export; {files[0].path} is "
+                    f"quantized already ({quantized}): put the float export first"
+                )
+            output = folder / "peer.ort.onnx"
             how = ort_peer(files[0], output, folder)
             files.append(read_file(output, graphs, PEER_NAME))
-            peer = {"path": str(output), "of": str(files[0].path), "how": how}
-            kept = "" if args.json is None else f", written to {output}"
-            print(f"{PEER_NAME} of {files[0].path}: {how}{kept}")
+            kept = None if args.json is None else args.json.with_name(args.json.stem + ".ort.onnx")
+            peer = {"path": str(kept or output), "of": str(files[0].path), "how": how}
+            where = "" if kept is None else f", written to {kept}"
+            print(f"{PEER_NAME} of {files[0].path}: {how}{where}")
         width = max(len(f.name) for f in files)
         for f in files:
             print(f"{f.name:<{width}}  {f.ops.line()}")
@@ -532,6 +543,9 @@ def run_onnx(args: argparse.Namespace) -> int:
             for batch, threads in itertools.product(args.batches, args.threads)
             for t in time_setting(files, batch, threads, args.repeats, args.warmup)
         ]
+        if peer is not None and kept is not None:
+            with atomic_path(kept) as target:
+                target.write_bytes(output.read_bytes())
     cpu = cpu_name()
     runs = sorted({t.repeats for t in timings})
     repeats = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]}-{runs[-1]}"
@@ -542,7 +556,6 @@ def run_onnx(args: argparse.Namespace) -> int:
     )
     print(format_table(files, timings))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "onnxruntime": ort.__version__,
             "cpu": cpu,
@@ -565,6 +578,27 @@ def run_onnx(args: argparse.Namespace) -> int:
             "peer": peer,
             "results": [asdict(t) for t in timings],
         }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        replaced = " (replacing the previous one)" if args.json.exists() else ""
+        with atomic_path(args.json) as target:
+            target.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {args.json}{replaced}")
     return 0
+
+
+def row_names(paths: Sequence[Path]) -> list[str]:
+    """Unique row names: each file's name, its path where two names clash, and ``(2)``, ``(3)``
+    ... for a file given again.
+
+    Example:
+        >>> row_names([Path("a/m.onnx"), Path("b/m.onnx"), Path("a/m.onnx"), Path("q.onnx")])
+        ['a/m.onnx', 'b/m.onnx', 'a/m.onnx (2)', 'q.onnx']
+    """
+    names = [p.name if len({q for q in paths if q.name == p.name}) == 1 else str(p) for p in paths]
+    return [name if names[:i].count(name) == 0 else f"{name} ({names[:i].count(name) + 1})"
+            for i, name in enumerate(names)]  # fmt: skip
+
+
+def _quantized(ops: OpCounts) -> str:
+    """The quantized ops of a graph (``""`` for none): integer kernels, Q/DQ nodes."""
+    qdq = {op: n for op, n in ops.other.items() if op in ("QuantizeLinear", "DequantizeLinear")}
+    return ", ".join(f"{n} {op}" for op, n in {**ops.integer, **qdq}.items())

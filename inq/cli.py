@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -35,23 +36,26 @@ from types import FrameType
 
 import torch
 
+import inq
 from inq import runfiles
 from inq.bench_onnx import ONNX_HELP, add_onnx_arguments, run_onnx
-from inq.data import build_eval_loader, eval_data_config, input_shape
+from inq.data import (
+    build_eval_loader,
+    changed_split,
+    data_record,
+    describe_input,
+    eval_data_config,
+    input_preprocessing,
+    input_shape,
+)
 from inq.evaluation import evaluate
-from inq.export import MASKED_FORMATS
-from inq.export_onnx import export_onnx, export_qdq, is_onnx
+from inq.export import MASKED_FORMATS, load_masked
+from inq.export_onnx import OnnxModel, export_onnx, export_qdq
 from inq.io import LOCK_NAME, lock_dir
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.levels import describe_n1
 from inq.nn import from_packed
-from inq.packed import (
-    PackStats,
-    export_packed,
-    load_packed,
-    pack_stats,
-    read_format,
-)
+from inq.packed import PACKED_FORMATS, PackStats, export_packed, pack_stats, read_format
 from inq.quant.bench import integer_pair
 from inq.quant.integer import (
     INT_FORMAT,
@@ -64,13 +68,23 @@ from inq.quant.integer import (
 )
 from inq.quant.observers import CALIBRATIONS
 from inq.quant.pipeline import QuantSettings, RealOutput, quantize
-from inq.runfiles import find_model, load_model
+from inq.runfiles import (
+    INTEGER_MODEL,
+    MASKED_CHECKPOINT,
+    ONNX_MODEL,
+    PACKED_FILE,
+    RUN,
+    find_model,
+    load_model,
+    refuse_kind,
+)
 from inq.verify import verify_file
 
 __all__ = ["COMMANDS", "Command", "main"]
 
 PACKED_SUFFIX = ".inq.safetensors"
 INT_SUFFIX = ".int.safetensors"
+SAFETENSORS, ONNX = ".safetensors", ".onnx"  # what an output's name ends in, by its format
 CALIBRATE_ACT_BITS = 8  # inq-train makes an integer model only when quant.act_bits is set
 
 
@@ -89,15 +103,20 @@ class Command:
 def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "source",
-        help="a masked checkpoint (.safetensors) or a run directory; with --onnx also a packed "
-        "file",
+        help="a run directory or a masked checkpoint; with --onnx also a packed file or an "
+        "integer model",
     )
-    p.add_argument("-o", "--output", help=f"packed file (default: <source stem>{PACKED_SUFFIX})")
+    p.add_argument(
+        "-o",
+        "--output",
+        help=f"packed file, *{SAFETENSORS} (default: <source stem>{PACKED_SUFFIX} beside the "
+        f"source; of a run directory, <run>{PACKED_SUFFIX} beside the run)",
+    )
     p.add_argument(
         "--onnx",
         action="store_true",
-        help="write ONNX instead (opset 18, dynamic batch; -o needed): the float-activation "
-        "model, or of an integer model (inq calibrate) its Q/DQ graph",
+        help=f"write ONNX instead (opset 18, dynamic batch; -o FILE{ONNX} needed): the "
+        "float-activation model, or of an integer model (inq calibrate) its Q/DQ graph",
     )
     p.add_argument("--data", nargs="*", default=[], metavar="NAME|KEY=VALUE",
                    help="with --onnx, for a file that records no data: the input size")  # fmt: skip
@@ -118,10 +137,32 @@ def _force_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def default_output(source: Path, suffix: str) -> Path:
+    """Where a command writes the model it makes of ``source`` when no ``-o`` is given: beside
+    the source, its name's stem plus ``suffix``; for a run directory, or a file in one, beside
+    the run (``<run>`` + ``suffix``), so that the run's own files stay its own.
+
+    Example:
+        >>> default_output(Path("out/mixed4.safetensors"), ".inq.safetensors")
+        PosixPath('out/mixed4.inq.safetensors')
+        >>> default_output(Path("."), ".int.safetensors") == Path.cwd().with_suffix(
+        ...     ".int.safetensors")
+        True
+    """
+    home = source if source.is_dir() else source.parent
+    if source.is_dir() or runfiles.is_run(home):
+        home = home.resolve() if home.name in ("", "..") else home
+        return home.parent / (home.name + suffix)
+    stem = source.name.removesuffix(SAFETENSORS).removesuffix(".inq").removesuffix(".int")
+    return home / (stem + suffix)
+
+
 @contextmanager
-def writing(output: Path, source: Path, force: bool = False) -> Iterator[None]:
-    """Checks, before any work, that ``output`` may be written from ``source``, and holds an
-    inq-train run directory's lock while the block writes into it.
+def writing(output: Path, source: Path, force: bool = False, suffix: str = SAFETENSORS
+            ) -> Iterator[None]:  # fmt: skip
+    """Checks, before any work, that ``output`` may be written from ``source`` (in a format
+    whose names end in ``suffix``), and holds an inq-train run directory's lock while the block
+    writes into it.
 
     Example:
         >>> with writing(Path("."), Path("model.inq.safetensors")):
@@ -131,23 +172,30 @@ def writing(output: Path, source: Path, force: bool = False) -> Iterator[None]:
         ValueError: -o .: a directory; name the file to write
 
     Raises:
-        ValueError: ``output`` is a directory or ``source`` itself, exists (without ``force``),
-            is a file its run recorded in ``summary.json``, or its run directory is in use.
+        ValueError: ``output`` is a directory or ``source`` itself, is not named ``*suffix``,
+            exists (without ``force``), is a file of an inq-train run (one its ``summary.json``
+            lists, or one of the names the run writes), or its run directory is in use.
     """
     if output.is_dir():
         raise ValueError(f"-o {output}: a directory; name the file to write")
+    if not output.name.endswith(suffix):
+        what = "an ONNX file's name" if suffix == ONNX else "the output is safetensors, whose name"
+        hint = "; add --onnx to write ONNX" if output.suffix == ONNX else ""
+        raise ValueError(f"-o {output}: {what} ends in {suffix}{hint}")
     if output.exists() and output.resolve() == source.resolve():
         raise ValueError(f"{output}: the output would replace the file it is made from; choose -o")
     folder = output.parent
     lock = lock_dir(folder) if (folder / LOCK_NAME).exists() else None  # an inq-train run
     try:
+        if output.resolve() in _run_files(folder) or (
+            runfiles.is_run(folder) and output.name in runfiles.OWN_FILES
+        ):
+            raise ValueError(
+                f"{output} belongs to the run in {folder} (inq-train writes it there); write "
+                "elsewhere with -o"
+            )
         if output.exists() and not force:
             raise ValueError(f"{output} exists; choose another -o, or --force to replace it")
-        if output.exists() and output.resolve() in _run_files(folder):
-            raise ValueError(
-                f"{output} belongs to the run in {folder} (its summary.json describes it); "
-                "write elsewhere with -o"
-            )
         yield
     finally:
         if lock is not None:
@@ -155,38 +203,40 @@ def writing(output: Path, source: Path, force: bool = False) -> Iterator[None]:
 
 
 def _run_files(folder: Path) -> set[Path]:
-    """The files an inq-train run in ``folder`` recorded as its results."""
+    """The files an inq-train run in ``folder`` recorded as its results (a relative path in its
+    ``summary.json`` is relative to ``folder``, wherever the command runs)."""
     try:
         files = json.loads((folder / runfiles.SUMMARY).read_text()).get("files", {})
-        return {Path(path).resolve() for path in files.values()}
-    except (OSError, ValueError, AttributeError):  # no run, or no readable summary
+        return {(folder / path).resolve() for path in files.values()}
+    except (OSError, ValueError, AttributeError, TypeError):  # no run, or no readable summary
         return set()
 
 
 def _export(args: argparse.Namespace) -> int:
     if args.onnx:
         return _export_onnx(args)
+    refuse_kind(args.source, "export", (RUN, MASKED_CHECKPOINT))
     source = find_model(args.source, MASKED_FORMATS)
-    stem = "model" if source.name == runfiles.MASKED else source.name.removesuffix(".safetensors")
-    output = Path(args.output or source.with_name(stem + PACKED_SUFFIX))
+    output = Path(args.output or default_output(Path(args.source), PACKED_SUFFIX))
     with writing(output, source, args.force):
-        stats = export_packed(source, output, sparse=not args.dense)
+        ckpt = load_masked(source)
+        ckpt.data = data_record(ckpt.data)
+        stats = export_packed(ckpt, output, sparse=not args.dense)
     print(f"{source} -> {output}")
     print(_sizes(stats))
     return 0
 
 
 def _export_onnx(args: argparse.Namespace) -> int:
-
+    kind = refuse_kind(args.source, "export --onnx",
+                       (RUN, MASKED_CHECKPOINT, PACKED_FILE, INTEGER_MODEL))  # fmt: skip
     if not args.output:
-        raise ValueError("--onnx needs -o FILE.onnx")
-    if not is_onnx(args.output):
-        raise ValueError(f"-o {args.output}: an ONNX file's name ends in .onnx")
+        raise ValueError(f"--onnx needs -o FILE{ONNX}")
     source, output = Path(args.source), Path(args.output)
-    with writing(output, source, args.force):
-        if source.is_file() and read_format(source) == INT_FORMAT:  # the integer model: Q/DQ
+    with writing(output, source, args.force, ONNX):
+        if kind == INTEGER_MODEL:  # the integer model: Q/DQ
             int_model = load_integer(source)
-            data = eval_data_config(int_model.info.get("data", {}), args.data)
+            data, _ = command_data(int_model.info.get("data", {}), args.data)
             int_model.info["data"] = data
             stats = export_qdq(int_model, output, input_shape(data))
             read = source
@@ -197,7 +247,7 @@ def _export_onnx(args: argparse.Namespace) -> int:
             )
         else:
             packed, read = load_model(source)
-            data = eval_data_config(packed.data, args.data)
+            data, _ = command_data(packed.data, args.data)
             packed.metadata["data"] = json.dumps(data)  # the file records what it was made for
             stats = export_onnx(packed, output, input_shape(data))
             what = "float activations, every quantized weight an exact initializer"
@@ -212,11 +262,12 @@ def _export_onnx(args: argparse.Namespace) -> int:
 
 
 def _verify_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a masked checkpoint or a packed file")
+    p.add_argument("file", help="a masked checkpoint, a packed file or an integer model")
 
 
 def _verify(args: argparse.Namespace) -> int:
-    if read_format(args.file) == INT_FORMAT:
+    kind = refuse_kind(args.file, "verify", (MASKED_CHECKPOINT, PACKED_FILE, INTEGER_MODEL))
+    if kind == INTEGER_MODEL:
         return _verify_integer(args.file)
     report = verify_file(args.file)
     print(f"{args.file} ({report.kind})")
@@ -262,16 +313,31 @@ def _verify_integer(path: str) -> int:
 
 
 def _info_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a packed file (inq export) or an integer model (inq calibrate)")
+    p.add_argument(
+        "file",
+        help="a packed file (inq export), an integer model (inq calibrate), a masked checkpoint "
+        "(shown packed, as inq export would write it), an ONNX model or a run directory (its "
+        "packed file)",
+    )
 
 
 def _info(args: argparse.Namespace) -> int:
-    if read_format(args.file) == INT_FORMAT:
+    kind = refuse_kind(
+        args.file, "info", (PACKED_FILE, INTEGER_MODEL, MASKED_CHECKPOINT, ONNX_MODEL, RUN)
+    )
+    if kind == INTEGER_MODEL:
         print(integer_table(load_integer(args.file), args.file))
         return 0
-    packed = load_packed(args.file)
-    stats = pack_stats(packed, os.path.getsize(args.file))
-    print(f"{args.file}: {packed.metadata['format']}, model {json.dumps(packed.model)}")
+    if kind == ONNX_MODEL:
+        print(onnx_summary(OnnxModel(args.file), args.file))
+        return 0
+    packed, read = load_model(args.file)
+    stored = read_format(read) in PACKED_FORMATS
+    stats = pack_stats(packed, os.path.getsize(read) if stored else 0)
+    how = "" if stored else ", shown packed as inq export would write it"
+    print(f"{read}: {read_format(read)}{how}; model {json.dumps(packed.model)}")
+    if packed.data:
+        print(_input_line(packed.data))
     bits = sorted({layer.bits for layer in packed.layers.values()})
     print(
         f"{len(packed.layers)} quantized layers (bits {bits}), {len(packed.tensors)} other tensors"
@@ -300,16 +366,53 @@ def _sizes(stats: PackStats) -> str:
     return (
         f"quantized weights: fp32 {stats.fp32_bytes} B -> {stats.packed_bytes} B in the file "
         f"(compression {stats.compression:.2f}x; dense rows {stats.dense_bytes} B); "
-        f"other tensors {stats.other_bytes} B; file {stats.file_bytes} B"
+        f"other tensors {stats.other_bytes} B"
+        + (f"; file {stats.file_bytes} B" if stats.file_bytes else "")
     )
+
+
+def _input_line(data: dict) -> str:
+    """The input preprocessing a file records with its data (or, in a file older than that
+    record, what its dataset's loader does)."""
+    recorded = data.get("input")
+    if recorded is None:
+        return describe_input(data_record(data)["input"]) + " (not recorded: the loader's)"
+    return describe_input(recorded)
+
+
+def onnx_summary(model: OnnxModel, path: str) -> str:
+    """What ``inq info`` shows of an ONNX file: opset, size, inputs and outputs, and the model,
+    data and input preprocessing it records."""
+    lines = [
+        f"{path}: ONNX opset {model.opset}, {model.nodes} nodes, {model.initializers} "
+        f"initializers, {os.path.getsize(path)} B",
+        *(f"{role} {name}: {dtype} {dims}" for role, name, dtype, dims in model.signature),
+        f"model {json.dumps(model.model)}",
+    ]
+    if model.data:
+        lines += [f"data {model.data.get('name')}", _input_line(model.data)]
+    else:
+        lines.append("no data recorded: inq eval needs --data NAME")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------- eval
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a packed file (inq export) or an integer model (inq calibrate)")
+    p.add_argument(
+        "file",
+        help="a packed file (inq export), an integer model (inq calibrate), an ONNX model (inq "
+        "export --onnx; run in ONNX Runtime on the CPU), a masked checkpoint or a run directory "
+        "(its packed file)",
+    )
     _data_args(p)
+    p.add_argument(
+        "--resplit",
+        action="store_true",
+        help="allow --data split_seed/val_fraction other than the run's: the images held out "
+        "then include training images, and the figure is labelled so (not the held-out accuracy)",
+    )
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
@@ -322,42 +425,78 @@ def _data_args(p: argparse.ArgumentParser) -> None:
         "e.g. --data root=/data/cifar10 eval_batch_size=512; a file that records none needs "
         "the dataset name: --data digits",
     )
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    default = "cuda" if torch.cuda.is_available() else "cpu"
+    p.add_argument(
+        "--device",
+        default=default,
+        help=f"cpu or cuda[:N] (default here: {default}); ONNX runs on the CPU",
+    )
 
 
 def _eval(args: argparse.Namespace) -> int:
 
     device = eval_device(args.device)
-    if is_onnx(args.file):
-        from inq.export_onnx import OnnxModel
-
+    kind = refuse_kind(
+        args.file, "eval", (PACKED_FILE, INTEGER_MODEL, ONNX_MODEL, MASKED_CHECKPOINT, RUN)
+    )
+    read = args.file
+    if kind == ONNX_MODEL:
         model: torch.nn.Module = OnnxModel(args.file)
         description, recorded = model.model, model.data
         what, device = "ONNX Runtime, CPU", torch.device("cpu")
-    elif read_format(args.file) == INT_FORMAT:
+    elif kind == INTEGER_MODEL:
         int_model = load_integer(args.file)
         description, recorded = int_model.info.get("model", {}), int_model.info.get("data", {})
         model = RealOutput(int_model)
         what = f"integer arithmetic, {int_model.info.get('act_bits')}-bit activations"
     else:
-        packed = load_packed(args.file)
+        packed, read = load_model(args.file)
         description, recorded = packed.model, packed.data
         model = from_packed(packed)
         what = "float activations"
-    cfg = eval_data_config(recorded, args.data)  # a ConfigError is a ValueError: one line
+    cfg, resplit = command_data(recorded, args.data, args.resplit)
     for key in ("in_channels", "num_classes"):
         if key in description and description[key] != cfg[key]:
             raise ValueError(
                 f"the model has {key}={description[key]}, the {cfg['name']} data "
                 f"{key}={cfg[key]}: evaluate it on the data it was trained on"
             )
+    expected = recorded.get("input")
+    if expected is not None and expected != input_preprocessing(cfg):
+        raise ValueError(
+            f"{read} records its input as {describe_input(expected)}; inq's {cfg['name']} "
+            f"loader gives {describe_input(input_preprocessing(cfg))}: the accuracy would mean "
+            "nothing"
+        )
     metrics = evaluate(model.to(device), build_eval_loader(cfg), device)
     total, correct = int(metrics["count"]), round(metrics["acc"] * metrics["count"])
+    split = f", re-split {' '.join(resplit)}: NOT the held-out accuracy" if resplit else ""
     print(
-        f"{args.file} ({what}) on {cfg['name']} ({total} samples): accuracy "
+        f"{read} ({what}) on {cfg['name']} ({total} samples{split}): accuracy "
         f"{100 * correct / total:.2f}% ({correct}/{total}), loss {metrics['loss']:.4f}"
     )
     return 0
+
+
+def command_data(
+    recorded: dict, words: Sequence[str], resplit: bool | None = None
+) -> tuple[dict, list[str]]:
+    """The data config a command works on (:func:`inq.data.eval_data_config`: the recorded one,
+    ``--data`` on top), and the split settings it changes: refused unless ``resplit`` (a
+    command's ``--resplit``; ``None`` where it has none: it would record the split).
+
+    Raises:
+        ValueError: a bad ``--data``, or one that changes which images are held out.
+    """
+    cfg = eval_data_config(recorded, words)  # a ConfigError is a ValueError: one line
+    changed = changed_split(recorded, cfg)
+    if changed and not resplit:
+        flag = "" if resplit is None else ", or add --resplit to evaluate on that split anyway"
+        raise ValueError(
+            f"--data {' '.join(changed)}: changes which images are held out (the model was "
+            f"trained on some of the new ones); leave it out{flag}"
+        )
+    return cfg, changed
 
 
 def eval_device(name: str) -> torch.device:
@@ -389,7 +528,7 @@ def eval_device(name: str) -> torch.device:
 
 def _calibrate_args(p: argparse.ArgumentParser) -> None:
     defaults = QuantSettings()
-    p.add_argument("source", help="a run directory, packed file or masked checkpoint")
+    p.add_argument("source", help="a run directory, a packed file or a masked checkpoint")
     _data_args(p)
     p.add_argument(
         "--calibration",
@@ -420,7 +559,12 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--float-scales", action="store_true",
                    help="any activation scale, not only powers of two (requantizations then "
                    "need multipliers)")  # fmt: skip
-    p.add_argument("-o", "--output", help=f"integer model (default: <source stem>{INT_SUFFIX})")
+    p.add_argument(
+        "-o",
+        "--output",
+        help=f"integer model, *{SAFETENSORS} (default: <source stem>{INT_SUFFIX} beside the "
+        f"source; of a run directory, <run>{INT_SUFFIX} beside the run)",
+    )
     _force_arg(p)
 
 
@@ -439,17 +583,10 @@ def _calibrate(args: argparse.Namespace) -> int:
         flag = "--" + field.replace("_", "-")
         raise ValueError(f"{flag} {getattr(args, field)}: {message}")
     device = eval_device(args.device)
+    refuse_kind(args.source, "calibrate", (RUN, MASKED_CHECKPOINT, PACKED_FILE))
     packed, read = load_model(args.source)
-    source = Path(args.source)
-    default = (
-        source / runfiles.INTEGER
-        if source.is_dir()
-        else source.with_name(
-            source.name.removesuffix(".safetensors").removesuffix(".inq") + INT_SUFFIX
-        )
-    )
-    output = Path(args.output or default)
-    data = eval_data_config(packed.data, args.data)
+    output = Path(args.output or default_output(Path(args.source), INT_SUFFIX))
+    data, _ = command_data(packed.data, args.data)
     with writing(output, read, args.force):
         int_model, report = quantize(packed, data, settings, device)
         save_integer(output, int_model)
@@ -548,6 +685,7 @@ COMMANDS: dict[str, Command] = {
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command in :data:`COMMANDS`."""
     parser = argparse.ArgumentParser(prog="inq", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"inq {inq.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():
         p = sub.add_parser(name, help=command.help, description=command.help)
@@ -556,29 +694,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_EXIT_BY_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal's number
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour codes some libraries put in errors
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``inq``; returns the exit status (0 ok, 1 failure, 2 bad usage from argparse).
+    """Run ``inq``; returns the exit status (0 ok, 1 failure, 2 bad usage from argparse, 130
+    after Ctrl-C, 143 after SIGTERM).
+
+    A signal is recorded and unwinds the command (nothing half-written stays: every file is
+    written atomically). Whatever error the unwinding turns into on its way out (libraries
+    catch it and raise their own), an interrupted command says so, never that its input failed.
 
     Example:
         >>> main(["verify", "missing.safetensors"])
         1
     """
     args = build_parser().parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # unwind: no half-written files stay
+    received: list[int] = []
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {signum: signal.signal(signum, interrupt) for signum in _EXIT_BY_SIGNAL}
     try:
         return args.run(args)
-    except (ValueError, OSError) as err:
-        print(f"inq {args.command}: error: {err}", file=sys.stderr)
+    except BaseException as err:
+        if received or isinstance(err, KeyboardInterrupt):
+            print(f"inq {args.command}: interrupted; nothing was written", file=sys.stderr)
+            return _EXIT_BY_SIGNAL[received[0] if received else signal.SIGINT]
+        if not isinstance(err, ValueError | OSError):
+            raise
+        print(f"inq {args.command}: error: {_ANSI.sub('', str(err))}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"inq {args.command}: interrupted; nothing was written", file=sys.stderr)
-        return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

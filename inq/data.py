@@ -34,6 +34,8 @@ from inq.errors import ConfigError
 __all__ = [
     "DATASETS",
     "FASHION_MNIST_ROOT",
+    "LOADER_KEYS",
+    "SPLIT_KEYS",
     "DataConfig",
     "DataName",
     "ResumableSampler",
@@ -42,8 +44,12 @@ __all__ = [
     "build_datasets",
     "build_eval_loader",
     "build_train_loader",
+    "changed_split",
     "check_data",
+    "data_record",
+    "describe_input",
     "eval_data_config",
+    "input_preprocessing",
     "input_shape",
     "read_idx",
 ]
@@ -54,12 +60,21 @@ _IDX_FILES = {  # split: (images, labels), as distributed (gzip) or unpacked
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
-_MNIST_MEAN_STD = {"fashion_mnist": (0.2860, 0.3530), "mnist": (0.1307, 0.3081)}
-_CIFAR_MEAN_STD = {
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+# Each dataset's input: x[c] = (pixel[c] / top - mean[c]) / std[c], pixel[c] its stored values
+_NORMALIZE: dict[str, tuple[int, tuple[float, ...], tuple[float, ...]]] = {
+    "digits": (16, (0.5,), (0.5,)),  # scikit-learn's pixels are 0..16: x = pixel / 8 - 1
+    "fashion_mnist": (255, (0.2860,), (0.3530,)),
+    "mnist": (255, (0.1307,), (0.3081,)),
+    "cifar10": (255, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": (255, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "imagenet": (255, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "synthetic": (1, (0.0,), (1.0,)),  # the generated values are the input
 }
-_IMAGENET_MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+_PIXELS = {"digits": "0..16 (8x8 grey levels)", "synthetic": "Gaussian values"}  # else 0..255
+# Which images are held out: evaluating with other values counts training images too
+SPLIT_KEYS = ("val_fraction", "split_seed")
+# How the data is loaded, not which data: files do not record these (their bytes stay the same)
+LOADER_KEYS = ("num_workers",)
 
 DataName = Enum("DataName", DATASETS)  # the names Hydra's ``data.name`` accepts
 
@@ -151,6 +166,80 @@ def _packaged_data_config(name: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError("--data", f"unknown dataset {name!r}; use one of {list(DATASETS)}")
     return OmegaConf.to_container(OmegaConf.create(path.read_text()), resolve=True)  # type: ignore[return-value]
+
+
+def changed_split(recorded: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
+    """``KEY=VALUE`` of each :data:`SPLIT_KEYS` setting in which ``cfg`` differs from the data
+    config a model file records (none if it records none): with those, its "held-out" images
+    are not the ones the model was held out from.
+
+    Example:
+        >>> recorded = eval_data_config({}, ["digits"])
+        >>> changed_split(recorded, eval_data_config(recorded, ["split_seed=3"]))
+        ['split_seed=3']
+        >>> changed_split(recorded, eval_data_config(recorded, ["eval_batch_size=7"]))
+        []
+    """
+    if not recorded:
+        return []
+    base = eval_data_config(recorded, [])
+    return [f"{key}={cfg[key]}" for key in SPLIT_KEYS if cfg.get(key) != base[key]]
+
+
+def input_preprocessing(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """How an input of the data config ``cfg`` is made from an image, as a file records it for
+    whoever feeds the model: layout and shape, then ``x[c] = (pixel[c] * scale - mean[c]) /
+    std[c]`` (ImageNet: resized and centre-cropped first). The loaders apply exactly this.
+
+    Example:
+        >>> input_preprocessing({"name": "digits", "in_channels": 1, "image_size": 8})
+        {'layout': 'NCHW', 'shape': [1, 8, 8], 'dtype': 'float32', 'pixels': '0..16 (8x8 grey levels)', 'scale': 0.0625, 'mean': [0.5], 'std': [0.5]}
+    """  # noqa: E501
+    name = str(cfg["name"])
+    top, mean, std = _NORMALIZE[name]
+    channels, size, _ = input_shape(cfg)
+    if len(mean) == 1:
+        mean, std = mean * channels, std * channels
+    pixels = _PIXELS.get(name, "0..255 (8-bit" + (" RGB)" if channels == 3 else " grey levels)"))
+    out = {"layout": "NCHW", "shape": [channels, size, size], "dtype": "float32",
+           "pixels": pixels, "scale": 1 / top, "mean": list(mean), "std": list(std)}  # fmt: skip
+    if name == "imagenet":
+        out.update(resize=_imagenet_resize(size), center_crop=size)
+    return out
+
+
+def describe_input(preprocessing: Mapping[str, Any]) -> str:
+    """One line of :func:`input_preprocessing`'s record, for ``inq info``.
+
+    Example:
+        >>> print(describe_input(input_preprocessing({"name": "digits", "in_channels": 1,
+        ...                                            "image_size": 8})))
+        input NCHW float32 [N, 1, 8, 8]: x = (pixel * 0.0625 - mean) / std, mean [0.5], std [0.5]; pixels 0..16 (8x8 grey levels)
+    """  # noqa: E501
+    p = preprocessing
+    shape = ", ".join(map(str, ["N", *p["shape"]]))
+    crop = (f"; resize the short side to {p['resize']}, centre-crop {p['center_crop']}"
+            if "resize" in p else "")  # fmt: skip
+    return (
+        f"input {p['layout']} {p['dtype']} [{shape}]: x = (pixel * {p['scale']:.6g} - mean) / "
+        f"std, mean {p['mean']}, std {p['std']}; pixels {p['pixels']}{crop}"
+    )
+
+
+def data_record(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What a model file records of the data config ``cfg`` (``data``): every setting but the
+    :data:`LOADER_KEYS`, and ``input``, its :func:`input_preprocessing`. ``{}`` for ``{}``.
+
+    Example:
+        >>> record = data_record(eval_data_config({}, ["digits", "num_workers=4"]))
+        >>> "num_workers" in record, record["input"]["scale"]
+        (False, 0.0625)
+    """
+    if not cfg:
+        return {}
+    defaults = {"in_channels": DataConfig.in_channels, "image_size": DataConfig.image_size}
+    kept = {k: v for k, v in cfg.items() if k not in LOADER_KEYS and k != "input"}
+    return {**kept, "input": input_preprocessing({**defaults, **kept})}
 
 
 def input_shape(cfg: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -363,9 +452,11 @@ def _digits(cfg: Mapping[str, Any], with_train: bool) -> tuple[Dataset, Dataset]
         x, y, test_size=fraction, stratify=y, random_state=int(cfg.get("split_seed", 0))
     )
 
+    top, (mean,), (std,) = _NORMALIZE["digits"]
+
     def tensors(x: Any, y: Any) -> TensorDataset:
-        images = torch.as_tensor(x, dtype=torch.float32).reshape(-1, 1, 8, 8) / 8.0 - 1.0
-        return TensorDataset(images, torch.as_tensor(y, dtype=torch.long))
+        pixels = torch.as_tensor(x, dtype=torch.float32).reshape(-1, 1, 8, 8)
+        return TensorDataset((pixels / top - mean) / std, torch.as_tensor(y, dtype=torch.long))
 
     return tensors(x_tr, y_tr), tensors(x_va, y_va)
 
@@ -407,7 +498,7 @@ def _mnist(cfg: Mapping[str, Any], with_train: bool) -> tuple[Dataset | None, Da
         f"; `apt-get install dataset-fashion-mnist` puts them in {default}" if default else ""
     )
     root = _root({"root": default, **{k: v for k, v in cfg.items() if v is not None}}, hint)
-    mean, std = _MNIST_MEAN_STD[name]
+    top, (mean,), (std,) = _NORMALIZE[name]
     splits: dict[str, Dataset] = {}
     for split, files in _IDX_FILES.items():
         if split == "train" and not with_train:
@@ -419,7 +510,7 @@ def _mnist(cfg: Mapping[str, Any], with_train: bool) -> tuple[Dataset | None, Da
                 f"{root}: {split} images {list(images.shape)} and labels {list(labels.shape)} "
                 "do not pair up",
             )
-        x = (images.unsqueeze(1).to(torch.float32) / 255.0 - mean) / std
+        x = (images.unsqueeze(1).to(torch.float32) / top - mean) / std
         splits[split] = TensorDataset(x, labels.to(torch.long))
     return splits.get("train"), splits["val"]
 
@@ -463,7 +554,7 @@ def _cifar(cfg: Mapping[str, Any], with_train: bool) -> tuple[Dataset | None, Da
 
     name = str(cfg["name"])
     root = _root(cfg, f"put the python version of {name.upper()} there (no download at run time)")
-    mean, std = _CIFAR_MEAN_STD[name]
+    _, mean, std = _NORMALIZE[name]  # ToTensor divides by 255
     normalize = [transforms.ToTensor(), transforms.Normalize(mean, std)]
     augment = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
     train_tf = transforms.Compose((augment if cfg.get("augment", True) else []) + normalize)
@@ -486,9 +577,10 @@ def _imagenet(cfg: Mapping[str, Any], with_train: bool) -> tuple[Dataset | None,
         if not (root / split).is_dir():
             raise ConfigError("data.root", f"{root / split} is missing (ImageFolder layout)")
     size = int(cfg.get("image_size", 224))
-    normalize = [transforms.ToTensor(), transforms.Normalize(*_IMAGENET_MEAN_STD)]
+    _, mean, std = _NORMALIZE["imagenet"]  # ToTensor divides by 255
+    normalize = [transforms.ToTensor(), transforms.Normalize(mean, std)]
     augment = [transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip()]
-    plain = [transforms.Resize(size * 8 // 7), transforms.CenterCrop(size)]
+    plain = [transforms.Resize(_imagenet_resize(size)), transforms.CenterCrop(size)]
     train_tf = augment if cfg.get("augment", True) else plain
     try:
         val = datasets.ImageFolder(str(root / "val"), transforms.Compose(plain + normalize))
@@ -499,3 +591,8 @@ def _imagenet(cfg: Mapping[str, Any], with_train: bool) -> tuple[Dataset | None,
         ), val
     except FileNotFoundError as err:  # torchvision: no class folder, or a class without images
         raise ConfigError("data.root", f"{root}: not an ImageFolder tree ({err})") from err
+
+
+def _imagenet_resize(size: int) -> int:
+    """The short side an ImageNet image is resized to before its centre ``size`` crop."""
+    return size * 8 // 7

@@ -63,12 +63,22 @@ import torch
 from torch import Tensor, nn
 
 from inq.codes import decode_weight, unpack_codes
+from inq.data import data_record
 from inq.io import atomic_path
 from inq.models import build_model
 from inq.packed import PackedFile
 from inq.quant.integer import INT32_MAX, INT32_MIN, IntegerModel, IntOp, value_dtype
 
-__all__ = ["OPSET", "OnnxModel", "QdqWeight", "export_onnx", "export_qdq", "is_onnx", "qdq_weight"]
+__all__ = [
+    "OPSET",
+    "OnnxModel",
+    "QdqWeight",
+    "export_onnx",
+    "export_qdq",
+    "first_line",
+    "is_onnx",
+    "qdq_weight",
+]
 
 OPSET = 18
 INPUT_NAME, OUTPUT_NAME = "input", "logits"
@@ -118,8 +128,7 @@ def export_onnx(
                 verbose=False,
             )
         except Exception as err:  # the exporter raises many kinds; all mean "cannot express"
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ValueError(f"ONNX cannot express the model: {first}") from None
+            raise ValueError(f"ONNX cannot express the model: {first_line(err)}") from None
     proto = program.model_proto
     _simplify(proto)
     _check_weights(proto, packed, onnx)
@@ -149,11 +158,12 @@ def _simplify(proto: Any) -> None:
 def _save(
     proto: Any, path: str | os.PathLike[str], onnx: Any, model: Any, data: Any
 ) -> dict[str, Any]:
-    """Record the model and data descriptions, check the graph, write it atomically; returns
+    """Record the model and data descriptions (the data as :func:`inq.data.data_record`
+    records it, with the input preprocessing), check the graph, write it atomically; returns
     its sizes."""
     proto.metadata_props.extend(
         onnx.StringStringEntryProto(key=f"inq_{key}", value=json.dumps(value))
-        for key, value in (("model", model), ("data", data))
+        for key, value in (("model", model), ("data", data_record(data)))
     )
     onnx.checker.check_model(proto, full_check=True)
     serialized = proto.SerializeToString()
@@ -199,14 +209,14 @@ def export_qdq(
         onnx.helper.make_node("Identity", [graph.real(model.ops[-1].name)], [OUTPUT_NAME])
     )
     shape = ["batch", *input_shape]
-    dims = ["batch", *(f"d{i}" for i in range(1, _rank(model.ops, len(shape))))]
-    output = onnx.helper.make_tensor_value_info(OUTPUT_NAME, onnx.TensorProto.FLOAT, dims)
+    output = onnx.helper.make_tensor_value_info(OUTPUT_NAME, onnx.TensorProto.FLOAT, None)
     source = onnx.helper.make_tensor_value_info(INPUT_NAME, onnx.TensorProto.FLOAT, shape)
     proto = onnx.helper.make_model(
         onnx.helper.make_graph(graph.nodes, "inq_qdq", [source], [output], graph.initializers),
         opset_imports=[onnx.helper.make_opsetid("", OPSET)],
         producer_name="inq",
     )
+    _output_shape(proto, onnx)
     stats = _save(proto, path, onnx, model.info.get("model", {}), model.info.get("data", {}))
     return {**stats, "int8_layers": graph.layers[0], "float_layers": graph.layers[1]}
 
@@ -440,13 +450,25 @@ class _QdqGraph:
                          group=a["groups"])  # fmt: skip
 
 
-def _rank(ops: list[IntOp], input_rank: int) -> int:
-    """The rank of the last op's value: only ``flatten`` changes a rank."""
-    rank = input_rank
-    for op in ops:
-        if op.op == "flatten":
-            rank = op.attrs["start_dim"] % rank + 1
-    return rank
+def _output_shape(proto: Any, onnx: Any) -> None:
+    """Declare the graph's output shape as ONNX's shape inference finds it, the batch named
+    ``batch`` (as the float export has it: ``[batch, classes]`` for a classifier's logits).
+
+    Raises:
+        ValueError: the inference cannot tell the shape (an op of the graph it does not know).
+    """
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    dims = [d.dim_value or d.dim_param for d in
+            inferred.graph.output[0].type.tensor_type.shape.dim]  # fmt: skip
+    if not dims or dims[0] != "batch" or not all(isinstance(d, int) and d for d in dims[1:]):
+        raise ValueError(f"the Q/DQ graph's output shape is {dims}, not [batch, sizes...]")
+    value = proto.graph.output[0]
+    value.CopyFrom(onnx.helper.make_tensor_value_info(value.name, onnx.TensorProto.FLOAT, dims))
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of a library's error, or its type's name where it has no text."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def _zero_point(op: IntOp) -> int:
@@ -482,8 +504,18 @@ class OnnxModel(nn.Module):
         except Exception as err:  # onnx and onnxruntime raise their own kinds
             raise ValueError(f"{path}: cannot load as ONNX ({err})") from None
         props = {p.key: p.value for p in proto.metadata_props}
-        self.model: dict[str, Any] = json.loads(props.get("inq_model", "{}"))
-        self.data: dict[str, Any] = json.loads(props.get("inq_data", "{}"))
+        try:
+            self.model: dict[str, Any] = json.loads(props.get("inq_model", "{}"))
+            self.data: dict[str, Any] = json.loads(props.get("inq_data", "{}"))
+        except ValueError as err:
+            raise ValueError(f"{path}: its inq_model or inq_data is not JSON ({err})") from None
+        self.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
+                          None)  # fmt: skip
+        self.nodes, self.initializers = len(proto.graph.node), len(proto.graph.initializer)
+        ends = (("input", self.session.get_inputs()), ("output", self.session.get_outputs()))
+        self.signature = [  # (input/output, name, element type, dims: sizes or names)
+            (role, v.name, v.type, v.shape) for role, values in ends for v in values
+        ]
         graph_input = self.session.get_inputs()[0]
         self.input = graph_input.name
         self.input_shape = [d if isinstance(d, int) else None for d in graph_input.shape]

@@ -69,9 +69,11 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(target)
-    fd, name = tempfile.mkstemp(
-        prefix=f".{target.name}.{_HOST}-{os.getpid()}.", suffix=".tmp", dir=target.parent
-    )
+    prefix = f".{target.name}.{_HOST}-{os.getpid()}."
+    try:
+        fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
+    except OSError as err:
+        raise _naming(err, target) from None
     os.close(fd)
     tmp = Path(name)
     try:
@@ -83,10 +85,20 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except OSError as err:
-        err.filename = err.filename or str(target)  # a failed write() names no file
+        if err.filename in (None, str(tmp)):  # a failed write() names no file
+            raise _naming(err, target) from None
         raise
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _naming(err: OSError, target: Path) -> OSError:
+    """``err`` about ``target``, not about the temporary file a write went through (a user
+    named the target, and a temporary's name would only puzzle them)."""
+    if err.errno is None:  # no (errno, strerror, filename) to rebuild it from
+        err.filename = str(target)
+        return err
+    return type(err)(err.errno, err.strerror, str(target))
 
 
 _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"

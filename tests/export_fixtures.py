@@ -74,6 +74,21 @@ DIGITS_MODEL = {"name": "digits_cnn", "num_classes": 10, "in_channels": 1, "widt
 DIGITS_DATA = {"name": "digits", "val_fraction": 0.25, "split_seed": 0}
 
 
+def digits_masked(folder: Path, data: dict | None = None, name: str = "d") -> Path:
+    """The app's digits CNN, untrained, quantized in one stage (no training) and saved as a
+    masked checkpoint recording ``data`` (default: the digits config ``inq-train`` records):
+    a file every command takes, in a fraction of a second."""
+    from inq.data import eval_data_config
+    from inq.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(DIGITS_MODEL)
+    path = folder / f"{name}.safetensors"
+    data = eval_data_config({}, ["digits"]) if data is None else data
+    save_masked(path, model, quantize(model, 5), DIGITS_MODEL, data)
+    return path
+
+
 def digits_run(folder: Path, bits: int = 5, epochs: int = 4) -> tuple[Path, nn.Module]:
     """Train the app's digits CNN briefly, run INQ (two stages), save the masked checkpoint."""
     from inq.data import build_datasets

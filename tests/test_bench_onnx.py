@@ -163,8 +163,15 @@ def test_op_kinds() -> None:
     ("argv", "message"),
     [
         (["missing.onnx"], "missing.onnx: no such file"),
-        (["model.pt"], "model.pt: not an ONNX file (its name should end in .onnx)"),
+        (
+            ["model.pt"],
+            "model.pt is a training checkpoint (for trainer.resume); inq bench onnx "
+            "takes an ONNX model",
+        ),
+        (["dir.onnx"], "dir.onnx is a directory; inq bench onnx takes an ONNX model"),
         (["garbage.onnx"], "garbage.onnx: cannot load as ONNX ("),
+        (["FLOAT", "--json", "."], "--json .: a directory; name the file to write"),
+        (["QDQ", "--peer"], "is quantized already (2 QLinearConv, 1 QGemm, "),
         (["FLOAT", "--batches", "0"], "--batches 0: must be at least 1"),
         (["FLOAT", "--repeats", "0"], "--repeats 0: must be at least 1"),
     ],
@@ -172,10 +179,28 @@ def test_op_kinds() -> None:
 def test_errors_are_one_line(files, tmp_path: Path, capsys, monkeypatch, argv, message) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "garbage.onnx").write_bytes(b"not a model")
-    argv = [str(files[0]) if a == "FLOAT" else a for a in argv]
+    (tmp_path / "model.pt").write_bytes(b"PK\x03\x04 a torch.save zip")
+    (tmp_path / "dir.onnx").mkdir()
+    argv = [{"FLOAT": str(files[0]), "QDQ": str(files[1])}.get(a, a) for a in argv]
     code, out, err = run(capsys, *argv)
     assert code == 1 and out == ""
     assert err.startswith("inq bench: error: ") and message in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.onnx", "garbage.onnx", "model.pt"]
+
+
+def test_the_same_file_twice_is_two_rows_against_the_first(files, tmp_path: Path, capsys) -> None:
+    """Each row has its own timings (the reference row 1.00x by construction); the second copy
+    of a file is named apart. --json into a folder that does not exist yet: made at the end."""
+    out_json = tmp_path / "new" / "bench.json"
+    code, out, err = run(capsys, files[0], files[0], *FAST, "--json", out_json)
+    assert code == 0, err
+    table = out.splitlines()[-5:-1]
+    assert table[2].startswith("float.onnx ") and table[2].endswith(" 1.00x")
+    assert table[3].startswith("float.onnx (2) ")
+    results = json.loads(out_json.read_text())["results"]
+    assert [r["file"] for r in results] == ["float.onnx", "float.onnx (2)"]
+    assert results[0]["speedup"] == 1.0
+    assert results[1]["speedup"] == results[0]["median_ms"] / results[1]["median_ms"]
 
 
 def test_missing_onnx_extra_is_one_line(files, capsys, monkeypatch) -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from export_fixtures import (
     DIGITS_DATA,
+    digits_masked,
     digits_run,
     masked_file,
     mobilenet_inputs,
@@ -24,6 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from train_helpers import TINY, inq_train
 
+import inq
 import inq.cli
 from inq.cli import COMMANDS, main
 from inq.export import MASK_SUFFIX, load_masked
@@ -106,8 +108,9 @@ def test_export_a_run_directory(capsys, tmp_path: Path) -> None:
     (run_dir / "mixed3.safetensors").rename(run_dir / "model_masked.safetensors")
     code, out, _ = run(capsys, "export", run_dir, "-o", tmp_path / "b.safetensors")
     assert code == 0 and "model_masked.safetensors" in out  # what inq-train writes wins
-    code, out, _ = run(capsys, "export", run_dir)  # default name: the one inq-train writes
-    assert code == 0 and load_packed(run_dir / "model.inq.safetensors").layers
+    code, out, _ = run(capsys, "export", run_dir)  # default: beside the run, named after it
+    assert code == 0 and load_packed(tmp_path / "run.inq.safetensors").layers
+    assert not (run_dir / "model.inq.safetensors").exists()  # the run's own name stays free
 
 
 def test_export_never_overwrites_its_source(capsys, masked: Path) -> None:
@@ -197,10 +200,11 @@ def test_bad_files_give_one_line_errors(capsys, command: str, masked: Path, tmp_
         assert err.startswith(f"inq {command}: error: ") and len(err.strip().splitlines()) == 1
 
 
-def test_info_and_eval_want_a_packed_file(capsys, masked: Path) -> None:
-    for argv in (["info", masked], ["eval", masked, "--data", "digits"]):
-        code, _, err = run(capsys, *argv)
-        assert code == 1 and "run `inq export` on it first" in err
+def test_info_shows_a_masked_checkpoint_as_export_would_pack_it(capsys, masked: Path) -> None:
+    code, out, err = run(capsys, "info", masked)
+    assert code == 0, err
+    assert out.startswith(f"{masked}: inq-masked/3, shown packed as inq export would write it;")
+    assert "4 quantized layers (bits [4])" in out and "; file " not in out
 
 
 def test_eval_matches_the_masked_checkpoint_on_digits(capsys, tmp_path: Path) -> None:
@@ -330,7 +334,7 @@ def test_no_output_is_replaced_silently(capsys, tmp_path: Path) -> None:
     and never while another process (inq-train) works in the run's directory."""
     masked, _ = digits_run(tmp_path, epochs=1)
     packed = tmp_path / "d.inq.safetensors"
-    text = tmp_path / "notes.txt"
+    text = tmp_path / "notes.int.safetensors"
     text.write_text("keep me")
     assert run(capsys, "export", masked, "-o", packed)[0] == 0
     before = packed.read_bytes()
@@ -350,13 +354,14 @@ def test_no_output_is_replaced_silently(capsys, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"  # an inq-train run: its lock file and its summary
     run_dir.mkdir()
     (run_dir / LOCK_NAME).touch()
-    int_file = run_dir / "model.int.safetensors"
-    (run_dir / "summary.json").write_text(json.dumps({"files": {"integer": str(int_file)}}))
+    listed = run_dir / "extra.int.safetensors"
+    (run_dir / "summary.json").write_text(json.dumps({"files": {"integer": str(listed)}}))
     calibrate = ("calibrate", packed, "--data", "digits", "--batches", "1", "-o")
-    assert run(capsys, *calibrate, int_file)[0] == 0
-    before = int_file.read_bytes()
-    code, _, err = run(capsys, *calibrate, int_file, "--force", "--act-bits", "2")
-    assert code == 1 and "belongs to the run in" in err and int_file.read_bytes() == before
+    # a file the run lists, or one it writes for itself (listed yet or not): never, even new
+    for own in (listed, run_dir / "model.int.safetensors", run_dir / "model.inq.safetensors"):
+        code, _, err = run(capsys, *calibrate, own, "--force")
+        assert code == 1 and f"{own} belongs to the run in {run_dir}" in err, err
+        assert not own.exists()
     lock = lock_dir(run_dir)  # a process at work there
     try:
         code, _, err = run(capsys, *calibrate, run_dir / "x.int.safetensors")
@@ -377,8 +382,44 @@ def test_sigterm_during_a_write_leaves_no_temporary_file(capsys, tmp_path: Path,
 
     monkeypatch.setattr(inq.cli, "export_packed", killed_while_writing)
     code, _, err = run(capsys, "export", masked, "-o", out)
-    assert code == 130 and err == "inq export: interrupted; nothing was written\n"
+    assert code == 143 and err == "inq export: interrupted; nothing was written\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [masked.name]
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_an_interrupt_a_library_turns_into_its_own_error_is_still_an_interrupt(
+    capsys, tmp_path: Path, monkeypatch, signum: int, status: int
+) -> None:
+    """torch.onnx.export catches the KeyboardInterrupt a signal raises and raises its own error
+    (with colour codes): that was reported as "ONNX cannot express the model"."""
+    masked, _ = masked_file(tmp_path)
+    out = tmp_path / "m.onnx"
+
+    def exporter_catching_the_interrupt(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signum)
+        except KeyboardInterrupt:
+            raise ValueError(
+                "ONNX cannot express the model: Failed to export. \x1b[96mThis is step 1/3\x1b[0m"
+            ) from None
+
+    monkeypatch.setattr(inq.cli, "export_onnx", exporter_catching_the_interrupt)
+    code, _, err = run(capsys, "export", masked, "--onnx", "-o", out, "--data", "synthetic")
+    assert (code, err) == (status, "inq export: interrupted; nothing was written\n")
+    assert not out.exists()
+
+
+def test_third_party_colour_codes_never_reach_the_error_line(capsys, tmp_path, monkeypatch):
+    masked, _ = masked_file(tmp_path)
+
+    def failing(*args, **kwargs):
+        raise ValueError("ONNX cannot express the model: \x1b[96mstep 1/3\x1b[0m failed")
+
+    monkeypatch.setattr(inq.cli, "export_onnx", failing)
+    code, _, err = run(capsys, "export", masked, "--onnx", "-o", tmp_path / "m.onnx",
+                       "--data", "synthetic")  # fmt: skip
+    assert code == 1
+    assert err == "inq export: error: ONNX cannot express the model: step 1/3 failed\n"
 
 
 def test_eval_refuses_data_settings_it_cannot_honour(capsys, tmp_path: Path) -> None:
@@ -476,3 +517,147 @@ def test_a_mixed_bits_model_exports_verifies_shows_and_calibrates(capsys, tmp_pa
     assert code == 0 and "weights 4/8-bit" in out
     assert "conv        8" in out and "conv        4" in out and "linear      8" in out
     assert run(capsys, "verify", tmp_path / "d.int.safetensors")[0] == 0
+
+
+def test_eval_refuses_a_split_that_moves_training_images_into_the_held_out_set(
+    capsys, tmp_path: Path
+) -> None:
+    """split_seed=3 or val_fraction=0.5 evaluates on images the model trained on: refused, or
+    with --resplit labelled as not the held-out accuracy."""
+    packed = tmp_path / "d.inq.safetensors"
+    assert run(capsys, "export", digits_masked(tmp_path), "-o", packed)[0] == 0
+    code, held_out, _ = run(capsys, "eval", packed)
+    assert code == 0 and "on digits (450 samples): accuracy" in held_out
+    for setting in ("split_seed=3", "val_fraction=0.5"):
+        code, _, err = run(capsys, "eval", packed, "--data", setting)
+        assert code == 1 and len(err.strip().splitlines()) == 1
+        assert f"--data {setting}: changes which images are held out" in err
+        assert "add --resplit to evaluate on that split anyway" in err
+    code, out, err = run(capsys, "eval", packed, "--data", "split_seed=3", "--resplit")
+    assert code == 0, err
+    assert "(450 samples, re-split split_seed=3: NOT the held-out accuracy): accuracy" in out
+    for same in ("split_seed=0", "eval_batch_size=100"):  # no change of split
+        code, out, _ = run(capsys, "eval", packed, "--data", same)
+        assert code == 0 and out.split("accuracy")[1] == held_out.split("accuracy")[1]
+    for argv in (("export", packed, "--onnx", "-o", tmp_path / "d.onnx"),
+                 ("calibrate", packed, "--batches", "1", "--epochs", "0")):  # fmt: skip
+        code, _, err = run(capsys, *argv, "--data", "split_seed=3")  # they would record it
+        assert code == 1 and "--data split_seed=3: changes which images are held out" in err
+
+
+def test_every_command_says_what_it_was_given_and_what_it_takes(capsys, tmp_path: Path) -> None:
+    """A run directory, a training checkpoint, an ONNX file, safetensors named .onnx: each
+    command names the kind and what to pass, or takes it (eval and info take a run)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("{}")
+    masked = digits_masked(run_dir, name="model_masked")
+    (run_dir / "checkpoints").mkdir()
+    latest = run_dir / "checkpoints" / "latest.pt"
+    torch.save({"model": {}}, latest)
+    packed, onnx_file = tmp_path / "d.inq.safetensors", tmp_path / "d.onnx"
+    assert run(capsys, "export", run_dir, "-o", packed)[0] == 0
+    assert run(capsys, "export", packed, "--onnx", "-o", onnx_file)[0] == 0
+
+    code, out, err = run(capsys, "eval", run_dir)  # the run's model, as export takes it
+    assert code == 0 and out.startswith(f"{masked} (float activations) on digits"), err
+    code, out, _ = run(capsys, "info", run_dir)
+    assert code == 0 and "shown packed as inq export would write it" in out
+    for argv, message in (
+        (
+            ["eval", latest],
+            f"{latest} is a training checkpoint (for trainer.resume); inq eval "
+            f"takes a packed file, integer model, ONNX model, masked checkpoint or run directory; "
+            f"pass its run directory ({run_dir})",
+        ),
+        (
+            ["verify", run_dir],
+            f"{run_dir} is a run directory; inq verify takes a masked "
+            f"checkpoint, packed file or integer model; pass one of its files: {masked}",
+        ),
+        (["verify", onnx_file], f"{onnx_file} is an ONNX model; inq verify takes"),
+        (
+            ["export", onnx_file, "-o", tmp_path / "x.inq.safetensors"],
+            "is an ONNX model; inq "
+            "export takes a run directory or masked checkpoint; pass the file it was exported from",
+        ),
+        (["calibrate", latest], "is a training checkpoint (for trainer.resume); inq calibrate"),
+        (
+            ["export", masked, "-o", tmp_path / "x.onnx"],
+            f"-o {tmp_path / 'x.onnx'}: the output "
+            "is safetensors, whose name ends in .safetensors; add --onnx to write ONNX",
+        ),
+        (["export", masked, "--onnx", "-o", tmp_path / "x.safetensors"], "an ONNX file's name"),
+    ):
+        code, _, err = run(capsys, *argv)
+        assert code == 1 and message in err and len(err.strip().splitlines()) == 1, (argv, err)
+    assert not (tmp_path / "x.onnx").exists() and not (tmp_path / "x.safetensors").exists()
+
+    named = tmp_path / "packed.onnx"  # safetensors named .onnx (what -o x.onnx used to write)
+    named.write_bytes(packed.read_bytes())
+    code, out, err = run(capsys, "eval", named)
+    assert code == 0 and "(float activations) on digits" in out, err
+    code, out, err = run(capsys, "info", onnx_file)
+    assert code == 0, err
+    assert "input input: tensor(float) ['batch', 1, 8, 8]" in out
+    assert "output logits: tensor(float) ['batch', 10]" in out
+    assert "input NCHW float32 [N, 1, 8, 8]: x = (pixel * 0.0625 - mean) / std, mean [0.5]" in out
+
+
+def test_a_run_directory_gets_its_outputs_beside_it(capsys, tmp_path: Path) -> None:
+    """inq export RUN / inq calibrate RUN without -o: <run>.inq.safetensors and
+    <run>.int.safetensors beside the run (its own names in it belong to inq-train)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("{}")
+    digits_masked(run_dir, name="model_masked")
+    code, out, err = run(capsys, "export", run_dir)
+    assert code == 0 and f"-> {tmp_path / 'run.inq.safetensors'}" in out, err
+    code, out, err = run(capsys, "calibrate", run_dir, "--batches", "1", "--epochs", "0")
+    assert code == 0 and f"-> {tmp_path / 'run.int.safetensors'}:" in out, err
+    masked = run_dir / "model_masked.safetensors"
+    code, out, err = run(capsys, "export", masked, "--force")  # a file in a run: the same
+    assert code == 0 and f"-> {tmp_path / 'run.inq.safetensors'}" in out, err
+    assert sorted(p.name for p in run_dir.iterdir()) == ["model_masked.safetensors", "summary.json"]
+
+
+def test_a_relative_path_in_a_runs_summary_is_the_runs_wherever_inq_runs(
+    capsys, tmp_path: Path, monkeypatch
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    masked = digits_masked(tmp_path)
+    listed = run_dir / "extra.inq.safetensors"
+    assert run(capsys, "export", masked, "-o", listed)[0] == 0
+    (run_dir / "summary.json").write_text(json.dumps({"files": {"packed": listed.name}}))
+    before = listed.read_bytes()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    code, _, err = run(capsys, "export", masked, "-o", listed, "--force", "--dense")
+    assert code == 1 and f"{listed} belongs to the run in {run_dir}" in err
+    assert listed.read_bytes() == before
+
+
+def test_exports_do_not_depend_on_loader_settings(capsys, tmp_path: Path) -> None:
+    """Two runs that differ only in data.num_workers give byte-identical exports."""
+    from inq.data import eval_data_config
+
+    outputs = []
+    for workers in (0, 4):
+        data = eval_data_config({}, ["digits", f"num_workers={workers}"])
+        masked = digits_masked(tmp_path, data, name=f"w{workers}")
+        outputs.append(tmp_path / f"w{workers}.inq.safetensors")
+        assert run(capsys, "export", masked)[0] == 0
+    assert outputs[0].read_bytes() == outputs[1].read_bytes()
+    assert "num_workers" not in load_packed(outputs[0]).data
+
+
+def test_version_and_help(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"inq {inq.__version__}\n"
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "an ONNX model (inq export --onnx; run in ONNX Runtime on the CPU)" in text
+    assert "--device DEVICE cpu or cuda[:N]" in text and "--resplit" in text

@@ -17,9 +17,21 @@ from inq.data import (
     build_datasets,
     build_eval_loader,
     build_train_loader,
+    changed_split,
+    data_record,
+    eval_data_config,
+    input_preprocessing,
     read_idx,
 )
 from inq.errors import ConfigError
+
+DIGITS = {
+    "name": "digits",
+    "in_channels": 1,
+    "image_size": 8,
+    "val_fraction": 0.25,
+    "split_seed": 0,
+}
 
 
 def test_digits_split_is_stratified_and_fixed() -> None:
@@ -199,3 +211,49 @@ def test_fashion_mnist_defaults_to_the_debian_package_folder() -> None:
     _, val = build_datasets({"name": "fashion_mnist"})  # the real files, where installed
     labels = torch.stack([val[i][1] for i in range(len(val))])
     assert len(val) == 10000 and torch.bincount(labels).tolist() == [1000] * 10
+
+
+def test_the_split_keys_are_the_ones_that_change_the_held_out_images() -> None:
+    """A changed split_seed or val_fraction moves training images into the validation set;
+    nothing else changes which images are held out."""
+    from inq.data import SPLIT_KEYS
+
+    recorded = eval_data_config({}, ["digits"])
+    train = build_datasets(recorded)[0].tensors[0]
+    seen = {tuple(x.flatten().tolist()) for x in train}
+    for key, value in (("split_seed", 3), ("val_fraction", 0.5)):
+        cfg = eval_data_config(recorded, [f"{key}={value}"])
+        assert changed_split(recorded, cfg) == [f"{key}={value}"]
+        val = build_datasets(cfg)[1].tensors[0]
+        assert any(tuple(x.flatten().tolist()) in seen for x in val), key
+    assert set(SPLIT_KEYS) == {"split_seed", "val_fraction"}
+    for words in (["eval_batch_size=7"], ["split_seed=0"], ["val_size=100"]):
+        assert changed_split(recorded, eval_data_config(recorded, words)) == []
+    assert changed_split({}, eval_data_config({}, ["digits", "split_seed=3"])) == []
+
+
+def test_a_file_records_the_data_without_loader_settings_and_with_its_input() -> None:
+    a = data_record(eval_data_config({}, ["digits", "num_workers=0"]))
+    b = data_record(eval_data_config({}, ["digits", "num_workers=4"]))
+    assert a == b and "num_workers" not in a
+    assert a["input"] == {"layout": "NCHW", "shape": [1, 8, 8], "dtype": "float32",
+                          "pixels": "0..16 (8x8 grey levels)", "scale": 1 / 16, "mean": [0.5],
+                          "std": [0.5]}  # fmt: skip
+    assert data_record(a) == a and data_record({}) == {}
+    cifar = input_preprocessing({"name": "cifar10", "in_channels": 3, "image_size": 32})
+    assert cifar["scale"] == 1 / 255 and len(cifar["mean"]) == len(cifar["std"]) == 3
+    imagenet = input_preprocessing({"name": "imagenet", "in_channels": 3, "image_size": 224})
+    assert (imagenet["resize"], imagenet["center_crop"]) == (256, 224)
+
+
+def test_the_loaders_apply_the_recorded_preprocessing() -> None:
+    """digits: x = (pixel * scale - mean) / std from scikit-learn's raw 0..16 pixels, bit for
+    bit what the loader gives."""
+    from sklearn.datasets import load_digits
+
+    p = input_preprocessing(DIGITS)
+    raw, _ = load_digits(return_X_y=True)
+    x = (torch.tensor(raw, dtype=torch.float32) * p["scale"] - p["mean"][0]) / p["std"][0]
+    loaded = torch.cat([build_datasets(DIGITS)[0].tensors[0], build_datasets(DIGITS)[1].tensors[0]])
+    rows = {tuple(r.tolist()) for r in x.reshape(len(x), -1)}
+    assert all(tuple(r.tolist()) in rows for r in loaded.reshape(len(loaded), -1))

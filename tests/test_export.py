@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -238,3 +240,15 @@ def test_masked_files_before_per_layer_bits_load_with_every_layer_at_bits(
     assert ckpt.bits == 3 and ckpt.layer_bits == new.layer_bits == dict.fromkeys(layers, 3)
     for key, value in new.state.items():
         assert torch.equal(ckpt.state[key], value)
+
+
+def test_import_inq_reaches_the_submodules_readme_names() -> None:
+    """``inq.export.save_masked`` after a plain ``import inq`` (README's table), and still no
+    submodule imported by ``import inq`` itself."""
+    code = (
+        "import sys, inq; assert not [m for m in sys.modules if m.startswith('inq.')]; "
+        "print(inq.export.save_masked.__name__, inq.packed.load_packed.__name__, "
+        "inq.nn.from_packed.__name__, 'runfiles' in dir(inq))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.stdout.split() == ["save_masked", "load_packed", "from_packed", "True"], done.stderr

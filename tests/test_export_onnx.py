@@ -125,6 +125,24 @@ def test_a_layer_onnx_cannot_express_is_one_message(tmp_path: Path) -> None:
     assert not (tmp_path / "m.onnx").exists()
 
 
+def _dims(value: onnx.ValueInfoProto) -> list[int | str]:
+    return [d.dim_value or d.dim_param for d in value.type.tensor_type.shape.dim]
+
+
+def test_every_export_records_its_input_and_names_its_output_dims(digits, qdq) -> None:
+    """The float and the Q/DQ graph: logits [batch, 10], and in ``inq_data`` the preprocessing
+    a deployment needs (digits: pixel / 16, then (x - 0.5) / 0.5), no loader settings."""
+    for path in (digits[1], qdq[1]):
+        proto = onnx.load(str(path))
+        assert _dims(proto.graph.input[0]) == ["batch", 1, 8, 8]
+        assert _dims(proto.graph.output[0]) == ["batch", 10], path
+        data = json.loads({p.key: p.value for p in proto.metadata_props}["inq_data"])
+        assert "num_workers" not in data
+        assert data["input"] == {"layout": "NCHW", "shape": [1, 8, 8], "dtype": "float32",
+                                 "pixels": "0..16 (8x8 grey levels)", "scale": 0.0625,
+                                 "mean": [0.5], "std": [0.5]}  # fmt: skip
+
+
 def test_export_needs_an_onnx_output(capsys, digits) -> None:
     masked, _ = digits
     assert main(["export", str(masked), "--onnx"]) == 1

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,31 @@ def test_a_failed_write_names_its_file(tmp_path: Path) -> None:
     with pytest.raises(OSError) as err, atomic_path(target):
         raise OSError(28, "No space left on device")
     assert err.value.filename == str(target) and not list(tmp_path.iterdir())
+
+
+def test_a_write_the_folder_refuses_names_the_target_not_its_temporary(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A read-only folder: mkstemp fails naming the temporary it tried; the user named the
+    target, and that is what the error says."""
+    target = tmp_path / "x.onnx"
+
+    def refused(prefix: str, suffix: str, dir: Path) -> tuple[int, str]:
+        raise PermissionError(13, "Permission denied", str(Path(dir) / f"{prefix}abc{suffix}"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    with pytest.raises(PermissionError) as err, atomic_path(target):
+        pass
+    assert str(err.value) == f"[Errno 13] Permission denied: '{target}'"
+
+
+def test_a_failed_rename_names_the_target(tmp_path: Path) -> None:
+    target = tmp_path / "x.bin"
+    target.mkdir()  # os.replace(file, directory) fails naming both
+    with pytest.raises(OSError) as err, atomic_path(target) as tmp:
+        tmp.write_bytes(b"data")
+    assert err.value.filename == str(target) and err.value.filename2 is None
+    assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]
 
 
 def test_writes_the_new_file_and_leaves_no_temporary(tmp_path: Path) -> None:

@@ -57,3 +57,51 @@ def test_what_is_not_a_model_is_one_message(run_dir: Path, tmp_path: Path) -> No
     with pytest.raises(ValueError, match=r"not an INQ masked checkpoint .format 'inq-packed/"):
         find_model(run_dir / runfiles.PACKED, MASKED_FORMATS)
     assert read_format(run_dir / runfiles.PACKED) not in MASKED_FORMATS
+
+
+def test_each_kind_of_file_is_told_by_its_contents(run_dir: Path, tmp_path: Path) -> None:
+    from export_fixtures import residual_integer_model
+
+    from inq.quant.integer import save_integer
+
+    save_integer(run_dir / runfiles.INTEGER, residual_integer_model())
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / runfiles.LATEST).write_bytes(b"PK\x03\x04 torch.save's zip")
+    shutil.copy(run_dir / runfiles.PACKED, tmp_path / "named.onnx")  # a name can lie
+    (tmp_path / "real.onnx").write_bytes(b"\x08\x09 protobuf")
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "empty").mkdir()
+    kinds = {
+        run_dir: runfiles.RUN,
+        tmp_path / "empty": runfiles.DIRECTORY,
+        run_dir / runfiles.LATEST: runfiles.CHECKPOINT,
+        run_dir / runfiles.MASKED: runfiles.MASKED_CHECKPOINT,
+        run_dir / runfiles.PACKED: runfiles.PACKED_FILE,
+        run_dir / runfiles.INTEGER: runfiles.INTEGER_MODEL,
+        tmp_path / "named.onnx": runfiles.PACKED_FILE,
+        tmp_path / "real.onnx": runfiles.ONNX_MODEL,
+        tmp_path / "notes.txt": "file of no kind inq reads",
+    }
+    assert {path: runfiles.file_kind(path) for path in kinds} == kinds
+    with pytest.raises(ValueError, match="no such file or directory"):
+        runfiles.file_kind(tmp_path / "missing")
+
+
+def test_a_command_names_what_it_was_given_and_what_to_pass(run_dir: Path) -> None:
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / runfiles.LATEST).write_bytes(b"PK\x03\x04")
+    with pytest.raises(ValueError) as err:
+        runfiles.refuse_kind(
+            run_dir / runfiles.LATEST, "eval", (runfiles.PACKED_FILE, runfiles.RUN)
+        )
+    assert str(err.value) == (
+        f"{run_dir / runfiles.LATEST} is a training checkpoint (for trainer.resume); inq eval "
+        f"takes a packed file or run directory; pass its run directory ({run_dir}) or one of the "
+        "run's model files"
+    )
+    with pytest.raises(ValueError) as err:
+        runfiles.refuse_kind(run_dir, "verify", (runfiles.MASKED_CHECKPOINT, runfiles.PACKED_FILE))
+    assert str(err.value).endswith(
+        f"pass one of its files: {run_dir / runfiles.MASKED}, {run_dir / runfiles.PACKED}"
+    )
+    assert runfiles.refuse_kind(run_dir, "eval", (runfiles.RUN,)) == runfiles.RUN

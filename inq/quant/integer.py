@@ -67,6 +67,7 @@ from inq.io import DIGEST_KEY, digest_problem, metadata_n1, read_safetensors, wr
 from inq.kernels.int8 import max_frac_bits, requantize, value_dtype
 from inq.packed import n1_problem, read_format
 from inq.pow2 import MAX_BITS, MIN_BITS
+from inq.runfiles import INT_FORMAT
 
 __all__ = [
     "INT_FORMAT",
@@ -81,7 +82,6 @@ __all__ = [
     "value_dtype",
 ]
 
-INT_FORMAT = "inq-int/1"
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 MAX_SHIFT = 62  # (acc + bias) * multiplier < 2**62, plus the rounding half: below 2**63
 _WEIGHT_OPS = ("conv", "linear")

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Subset
 
-from inq.data import build_datasets
+from inq.data import build_datasets, data_record
 from inq.distill import distill_loss
 from inq.nn import from_packed
 from inq.packed import PackedFile
@@ -150,7 +150,7 @@ def quantize(
     report["scales"] = lowering.scales()
     info = {
         "model": packed.model,
-        "data": dict(data),
+        "data": data_record(data),  # without loader settings, with the input
         "act_bits": settings.act_bits,
         "input_bits": settings.input_bits,
         "calibration": settings.calibration,
