@@ -359,7 +359,8 @@ def _misfit(model: nn.Module, state: Mapping[str, Any], shown: int = 3) -> str:
     """How ``state`` fails to fit ``model``, in one line: counts and the first few names.
 
     Example (``...`` ends the line: ``(3, 2))``):
-        >>> _misfit(nn.Linear(2, 3), {"weight": torch.zeros(3, 4), "step": torch.ones(1)})  # doctest: +ELLIPSIS
+        >>> state = {"weight": torch.zeros(3, 4), "step": torch.ones(1)}
+        >>> _misfit(nn.Linear(2, 3), state)  # doctest: +ELLIPSIS
         "1 missing ('bias'), 1 unexpected ('step'), 1 of another shape ('weight': (3, 4), not ..."
     """
     mine = model.state_dict()

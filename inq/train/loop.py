@@ -37,7 +37,13 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from inq.baselines import STEQuantizer
-from inq.data import batches_per_epoch, build_datasets, build_eval_loader, build_train_loader
+from inq.data import (
+    batches_per_epoch,
+    build_datasets,
+    build_eval_loader,
+    build_train_loader,
+    data_record,
+)
 from inq.distill import blend, frozen_teacher, kd_loss
 from inq.errors import ConfigError
 from inq.evaluation import evaluate
@@ -252,7 +258,7 @@ class Trainer:
         data = to_dict(cfg.data)
         train_set, val_set = build_datasets(data)
         self.model_info = {k: v for k, v in to_dict(cfg.model).items() if k != "checkpoint"}
-        self.data_info = data
+        self.data_info = data_record(data)  # what the run's model files record
         self.model = _build_model(cfg, self.model_info, env.device, fresh=saved is None)
         self.sched = _build_scheduler(self.model, cfg)
         self.prune_targets = _prune_targets(self.sched, cfg) if prunes(cfg) else {}
