@@ -109,8 +109,11 @@ def test_a_restored_trainer_goes_on_bit_identically(cfg: DictConfig, tmp_path: P
 
 
 def test_a_checkpoint_of_other_processes_is_refused(cfg: DictConfig, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"^trainer\.resume: saved by 2 processes, not 1"):
+    with pytest.raises(ConfigError, match=r"^trainer\.resume: saved by 2 processes, not 1") as err:
         Trainer(cfg, tmp_path, setup("cpu"), saved={"world_size": 2})
+    assert str(err.value).endswith(
+        f": resume it with inq-torchrun --nproc_per_node=2 trainer.resume={tmp_path}"
+    )
 
 
 def test_diverging_training_stops_with_one_message(tmp_path: Path) -> None:

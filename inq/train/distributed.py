@@ -76,18 +76,19 @@ def setup(device: str = "auto") -> Dist:
     return Dist(rank=rank, world_size=world_size, device=dev)
 
 
-def launch_command() -> str:
-    """The command that starts this process's run again: ``inq-train``, or ``inq-torchrun``
-    with as many processes as this one has (read from torchrun's environment).
+def launch_command(world_size: int | None = None) -> str:
+    """The command that starts a run of ``world_size`` processes (default: this process's run,
+    read from torchrun's environment) again: ``inq-train``, or ``inq-torchrun`` with as many
+    processes (per node, as this one has).
 
     Example:
-        >>> launch_command()  # one process, not under torchrun
-        'inq-train'
+        >>> launch_command(), launch_command(2)  # not under torchrun here
+        ('inq-train', 'inq-torchrun --nproc_per_node=2')
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world_size or int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return "inq-train"
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    per_node = min(world, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
     nodes = f"--nnodes={world // per_node} " if world != per_node else ""
     return f"inq-torchrun {nodes}--nproc_per_node={per_node}"
 

@@ -58,6 +58,7 @@ from inq.train.distributed import (
     all_sum,
     broadcast_buffers,
     check_identical,
+    launch_command,
 )
 from inq.train.monitor import Monitor
 from inq.train.rundir import TB_DIR, RunStopped, diverged_hint
@@ -247,8 +248,11 @@ class Trainer:
         self, cfg: DictConfig, out_dir: Path, env: Dist, saved: dict[str, Any] | None
     ) -> None:
         if saved is not None and saved["world_size"] != env.world_size:
+            world = saved["world_size"]
             raise ConfigError(
-                "trainer.resume", f"saved by {saved['world_size']} processes, not {env.world_size}"
+                "trainer.resume",
+                f"saved by {world} processes, not {env.world_size}: resume it with "
+                f"{launch_command(world)} trainer.resume={out_dir}",
             )
         self.cfg, self.out, self.env = cfg, out_dir, env
         self._ste: STEQuantizer | None = None  # active during the ``ste`` phase only
