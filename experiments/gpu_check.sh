@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a CUDA machine, in one command (about 9 minutes of GPU time by default, machine start
-# excluded), writing everything into LOG_DIR (default experiments/gpu, to be committed):
+# excluded), writing everything into LOG_DIR (default: a new temporary directory outside the
+# repository, printed first; copy what you keep into experiments/gpu/ under a dated name):
 #   imma    the int8 tensor-core and fused requantization tests on the GPU (imma.log);
 #   convtests  the conv kernel tests on the GPU (convtest.log);
 #   static  the static sm_90 check with this machine's Triton (static.log, static.json);
@@ -20,30 +21,59 @@
 # (default 120: the six default runs stay within a 15-minute GPU slot even if each hits it). Needs
 # torch (CUDA) with triton, torchvision, safetensors, scikit-learn, pytest, hypothesis,
 # hydra-core and tensorboard. Runs from a plain checkout too (python3 -m puts the repository
-# root on the import path).
+# root on the import path). LOG_DIR is taken relative to the directory it is started from.
+# Exit status: 0 when every step passed; 1 when one failed (the last line names each failed
+# step with its exit status; 124 is STEP_TIMEOUT); 2 without a CUDA GPU, at once, having run
+# and written nothing.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-logs=${1:-experiments/gpu}
-shift || true
-mkdir -p "$logs"
+repo=$(cd "$(dirname "$0")/.." && pwd)
+steps=" ${STEPS:-imma convtests static bench ncu} "
+wanted() { [[ $steps == *" $1 "* ]]; }
+for name in $steps; do
+  [[ " tests convtests imma static bench ncu train integer ddp step " == *" $name "* ]] || {
+    echo "gpu_check.sh: STEPS names no step $name (steps: tests convtests imma static bench ncu train integer ddp step)" >&2
+    exit 2
+  }
+done
+case $(python3 -c "import torch; print(torch.cuda.is_available())" 2>/dev/null) in
+  True) ;;
+  False)
+    echo "gpu_check.sh: no CUDA GPU (torch.cuda.is_available() is False): nothing run" >&2
+    exit 2
+    ;;
+  *)
+    echo "gpu_check.sh: python3 cannot import torch: nothing run" >&2
+    exit 2
+    ;;
+esac
+if (($#)); then
+  logs=$1
+  shift
+else
+  logs=$(mktemp -d "${TMPDIR:-/tmp}/inq-gpu-check.XXXXXX") || exit 2
+fi
+mkdir -p "$logs" && logs=$(cd "$logs" && pwd) || exit 2
+cd "$repo"
+echo "gpu_check.sh: logs in $logs"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET  # compiled kernels on the GPU, not the interpreter
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$logs/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda,
 'triton', triton.__version__)" | tee -a "$logs/gpu.txt"
 
-steps=" ${STEPS:-imma convtests static bench ncu} "
-wanted() { [[ $steps == *" $1 "* ]]; }
-
 step() {  # step NAME LOG COMMAND...: run it, log its output, print its exit status and time
   local name=$1 log=$2
   shift 2
   local start=$(date +%s)
   timeout "${STEP_TIMEOUT:-120}" "$@" >"$logs/$log" 2>&1
-  local rc=$?
+  local rc=$?  # timeout's status: the command's own, or 124 when it ran out of time
   echo "$name: exit $rc after $(($(date +%s) - start)) s (log: $logs/$log)"
+  ran=$((ran + 1))
+  ((rc == 0)) || failed+=("$name (exit $rc)")
   return $rc
 }
+ran=0
+failed=()
 
 if wanted tests; then  # the linear kernels and their layout (the conv tests: STEPS=convtests)
   step "kernel tests (GPU)" test.log python3 -m pytest tests/test_kernels_triton.py \
@@ -118,3 +148,10 @@ if wanted step; then
     --only step --device cuda --amp --batch 256 --steps 50 --json "$logs/step.json"
   cat "$logs/step.log"
 fi
+
+if ((${#failed[@]})); then
+  summary=$(printf '; %s' "${failed[@]}")
+  echo "gpu_check.sh: ${#failed[@]} of $ran steps failed: ${summary:2} (logs: $logs)"
+  exit 1
+fi
+echo "gpu_check.sh: all $ran steps passed (logs: $logs)"

@@ -1,0 +1,133 @@
+"""``experiments/gpu_check.sh`` (issue 33): without CUDA it stops at once, with one line, a
+non-zero exit and nothing written; on a GPU its logs go to LOG_DIR or a temporary directory,
+never into the repository, and a failed step makes the exit status non-zero, named in the
+summary with its real exit status.
+
+The GPU path runs here with stand-ins on ``PATH``: a ``python3`` that reports CUDA and fakes the
+two steps it is asked for (the other calls go to the real interpreter), and an ``nvidia-smi``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "experiments" / "gpu_check.sh"
+
+# A python3 for which torch sees a GPU; the static check sleeps past STEP_TIMEOUT, the integer
+# check exits with $INTEGER_RC; everything else is the real interpreter.
+FAKE_PYTHON = f"""#!/usr/bin/env bash
+case "$*" in
+  "-c import torch; print(torch.cuda.is_available())") echo True ;;
+  *"import torch, triton"*) echo "torch (stand-in)" ;;
+  *"bench kernel --static"*) exec sleep 30 ;;
+  *gpu_integer_check.py*) exit "$INTEGER_RC" ;;
+  *) exec {sys.executable} "$@" ;;
+esac
+"""
+FAKE_NVIDIA_SMI = '#!/bin/sh\necho "name, driver_version"\necho "stand-in GPU, 0"\n'
+
+
+def repo_state() -> str:
+    """What ``git status`` reports for the working tree (ignored files included) and the
+    listing of ``experiments/gpu/``, so a file the script writes anywhere in it shows."""
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all", "--ignored=matching"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    # other tests may write ignored caches meanwhile; the script's logs are what matters here
+    lines = [line for line in status.splitlines() if "__pycache__" not in line]
+    return "\n".join(sorted([*lines, *os.listdir(REPO / "experiments" / "gpu")]))
+
+
+def gpu_check(
+    *args: str, cwd: Path, env: dict[str, str], path: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, **env}
+    if path is not None:
+        full["PATH"] = f"{path}{os.pathsep}{full['PATH']}"
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        cwd=cwd,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def fake_gpu(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("python3", FAKE_PYTHON), ("nvidia-smi", FAKE_NVIDIA_SMI)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def test_without_cuda_it_stops_at_once_with_one_line(tmp_path: Path) -> None:
+    """Neither LOG_DIR nor a temporary directory is made (the check comes first: one run covers
+    both ways of calling it)."""
+    before = repo_state()
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    logs = tmp_path / "logs"
+    # CUDA_VISIBLE_DEVICES="" hides any GPU, so this holds on a CUDA machine too
+    proc = gpu_check(str(logs), cwd=REPO, env={"CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(temp)})
+    assert proc.returncode == 2, proc
+    assert proc.stdout == "", proc.stdout
+    assert proc.stderr.splitlines() == [
+        "gpu_check.sh: no CUDA GPU (torch.cuda.is_available() is False): nothing run"
+    ], proc.stderr
+    assert not logs.exists() and list(temp.iterdir()) == []
+    assert repo_state() == before
+
+
+def test_unknown_step_is_refused(tmp_path: Path) -> None:
+    proc = gpu_check(cwd=tmp_path, env={"STEPS": "imma imm", "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("gpu_check.sh: STEPS names no step imm ("), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1
+
+
+def test_failed_steps_make_it_fail_named_with_their_exit_status(
+    tmp_path: Path, fake_gpu: Path
+) -> None:
+    before = repo_state()
+    logs = tmp_path / "logs"
+    env = {"STEPS": "static integer", "STEP_TIMEOUT": "1", "INTEGER_RC": "7"}
+    proc = gpu_check("logs", cwd=tmp_path, env=env, path=fake_gpu)  # relative to the caller
+    assert proc.returncode == 1, proc
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"gpu_check.sh: logs in {logs}"
+    timed_out = rf"static check: exit 124 after \d+ s \(log: {re.escape(str(logs))}/static.log\)"
+    assert any(re.fullmatch(timed_out, line) for line in lines), lines
+    assert lines[-1] == (
+        "gpu_check.sh: 2 of 2 steps failed: static check (exit 124); integer model: CUDA kernels "
+        f"vs reference (exit 7) (logs: {logs})"
+    )
+    assert sorted(p.name for p in logs.iterdir()) == ["gpu.txt", "integer.log", "static.log"]
+    assert repo_state() == before
+
+
+def test_all_steps_passed_and_no_log_dir_means_a_temporary_one(
+    tmp_path: Path, fake_gpu: Path
+) -> None:
+    before = repo_state()
+    env = {"STEPS": "integer", "INTEGER_RC": "0", "TMPDIR": str(tmp_path)}
+    proc = gpu_check(cwd=REPO, env=env, path=fake_gpu)
+    assert proc.returncode == 0, proc
+    (logs,) = tmp_path.glob("inq-gpu-check.*")
+    assert proc.stdout.splitlines()[-1] == f"gpu_check.sh: all 1 steps passed (logs: {logs})"
+    assert sorted(p.name for p in logs.iterdir()) == ["gpu.txt", "integer.log"]
+    assert repo_state() == before
