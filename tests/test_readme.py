@@ -56,10 +56,13 @@ def shell_commands(block: str, run: str = "outputs/filled-in") -> list[list[str]
 
 def inq_train_args(command: list[str]) -> list[str] | None:
     """The arguments of the ``inq-train`` a command starts (``torchrun ... $(which inq-train)
-    ARGS`` included), or None."""
+    ARGS`` and ``inq-torchrun --OPTION=VALUE ... ARGS`` included), or None."""
     for i, word in enumerate(command):
         if word in ("inq-train", "inq-train)"):  # the second: ``$(which inq-train)``
             return command[i + 1 :]
+        if word == "inq-torchrun":  # torchrun's options (--name=value), then inq-train's
+            rest = command[i + 1 :]
+            return [arg for arg in rest if not arg.startswith("--")]
     return None
 
 
@@ -206,7 +209,7 @@ def test_readme_shows_the_inq_train_commands() -> None:
     """The parsing finds them all: the set-up's, the Slurm sweep's continued line, torchrun's."""
     assert len(INQ_TRAIN_COMMANDS) >= 20, INQ_TRAIN_COMMANDS
     assert [] in INQ_TRAIN_COMMANDS  # `... && inq-train` of the set-up
-    assert ["hydra.run.dir=outputs/ddp"] in INQ_TRAIN_COMMANDS  # torchrun $(which inq-train)
+    assert ["hydra.run.dir=outputs/ddp"] in INQ_TRAIN_COMMANDS  # inq-torchrun --nproc_per_node=2
     slurm = [c for c in INQ_TRAIN_COMMANDS if "hydra/launcher=submitit_slurm" in c]
     assert slurm and slurm[0][-1] == "inq.bits=3,4,5", slurm
 
