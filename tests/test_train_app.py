@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from train_helpers import TINY, inq_train
 
@@ -174,23 +175,39 @@ def test_bad_input_ends_in_one_message_naming_the_key(
 
 @pytest.mark.slow
 def test_what_hydra_would_fail_on_ends_in_one_line(tmp_path: Path) -> None:
-    """Issue 33: Hydra's own tracebacks (a run directory that is a file or cannot be made), an
-    empty hydra.run.dir (which trained into the cwd), a Slurm sweep without Slurm (which left a
-    multirun/ folder behind)."""
+    """Issue 33: Hydra's own tracebacks (a run directory that is a file), a Slurm sweep without
+    Slurm (which left a multirun/ folder behind): the callback runs on both of Hydra's paths."""
     (tmp_path / "afile").write_text("mine")
     cases = {
-        "hydra.run.dir=afile": "hydra.run.dir: afile is a file, not a directory",
-        "hydra.run.dir=": "hydra.run.dir: is empty",
-        "hydra.run.dir=/proc/version/run": "hydra.run.dir: cannot make /proc/version/run: ",
-        "hydra/launcher=submitit_slurm": "hydra/launcher: submitit_slurm submits to Slurm, but",
+        ("hydra.run.dir=afile",): "hydra.run.dir: afile is a file, not a directory",
+        ("-m", "hydra/launcher=submitit_slurm", "inq.bits=4,5"): "hydra/launcher: submitit_slurm "
+        "submits to Slurm, but",
     }
-    for override, message in cases.items():
-        sweep = ["-m", "inq.bits=4,5"] if "launcher" in override else []
-        proc = inq_train(*sweep, override, cwd=tmp_path, check=False)
-        assert proc.returncode == 1, (override, proc.stderr)
-        assert proc.stderr == f"inq-train: error: {message}" + proc.stderr.split(message)[1]
+    for overrides, message in cases.items():
+        proc = inq_train(*overrides, cwd=tmp_path, check=False)
+        assert proc.returncode == 1, (overrides, proc.stderr)
+        assert proc.stderr.startswith(f"inq-train: error: {message}"), proc.stderr
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"], override
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"], overrides
+
+
+@pytest.mark.parametrize(
+    ("folder", "message"),
+    [
+        ("", "hydra.run.dir: is empty; name the directory"),  # it trained into the cwd
+        ("/proc/version/run", "hydra.run.dir: cannot make /proc/version/run: "),
+    ],
+)
+def test_an_unusable_run_directory_ends_in_one_line(
+    folder: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from inq.train.app import HydraChecks
+
+    config = OmegaConf.create({"hydra": {"run": {"dir": folder}}})
+    with pytest.raises(SystemExit) as stop:
+        HydraChecks().on_run_start(config)
+    assert stop.value.code == 1
+    assert capsys.readouterr().err.startswith(f"inq-train: error: {message}")
 
 
 @pytest.mark.slow

@@ -63,7 +63,8 @@ def test_inq_torchrun_ends_in_one_line_and_its_stop_line_resumes(tmp_path: Path)
         "zero), got 9\n"
     )
     run_dir = tmp_path / "run"
-    settings = (*TINY, "trainer.float_epochs=3", "data.train_size=2048", "trainer.progress=false")
+    settings = (*TINY, "trainer.float_epochs=3", "data.train_size=2048", "inq.portions=[1.0]",
+                "trainer.progress=false")  # fmt: skip
     proc = subprocess.Popen(
         [*launcher, *settings, f"hydra.run.dir={run_dir}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
