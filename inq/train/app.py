@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any, NoReturn
@@ -257,6 +258,7 @@ def _check_integer_kept(run_dir: Path) -> None:
 
 
 HYDRA_DEFAULT_RUN_DIR = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
+RANK_WAIT_S = 30.0  # how long a rank other than 0 leaves rank 0 to report a shared error
 SLURM_LAUNCHER = (
     "SlurmLauncher"  # hydra-submitit-launcher's class for hydra/launcher=submitit_slurm
 )
@@ -298,11 +300,20 @@ def _check_output_dir(path: str | None, key: str) -> None:
 
 
 def _fail(err: ConfigError | RunStopped, exit_code: int = 1) -> NoReturn:
-    """End ``inq-train`` with ``err`` in one line, printed by rank 0 only (every rank of a
-    ``torchrun`` job meets the same error; one line is enough)."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        prefix = "inq-train: error: " if isinstance(err, ConfigError) else "inq-train: "
-        print(f"{prefix}{err}", file=sys.stderr)
+    """End ``inq-train`` with ``err`` in one line, printed by rank 0.
+
+    Every rank of a ``torchrun`` job meets the same error at about the same time. The others
+    wait (:data:`RANK_WAIT_S`) so that rank 0's exit is the first torchrun sees: it then stops
+    them (SIGTERM), and its message and exit status are the job's. Only an error of one rank
+    alone outlives the wait, and that rank prints it. After Ctrl-C or SIGTERM, which reach
+    every rank, the others leave at once and silently.
+    """
+    if int(os.environ.get("RANK", "0")) != 0:
+        if exit_code in (130, 143):
+            sys.exit(exit_code)
+        time.sleep(RANK_WAIT_S)
+    prefix = "inq-train: error: " if isinstance(err, ConfigError) else "inq-train: "
+    print(f"{prefix}{err}", file=sys.stderr)
     sys.exit(exit_code)
 
 

@@ -55,14 +55,25 @@ def _quiet_torchrun_logs() -> None:
 
 
 def _exit_code(failed: ChildFailedError) -> int:
-    """Rank 0's exit status if it failed (it printed the run's message); else the first failed
-    rank's, which is then named here."""
-    if 0 in failed.failures:  # keyed by global rank
-        return failed.failures[0].exitcode or 1
-    rank, first = failed.get_first_failure()
-    print(
-        f"inq-torchrun: rank {rank} stopped with exit status {first.exitcode}; "
-        "see its output above",
-        file=sys.stderr,
-    )
-    return first.exitcode or 1
+    """The run's exit status: a failed rank's own (rank 0's first: it printed the run's message),
+    not that of a rank the launcher stopped with SIGTERM when another failed first; a rank other
+    than 0 that failed alone is named here.
+
+    Example:
+        >>> from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+        >>> def failure(rank, code):
+        ...     return ProcessFailure(local_rank=rank, pid=1, exitcode=code, error_file="")
+        >>> _exit_code(ChildFailedError("inq", {0: failure(0, -15), 1: failure(1, 1)}))
+        1
+    """
+    failures = dict(sorted(failed.failures.items()))  # by global rank
+    own = [f.exitcode for f in failures.values() if f.exitcode > 0]
+    code = own[0] if own else 128 + abs(next(iter(failures.values())).exitcode)
+    if 0 not in failures:
+        rank, first = failed.get_first_failure()
+        print(
+            f"inq-torchrun: rank {rank} stopped with exit status {first.exitcode}; "
+            "see its output above",
+            file=sys.stderr,
+        )
+    return code
