@@ -137,18 +137,34 @@ def test_multirun_gives_each_job_its_own_directory(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "message"),
-    [
+    [  # the console's paths: Hydra's own messages, and inq-train's one line for a ConfigError
         (["inq.bitz=5"], "Could not override 'inq.bitz'"),
-        (["inq.bits=9"], "inq-train: error: inq.bits: bits must be an integer from 2 to 8"),
-        (["data=cifar10", "data.root=/no/such/dir"], "inq-train: error: data.root: /no/such/dir"),
-        (["model.name=resnet1000"], "inq-train: error: model.name: unknown model 'resnet1000'"),
-        (["model.checkpoint=GARBAGE"], "inq-train: error: model.checkpoint: cannot read"),
-        (["inq.include=[conv9]"], "inq-train: error: inq.include: include pattern 'conv9'"),
-        (["quant.act_bits=9"], "inq-train: error: quant.act_bits: from 2 to 8, got 9"),
-        (["prune.layers=[head:0.9]"], "inq-train: error: prune.layers: pattern 'head' matches no"),
         (["prune.schedule=exp"], "Invalid value 'exp', expected one of [cubic, linear]"),
-        (["inq.exclude=[*]"], "inq-train: error: inq.exclude: exclude ['*'] leaves no layer"),
-        (["trainer.amp=true"], "inq-train: error: trainer.amp: float16 autocast runs on a CUDA"),
+        (["inq.bits=9"], "inq-train: error: inq.bits: bits must be an integer from 2 to 8"),
+    ],
+)
+def test_bad_input_ends_in_one_message_naming_the_key(
+    tmp_path: Path, overrides: list[str], message: str
+) -> None:
+    proc = inq_train(*overrides, f"hydra.run.dir={tmp_path / 'run'}", check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [  # ConfigErrors from every stage of a run's set-up, which the console prints as one line
+        (["data=cifar10", "data.root=/no/such/dir"], "data.root: /no/such/dir"),
+        (["data.num_classes=5"], "data.num_classes: digits has 10 classes, not 5"),
+        (["data.in_channels=3"], "data.in_channels: digits images have 1 channel(s), not 3"),
+        (["model.name=resnet1000"], "model.name: unknown model 'resnet1000'"),
+        (["model.checkpoint=GARBAGE"], "model.checkpoint: cannot read"),
+        (["inq.include=[conv9]"], "inq.include: include pattern 'conv9'"),
+        (["quant.act_bits=9"], "quant.act_bits: from 2 to 8, got 9"),
+        (["prune.layers=[head:0.9]"], "prune.layers: pattern 'head' matches no"),
+        (["inq.exclude=[*]"], "inq.exclude: exclude ['*'] leaves no layer"),
+        (["trainer.amp=true"], "trainer.amp: float16 autocast runs on a CUDA"),
         (  # refused before any training: Hardswish has no integer form here
             [
                 "data=synthetic",
@@ -156,21 +172,33 @@ def test_multirun_gives_each_job_its_own_directory(tmp_path: Path) -> None:
                 "model.name=mobilenet_v3_small",
                 "quant.act_bits=8",
             ],
-            "inq-train: error: quant.act_bits: no integer model of mobilenet_v3_small: the "
-            "integer model cannot express module 'features.0.2' (Hardswish)",
+            "quant.act_bits: no integer model of mobilenet_v3_small: the integer model cannot "
+            "express module 'features.0.2' (Hardswish)",
         ),
     ],
 )
-def test_bad_input_ends_in_one_message_naming_the_key(
+def test_a_run_refuses_bad_input_naming_the_key(
     tmp_path: Path, overrides: list[str], message: str
 ) -> None:
+    from hydra import compose, initialize_config_module
+
+    from inq.errors import ConfigError
+    from inq.train.app import run
+    from inq.train.config import register
+
     garbage = tmp_path / "float.pt"
     garbage.write_bytes(b"\x00garbage")
-    overrides = [o.replace("GARBAGE", str(garbage)) for o in overrides]
-    proc = inq_train(*overrides, f"hydra.run.dir={tmp_path / 'run'}", check=False)
-    assert proc.returncode != 0
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr
+    register()
+    with initialize_config_module("inq.conf", version_base="1.3"):
+        cfg = compose("config", [o.replace("GARBAGE", str(garbage)) for o in overrides])
+    threads = torch.get_num_threads()  # run() sets trainer.num_threads
+    try:
+        with pytest.raises(ConfigError) as refused:
+            run(cfg, tmp_path / "run")
+    finally:
+        torch.set_num_threads(threads)
+    assert str(refused.value).startswith(message)
+    assert not (tmp_path / "run").exists()  # a refused start leaves nothing
 
 
 @pytest.mark.slow

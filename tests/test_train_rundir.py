@@ -108,9 +108,7 @@ def test_a_killed_process_leaves_no_stuck_lock(tmp_path: Path) -> None:
     [
         ["inq.bits=9"],  # refused before the directory is claimed
         ["data=mnist", "data.root=/no/such/dir"],  # refused after: while building the data
-        ["data.num_classes=5"],  # digits has 10 classes
-        ["data.in_channels=3"],  # and one channel
-    ],
+    ],  # the other refusals, in-process: test_train_app.py::test_a_run_refuses_bad_input_...
 )
 def test_a_failed_start_leaves_no_directory(tmp_path: Path, overrides: list[str]) -> None:
     proc = inq_train(*TINY, *overrides, f"hydra.run.dir={tmp_path / 'run'}", check=False)
@@ -242,27 +240,20 @@ def test_resume_takes_the_runs_own_config(tmp_path: Path) -> None:
 def test_a_run_killed_before_its_first_checkpoint_leaves_a_usable_directory(
     tmp_path: Path,
 ) -> None:
-    """Resumed, it starts again from its recorded config; or a new run takes the directory."""
+    """Resumed, it starts again from its recorded config (a new run taking the directory:
+    :func:`test_claimed_lets_a_new_run_take_the_start_of_one_that_saved_nothing`)."""
     whole, run_dir = tmp_path / "whole", tmp_path / "run"
     settings = (*TINY, "inq.bits=3")
     inq_train(*settings, f"hydra.run.dir={whole}")
-    for then in (("trainer.resume=" + str(run_dir),), (*TINY, f"hydra.run.dir={run_dir}")):
-        killed = inq_train(*settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:2"},
-                           check=False)  # fmt: skip
-        assert killed.returncode == -signal.SIGKILL
-        assert holds_run(run_dir) and not (run_dir / "checkpoints" / "latest.pt").exists()
-        inq_train(*then)
-        bits = json.loads((run_dir / "summary.json").read_text())["bits"]
-        if then[0].startswith("trainer.resume"):
-            assert bits == 3  # the recorded config, not the defaults
-            for name in ("model_masked.safetensors", "model.inq.safetensors"):
-                assert (run_dir / name).read_bytes() == (whole / name).read_bytes(), name
-            log = (run_dir / "app.log").read_text()
-            assert "starting the run again from its recorded config" in log
-            shutil.rmtree(run_dir)
-        else:
-            assert bits == 5  # a new run with its own settings
-            assert "cleared the start of a run that stopped" in (run_dir / "app.log").read_text()
+    killed = inq_train(*settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:2"},
+                       check=False)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    assert holds_run(run_dir) and not (run_dir / "checkpoints" / "latest.pt").exists()
+    inq_train(f"trainer.resume={run_dir}")
+    assert json.loads((run_dir / "summary.json").read_text())["bits"] == 3  # the recorded config
+    for name in ("model_masked.safetensors", "model.inq.safetensors"):
+        assert (run_dir / name).read_bytes() == (whole / name).read_bytes(), name
+    assert "starting the run again from its recorded config" in (run_dir / "app.log").read_text()
     shutil.rmtree(run_dir)
     killed = inq_train(*settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:2"},
                        check=False)  # fmt: skip
@@ -371,6 +362,24 @@ def test_claimed_starts_a_run_that_saved_nothing_again_from_its_record(
         assert claim.recorded == {"inq": {"bits": 3}}
         assert not (run_dir / "tb").exists()
     assert "starting the run again from its recorded config" in (run_dir / LOG_NAME).read_text()
+
+
+def test_claimed_lets_a_new_run_take_the_start_of_one_that_saved_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="inq.train")
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / RECORDED_CONFIG).write_text("inq:\n  bits: 3\n")
+    (run_dir / "tb").mkdir()
+    (run_dir / LOG_NAME).write_text("the killed run's log\n")
+    files = {RECORDED_CONFIG: "inq:\n  bits: 5\n"}
+    with claimed(_resume(), run_dir, dir_chosen=True, main=True, hydra_files=files) as claim:
+        assert (claim.home, claim.resume_path, claim.continues) == (run_dir, None, False)
+        assert not (run_dir / "tb").exists()
+        assert (run_dir / RECORDED_CONFIG).read_text() == "inq:\n  bits: 5\n"  # its own
+    log = (run_dir / LOG_NAME).read_text()
+    assert "the killed run's log" not in log and "cleared the start of a run that stopped" in log
 
 
 def _fail_in(run_dir: Path, dir_chosen: bool, error: BaseException) -> None:
