@@ -53,8 +53,9 @@ def gpu_check(
     *args: str, cwd: Path, env: dict[str, str], path: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, **env}
-    if path is not None:
-        full["PATH"] = f"{path}{os.pathsep}{full['PATH']}"
+    # the script's python3 is the tests' interpreter (activated or not), or a stand-in before it
+    bins = [str(Path(sys.executable).parent), *([str(path)] if path is not None else [])]
+    full["PATH"] = os.pathsep.join([*reversed(bins), full["PATH"]])
     return subprocess.run(
         ["bash", str(SCRIPT), *args],
         cwd=cwd,
