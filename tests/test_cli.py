@@ -21,6 +21,7 @@ from export_fixtures import (
     mobilenet_integer_model,
     mobilenet_style,
 )
+from helpers import rewritten
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from train_helpers import TINY, inq_train
@@ -39,15 +40,6 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def _tamper(src: Path, dst: Path, edit) -> Path:
-    tensors = load_file(src)
-    with safe_open(src, "pt") as f:
-        metadata = f.metadata()
-    edit(tensors)
-    save_file(tensors, dst, metadata=metadata)
-    return dst
 
 
 @pytest.fixture
@@ -146,7 +138,7 @@ def test_verify_names_the_offending_tensor(capsys, masked: Path, tmp_path: Path)
         (plant, "depthwise.weight", "off the 4-bit"),
         (clear, "conv.weight", "mask"),
     ):
-        bad = _tamper(masked, tmp_path / "bad.safetensors", edit)
+        bad = rewritten(masked, tmp_path / "bad.safetensors", edit)
         code, out, err = run(capsys, "verify", bad)
         assert code == 1 and "FAIL" in out
         assert err.startswith(f"inq verify: {bad}: '{key}': ") and why in err
@@ -160,7 +152,7 @@ def test_a_change_that_stays_on_the_level_set_fails_the_digest(
         w = t["fc.weight"]
         w[w != 0] *= -1  # (not the zeros: -0.0 is not a level, bit for bit)
 
-    bad = _tamper(masked, tmp_path / "bad.safetensors", swap)
+    bad = rewritten(masked, tmp_path / "bad.safetensors", swap)
     code, out, err = run(capsys, "verify", bad)
     assert code == 1 and "FAIL" not in out
     assert err.startswith(f"inq verify: {bad}: the contents do not match their sha256 digest")
@@ -172,7 +164,7 @@ def test_a_mask_without_layer_metadata_is_refused(capsys, masked: Path, tmp_path
     def add_mask(t) -> None:
         t["bn.weight" + MASK_SUFFIX] = torch.ones(5, dtype=torch.bool)
 
-    bad = _tamper(masked, tmp_path / "bad.safetensors", add_mask)
+    bad = rewritten(masked, tmp_path / "bad.safetensors", add_mask)
     for command in ("verify", "export"):
         code, _, err = run(capsys, command, bad)
         assert code == 1 and "have no layer metadata" in err, err
@@ -182,7 +174,7 @@ def test_export_refuses_an_unverified_checkpoint(capsys, masked: Path, tmp_path:
     def plant(t) -> None:
         t["fc.weight"][0, 0] = 0.3
 
-    bad = _tamper(masked, tmp_path / "bad.safetensors", plant)
+    bad = rewritten(masked, tmp_path / "bad.safetensors", plant)
     code, _, err = run(capsys, "export", bad, "-o", tmp_path / "out.safetensors")
     assert code == 1 and "'fc.weight'" in err and "off the 4-bit level set" in err
     assert not (tmp_path / "out.safetensors").exists()
@@ -305,7 +297,7 @@ def test_calibrate_then_eval_info_verify_an_integer_model(capsys, tmp_path: Path
     def edit(tensors: dict[str, torch.Tensor]) -> None:
         tensors["_0.bias"][0] = 2**31 - 1
 
-    bad = _tamper(int_file, tmp_path / "bad.int.safetensors", edit)
+    bad = rewritten(int_file, tmp_path / "bad.int.safetensors", edit)
     code, out, err = run(capsys, "verify", bad)
     assert code == 1 and "FAIL" in out and "sha256" not in err
     assert "op '_0': channel 0: accumulator + bias can reach" in err

@@ -22,7 +22,7 @@ def valid_codes(shape: tuple[int, ...], bits: int, seed: int) -> torch.Tensor:
     return torch.where(torch.rand(shape, generator=g) < 0.2, 0, nonzero).to(torch.uint8)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(bits=st.integers(2, 8), shape=shapes, seed=st.integers(0, 2**16))
 def test_pack_unpack_round_trip(bits: int, shape: tuple[int, ...], seed: int) -> None:
     codes = valid_codes(shape, bits, seed)
@@ -33,7 +33,7 @@ def test_pack_unpack_round_trip(bits: int, shape: tuple[int, ...], seed: int) ->
     assert torch.equal(unpack_codes(packed, bits, k).reshape(shape), codes)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     bits=st.integers(2, 8),
     shape=shapes,

@@ -73,7 +73,7 @@ def test_the_gradient_reaches_the_student_only() -> None:
     torch.testing.assert_close(s.grad, expected, rtol=1e-5, atol=1e-7)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     batch=st.integers(1, 9),
     classes=st.integers(2, 40),

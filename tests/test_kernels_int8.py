@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import random_codes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,13 +19,6 @@ from inq.kernels.int8 import (
     shift_linear_int8,
     shift_linear_int8_reference,
 )
-
-
-def random_codes(o: int, k: int, bits: int, gen: torch.Generator) -> torch.Tensor:
-    top = 1 << (bits - 1)
-    codes = torch.randint(top, 2 * top, (o, k), generator=gen, dtype=torch.int64)
-    codes[torch.rand(o, k, generator=gen) < 0.25] = 0
-    return codes.to(torch.uint8)
 
 
 def scalar_model(x: list[int], codes: list[int], bits: int, frac: int) -> int:
@@ -104,7 +98,7 @@ def random_x(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     bits=st.integers(2, 8),
     o=st.integers(1, 5),
@@ -269,7 +263,7 @@ def conv_scalar_model(
     return out.to(torch.int32)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     bits=st.integers(2, 8),
     unsigned=st.booleans(),

@@ -28,7 +28,7 @@ def integer_weight(codes: torch.Tensor, bits: int, frac: int) -> torch.Tensor:
     return torch.where(live, sign * (1 << (frac - offset).clamp(min=0)), 0)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     bits=st.integers(2, 8),
     rows=st.integers(1, 9),

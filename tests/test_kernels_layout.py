@@ -84,7 +84,7 @@ def test_per_row_n1(bits: int) -> None:
         assert_layout_exact(codes, bits, n1, dtype)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     bits=st.integers(2, 8),
     rows=st.integers(1, 4),

@@ -35,7 +35,7 @@ def test_schemas_are_the_contract() -> None:
     )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     bits=st.integers(2, 8),
     n1=st.integers(-6, 2),
@@ -60,7 +60,7 @@ def test_shift_linear_is_f_linear_on_decoded_weights(
     torch.testing.assert_close(out, expected, atol=0, rtol=0)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     bits=st.integers(2, 8),
     cin_per_group=st.integers(1, 3),
@@ -143,7 +143,7 @@ def test_ops_compile_without_graph_breaks() -> None:
     torch.testing.assert_close(compiled(x), expected, atol=0, rtol=0)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(
     bits=st.integers(2, 8),
     n1=st.integers(-3, 2),

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from helpers import random_codes
 
 import inq.kernels  # registers torch.ops.inq.* and their CUDA implementations
 from inq.codes import decode_weight, pack_codes
@@ -55,15 +56,6 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 _ROUNDING = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 _HALF_STEP = {torch.float32: 2.0**-150, torch.float16: 2.0**-25, torch.bfloat16: 2.0**-134}
 _BITS_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
-
-
-def random_codes(o: int, k: int, bits: int, seed: int, zeros: float = 0.2) -> torch.Tensor:
-    """Valid ``bits``-bit codes ``uint8 [o, k]``, about ``zeros`` of them the zero code."""
-    gen = torch.Generator().manual_seed(seed)
-    top = 1 << (bits - 1)
-    codes = torch.randint(top, 2 * top, (o, k), generator=gen)
-    codes[torch.rand(o, k, generator=gen) < zeros] = 0
-    return codes.to(torch.uint8)
 
 
 def assert_close_fp32_sum(y, x, w, ref, k: int, splits: int, abs_op) -> None:

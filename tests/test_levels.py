@@ -6,16 +6,12 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import inq
 from inq.levels import describe_n1, n1_rows_max, select_n1
 from inq.pow2 import pow2_quantize
-
-PROPERTY_SETTINGS = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
 
 
 def squared_error(weight: torch.Tensor, n1: int, bits: int) -> float:
@@ -40,14 +36,14 @@ def weights(draw, rows: int | None = None) -> torch.Tensor:
 SUM_BOUND = 240 * 2.0**-53
 
 
-@PROPERTY_SETTINGS
+@settings(max_examples=60)
 @given(weight=weights(), bits=st.integers(2, 8))
 def test_mse_never_has_a_larger_squared_error_than_max(weight, bits) -> None:
     mse, paper = select_n1(weight, bits, "mse"), select_n1(weight, bits, "max")
     assert squared_error(weight, mse, bits) <= squared_error(weight, paper, bits) * (1 + SUM_BOUND)
 
 
-@PROPERTY_SETTINGS
+@settings(max_examples=60)
 @given(weight=weights(), bits=st.integers(2, 8))
 def test_mse_search_is_exact(weight, bits) -> None:
     """Brute force over a wide window of n1 finds no smaller error than the pruned search."""
@@ -59,7 +55,7 @@ def test_mse_search_is_exact(weight, bits) -> None:
     assert mse <= paper  # no n1 above the paper's helps
 
 
-@PROPERTY_SETTINGS
+@settings(max_examples=60)
 @given(weight=weights(), bits=st.integers(2, 8), rule=st.sampled_from(["max", "mse"]))
 def test_channel_n1_is_the_layer_rule_applied_to_each_row(weight, bits, rule) -> None:
     rows = select_n1(weight, bits, rule, "channel")
@@ -67,7 +63,7 @@ def test_channel_n1_is_the_layer_rule_applied_to_each_row(weight, bits, rule) ->
     assert rows.tolist() == [select_n1(row, bits, rule) for row in weight]
 
 
-@PROPERTY_SETTINGS
+@settings(max_examples=60)
 @given(weight=weights(), bits=st.integers(2, 8))
 def test_per_channel_mse_error_is_at_most_the_per_layer_one(weight, bits) -> None:
     rows = select_n1(weight, bits, "mse", "channel")

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from export_fixtures import MixedNet, masked_file, masked_v2, quantize
+from helpers import rewritten
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from inq.export import load_masked, save_masked
@@ -88,18 +89,6 @@ def test_size_ratio_of_realistic_layers(tmp_path: Path, bits: int, expected: flo
     assert 0 < overhead < 4096
 
 
-def _rewrite(src: Path, dst: Path, edit_tensors=None, edit_meta=None) -> Path:
-    tensors = load_file(src)
-    with safe_open(src, "pt") as f:
-        metadata = f.metadata()
-    if edit_tensors:
-        edit_tensors(tensors)
-    if edit_meta:
-        edit_meta(metadata)
-    save_file(tensors, dst, metadata=metadata)
-    return dst
-
-
 def _edit_layer(field: str, value):
     def edit(meta: dict[str, str]) -> None:
         layers = json.loads(meta["layers"])
@@ -146,7 +135,7 @@ def _set_code(tensors, key: str, value: int) -> None:
     ],
 )
 def test_tampered_files_fail_with_one_clear_error(packed_file, edit_tensors, edit_meta, match):
-    bad = _rewrite(packed_file, packed_file.with_name("bad.safetensors"), edit_tensors, edit_meta)
+    bad = rewritten(packed_file, packed_file.with_name("bad.safetensors"), edit_tensors, edit_meta)
     with pytest.raises(ValueError, match=match):
         load_packed(bad)
 
@@ -162,7 +151,7 @@ def test_tampered_files_fail_with_one_clear_error(packed_file, edit_tensors, edi
     ],
 )
 def test_valid_looking_edits_fail_the_digest(packed_file, edit_tensors, edit_meta) -> None:
-    bad = _rewrite(packed_file, packed_file.with_name("bad.safetensors"), edit_tensors, edit_meta)
+    bad = rewritten(packed_file, packed_file.with_name("bad.safetensors"), edit_tensors, edit_meta)
     with pytest.raises(ValueError, match="sha256 digest"):
         load_packed(bad)
     assert "sha256 digest" in load_packed(bad, validate=False).digest_problem
@@ -173,7 +162,7 @@ def test_padding_nibble_must_be_zero(packed_file: Path) -> None:
     def set_padding(tensors) -> None:  # fc.weight is 3x7: every row ends in a padding nibble
         tensors["fc.weight" + CODES_SUFFIX][1, -1] |= 0x80
 
-    bad = _rewrite(packed_file, packed_file.with_name("bad.safetensors"), set_padding)
+    bad = rewritten(packed_file, packed_file.with_name("bad.safetensors"), set_padding)
     with pytest.raises(ValueError, match="padding nibble"):
         load_packed(bad)
 
@@ -220,7 +209,7 @@ def _plant(key: str, index: tuple[int, ...], value: float):
 )
 def test_export_refuses_off_level_weights_and_writes_nothing(tmp_path: Path, plant, match):
     path, _ = masked_file(tmp_path, 5)
-    bad = _rewrite(path, tmp_path / "bad.safetensors", plant)
+    bad = rewritten(path, tmp_path / "bad.safetensors", plant)
     before = _files(tmp_path)
     with pytest.raises(ValueError, match=match):
         export_packed(bad, tmp_path / "out.safetensors")
@@ -261,7 +250,7 @@ def test_per_channel_n1_of_the_wrong_length_is_one_clear_error(tmp_path: Path) -
     path, _ = masked_file(tmp_path, 4, **PER_CHANNEL)
     packed = tmp_path / "m.inq.safetensors"
     export_packed(path, packed)
-    bad = _rewrite(packed, tmp_path / "bad.safetensors", None, _edit_layer("n1", [-3, -4]))
+    bad = rewritten(packed, tmp_path / "bad.safetensors", None, _edit_layer("n1", [-3, -4]))
     with pytest.raises(ValueError, match="2 per-row n1 values for 3 rows"):
         load_packed(bad, validate=True)
 
@@ -370,7 +359,7 @@ def test_tampered_sparse_layers_fail_with_one_clear_error(
     pruned_masked: Path, tmp_path: Path, edit_tensors, edit_meta, match
 ) -> None:
     export_packed(pruned_masked, tmp_path / "s.safetensors")
-    bad = _rewrite(
+    bad = rewritten(
         tmp_path / "s.safetensors", tmp_path / "bad.safetensors", edit_tensors, edit_meta
     )
     with pytest.raises(ValueError, match=match):
@@ -385,24 +374,12 @@ def test_a_valid_looking_edit_of_sparse_values_fails_the_digest(
     def flip(tensors) -> None:
         tensors["fc.weight" + VALUES_SUFFIX][0] ^= 1  # another sign: still a valid code
 
-    bad = _rewrite(tmp_path / "s.safetensors", tmp_path / "bad.safetensors", flip)
+    bad = rewritten(tmp_path / "s.safetensors", tmp_path / "bad.safetensors", flip)
     with pytest.raises(ValueError, match="sha256 digest"):
         load_packed(bad)
 
 
 # ------------------------------------------------- impossible files, re-signed with a new digest
-
-
-def _resign(src: Path, dst: Path, edit_tensors=None, edit_meta=None) -> Path:
-    """As :func:`_rewrite`, but with a digest recomputed over the edited contents."""
-    tensors, metadata = read_safetensors(src)
-    tensors = {k: v.clone() for k, v in tensors.items()}
-    if edit_tensors:
-        edit_tensors(tensors)
-    if edit_meta:
-        edit_meta(metadata)
-    write_safetensors(dst, tensors, metadata)
-    return dst
 
 
 @pytest.mark.parametrize(
@@ -425,7 +402,7 @@ def _resign(src: Path, dst: Path, edit_tensors=None, edit_meta=None) -> Path:
 def test_load_refuses_impossible_tensors_whatever_their_digest(
     packed_file: Path, edit, key: str, problem: str
 ) -> None:
-    bad = _resign(packed_file, packed_file.with_name("bad.safetensors"), edit)
+    bad = rewritten(packed_file, packed_file.with_name("bad.safetensors"), edit, resign=True)
     with pytest.raises(ValueError) as err:
         load_packed(bad)
     assert str(err.value) == f"{bad}: {key!r}: {problem}"
@@ -436,7 +413,9 @@ def test_load_refuses_impossible_tensors_whatever_their_digest(
 
 def test_export_refuses_impossible_tensors_and_writes_nothing(tmp_path: Path) -> None:
     path, _ = masked_file(tmp_path, 5)
-    bad = _resign(path, tmp_path / "bad.safetensors", _plant("bn.running_var", (1,), -2.0))
+    bad = rewritten(
+        path, tmp_path / "bad.safetensors", _plant("bn.running_var", (1,), -2.0), resign=True
+    )
     before = _files(tmp_path)
     with pytest.raises(ValueError) as err:
         export_packed(bad, tmp_path / "out.safetensors")
@@ -449,8 +428,8 @@ def test_export_refuses_impossible_tensors_and_writes_nothing(tmp_path: Path) ->
 
 @pytest.mark.parametrize("value", ["[1]", '"digits"'])
 def test_the_data_description_must_be_a_json_object(packed_file: Path, value: str) -> None:
-    bad = _resign(packed_file, packed_file.with_name("bad.safetensors"), None,
-                  lambda m: m.update(data=value))  # fmt: skip
+    bad = rewritten(packed_file, packed_file.with_name("bad.safetensors"), None,
+                    lambda m: m.update(data=value), resign=True)  # fmt: skip
     with pytest.raises(ValueError) as err:
         load_packed(bad)
     found = json.loads(value)

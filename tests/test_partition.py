@@ -68,7 +68,7 @@ def test_quantized_count_examples(portion: float, numel: int, expected: int) -> 
     assert quantized_count(portion, numel) == expected
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(
     st.floats(min_value=0.0, max_value=1.0, allow_nan=False),
     st.integers(min_value=0, max_value=10**7),
@@ -77,7 +77,7 @@ def test_quantized_count_is_decimal_half_up(portion: float, numel: int) -> None:
     assert quantized_count(portion, numel) == decimal_half_up(portion, numel)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     st.integers(min_value=0, max_value=10**4).map(lambda k: k / 10**4),
     st.integers(min_value=1, max_value=5000),
@@ -170,7 +170,7 @@ def test_grow_mask_rejects_unknown_strategy() -> None:
 TIE_PRONE_VALUES = (-2.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.data())
 def test_magnitude_matches_brute_force_with_ties(data: st.DataObject) -> None:
     numel = data.draw(st.integers(min_value=1, max_value=40), label="numel")
@@ -184,7 +184,7 @@ def test_magnitude_matches_brute_force_with_ties(data: st.DataObject) -> None:
     assert torch.equal(got, brute_force_magnitude(weight, mask, count))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     st.lists(
         st.floats(min_value=-4, max_value=4, allow_nan=False, width=32), min_size=1, max_size=64
@@ -274,7 +274,7 @@ def test_magnitude_rejects_non_finite_weights() -> None:
         grow_mask(weight, torch.zeros(4, dtype=torch.bool), 2)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 @given(st.integers(1, 60), st.integers(0, 2**31), st.integers(2, 8))
 def test_error_strategy_takes_the_smallest_rounding_errors_first(numel, seed, bits) -> None:
     weight = torch.randn(numel, generator=torch.Generator().manual_seed(seed))

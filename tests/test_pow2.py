@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import inq
@@ -15,10 +15,6 @@ from inq.pow2 import broadcast_n1, check_quantizable, check_top_level, exp2, pow
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ALL_BITS = tuple(range(2, 9))
-PROPERTY_SETTINGS = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-
 
 # ---------------------------------------------------------------- helpers
 
@@ -98,7 +94,7 @@ def weights_and_scale(draw: st.DrawFn) -> tuple[torch.Tensor, int, int]:
 # ---------------------------------------------------------------- pow2_quantize
 
 
-@PROPERTY_SETTINGS
+@settings(max_examples=60)
 @given(weights_and_scale())
 def test_quantize_outputs_only_levels_and_nearest_with_ties_up(
     case: tuple[torch.Tensor, int, int],
@@ -128,7 +124,7 @@ def test_quantize_outputs_only_levels_and_nearest_with_ties_up(
     assert not torch.signbit(y[y == 0]).any(), "quantize produced -0.0"
 
 
-@PROPERTY_SETTINGS
+@settings(max_examples=60)
 @given(weights_and_scale())
 def test_quantize_is_idempotent(case: tuple[torch.Tensor, int, int]) -> None:
     weight, n1, bits = case
@@ -249,7 +245,7 @@ def test_quantize_keeps_shape_of_odd_tensors() -> None:
 # ---------------------------------------------------------------- pow2_n1
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(
     st.floats(min_value=0.0, exclude_min=True, allow_infinity=False, allow_subnormal=True, width=32)
 )
@@ -425,7 +421,7 @@ NO_NEW_WEIGHT = (  # a stage that adds no weight of a per-channel layer
 )
 
 
-@PROPERTY_SETTINGS
+@settings(max_examples=60)
 @given(rows_and_selection())
 @example(NO_NEW_WEIGHT)
 def test_quantizing_a_selection_is_selecting_from_the_quantized_weight(

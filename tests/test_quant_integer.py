@@ -59,7 +59,7 @@ def test_requantize_rounds_half_up(v: int, shift: int) -> None:
     assert abs(got - v / 2**shift) <= 0.5
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.integers(2, 8), st.integers(1, 40), st.integers(0, 10), st.booleans(), st.data())
 def test_accumulator_bound_bounds_the_op(bits, k, frac, unsigned, data) -> None:
     seed = data.draw(st.integers(0, 2**31))

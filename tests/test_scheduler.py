@@ -1189,7 +1189,7 @@ class FourLayers(nn.Module):
 FOUR_LAYERS = ("conv1", "conv2", "fc1", "fc2")
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     bits=st.integers(2, 8),
     own=st.lists(st.one_of(st.none(), st.integers(2, 8)), min_size=4, max_size=4),

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from export_fixtures import masked_file, residual_integer_model
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from helpers import TensorEdit, rewritten
+from safetensors.torch import save_file
 from torch import nn
 
 from inq.cli import main
@@ -20,16 +19,6 @@ from inq.io import read_safetensors, write_safetensors
 from inq.packed import CODES_SUFFIX, PackedFile, PackedLayer, export_packed
 from inq.quant.integer import save_integer
 from inq.verify import verify_file, verify_packed
-
-
-def _tamper(src: Path, edit) -> Path:
-    tensors = load_file(src)
-    with safe_open(src, "pt") as f:
-        metadata = f.metadata()
-    edit(tensors)
-    dst = src.with_name("tampered.safetensors")
-    save_file(tensors, dst, metadata=metadata)
-    return dst
 
 
 @pytest.fixture
@@ -56,7 +45,7 @@ def test_verify_catches_a_planted_off_level_weight(masked: Path) -> None:
     def plant(t) -> None:
         t["seq.weight"][2, 1, 0] = 0.1
 
-    report = verify_file(_tamper(masked, plant))
+    report = verify_file(rewritten(masked, masked.with_name("tampered.safetensors"), plant))
     assert not report.ok
     assert report.first_problem.key == "seq.weight"
     assert "off the 5-bit level set" in report.first_problem.problem
@@ -68,7 +57,7 @@ def test_verify_catches_a_cleared_mask_bit(masked: Path) -> None:
     def clear(t) -> None:
         t["fc.weight" + MASK_SUFFIX][0, 4] = False
 
-    report = verify_file(_tamper(masked, clear))
+    report = verify_file(rewritten(masked, masked.with_name("tampered.safetensors"), clear))
     assert report.first_problem.key == "fc.weight"
     assert "mask not fully set: 1 of 21 entries still float (first at flat index 4)" in (
         report.first_problem.problem
@@ -92,7 +81,9 @@ def test_verify_of_a_tampered_packed_file_names_the_tensor(masked: Path, tmp_pat
     def tamper(t) -> None:
         t["depthwise.weight" + CODES_SUFFIX][0, 0] = 0x7F  # top bit clear, not zero
 
-    report = verify_file(_tamper(tmp_path / "p.safetensors", tamper))
+    report = verify_file(
+        rewritten(tmp_path / "p.safetensors", tmp_path / "tampered.safetensors", tamper)
+    )
     assert report.first_problem.key == "depthwise.weight"
     assert report.layers[1].levels_used is None
 
@@ -123,7 +114,7 @@ def test_verify_names_an_off_level_weight_of_a_per_channel_layer(tmp_path: Path)
         row = t["weight"][4]
         row.view(-1)[2] = row.abs().max() * 0.7  # between two levels of any level set
 
-    report = verify_file(_tamper(path, plant))
+    report = verify_file(rewritten(path, path.with_name("tampered.safetensors"), plant))
     assert not report.ok and report.first_problem.key == "weight"
     problem = report.first_problem.problem
     assert "off the 3-bit level sets of its channels (first: channel 4, n1=" in problem
@@ -132,22 +123,9 @@ def test_verify_names_an_off_level_weight_of_a_per_channel_layer(tmp_path: Path)
 
 # ------------------------------------------------- impossible files, re-signed with a new digest
 
-Edit = Callable[[dict[str, torch.Tensor], dict[str, str]], None]
 
-
-def _resign(src: Path, edit: Edit) -> Path:
-    """``src`` with ``edit(tensors, metadata)`` applied, written with a digest recomputed over
-    the edited contents (as a tool that edits files could)."""
-    tensors, metadata = read_safetensors(src)
-    tensors = {k: v.clone() for k, v in tensors.items()}
-    edit(tensors, metadata)
-    dst = src.with_name("resigned.safetensors")
-    write_safetensors(dst, tensors, metadata)
-    return dst
-
-
-def _put(key: str, index: int | None, value: float) -> Edit:
-    def edit(tensors, metadata) -> None:
+def _put(key: str, index: int | None, value: float) -> TensorEdit:
+    def edit(tensors) -> None:
         if index is None:
             tensors[key] = torch.tensor(value, dtype=torch.int64)
         else:
@@ -169,7 +147,7 @@ IMPOSSIBLE_TENSORS = [
      "1 non-finite value(s) (first: nan at flat index 3)"),
     (_put("bn.num_batches_tracked", None, -3), "bn.num_batches_tracked",
      "a count of batches cannot be negative, got -3"),
-    (lambda t, m: t.update({"bn.num_batches_tracked": torch.tensor(2.0)}),
+    (lambda t: t.update({"bn.num_batches_tracked": torch.tensor(2.0)}),
      "bn.num_batches_tracked", "a count of batches must be an integer tensor, got torch.float32"),
 ]  # fmt: skip
 
@@ -177,13 +155,13 @@ IMPOSSIBLE_TENSORS = [
 @pytest.mark.parametrize("kind", ["masked", "packed"])
 @pytest.mark.parametrize(("edit", "key", "problem"), IMPOSSIBLE_TENSORS)
 def test_impossible_tensors_fail_whatever_their_digest(
-    masked: Path, tmp_path: Path, kind: str, edit: Edit, key: str, problem: str
+    masked: Path, tmp_path: Path, kind: str, edit: TensorEdit, key: str, problem: str
 ) -> None:
     path = masked
     if kind == "packed":
         path = tmp_path / "p.safetensors"
         export_packed(masked, path)
-    report = verify_file(_resign(path, edit))
+    report = verify_file(rewritten(path, path.with_name("resigned.safetensors"), edit, resign=True))
     assert not report.ok
     assert report.digest_problem is None and all(layer.problem is None for layer in report.layers)
     assert report.other_problems == ((key, problem),)
@@ -191,10 +169,11 @@ def test_impossible_tensors_fail_whatever_their_digest(
 
 
 def test_a_masked_checkpoint_needs_json_object_descriptions(masked: Path) -> None:
-    def edit(tensors, metadata) -> None:
+    def edit(metadata) -> None:
         metadata["model"], metadata["data"] = "[1]", '"digits"'
 
-    report = verify_file(_resign(masked, edit))
+    resigned = masked.with_name("resigned.safetensors")
+    report = verify_file(rewritten(masked, resigned, None, edit, resign=True))
     assert not report.ok and report.digest_problem is None
     assert report.other_problems == (
         ("model", "must be a JSON object, got [1]"),
@@ -219,7 +198,7 @@ def test_inq_verify_names_an_impossible_tensor(
         path = tmp_path / "p.safetensors"
         export_packed(masked, path)
     edit, key, problem = IMPOSSIBLE_TENSORS[0]
-    bad = _resign(path, edit)
+    bad = rewritten(path, path.with_name("resigned.safetensors"), edit, resign=True)
     assert _verify_error(capsys, bad) == f"inq verify: {bad}: {key!r}: {problem}"
 
 
@@ -240,7 +219,7 @@ def test_inq_verify_refuses_an_impossible_integer_model(
     path = tmp_path / "m.int.safetensors"
     save_integer(path, residual_integer_model())
 
-    def edit(tensors, metadata) -> None:
+    def edit(metadata) -> None:
         if where is None:
             metadata[key] = json.dumps(value)
         else:
@@ -248,7 +227,7 @@ def test_inq_verify_refuses_an_impossible_integer_model(
             next(op for op in program if op["name"] == where)["attrs"][key] = value
             metadata["program"] = json.dumps(program)
 
-    bad = _resign(path, edit)
+    bad = rewritten(path, path.with_name("resigned.safetensors"), None, edit, resign=True)
     line = _verify_error(capsys, bad)
     assert line.startswith(f"inq verify: {bad}: ")
     assert line.endswith(problem.partition(" ")[2])  # after "op"/"metadata"

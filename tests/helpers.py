@@ -1,0 +1,57 @@
+"""Helpers shared by the test modules: random valid codes, and model files edited after they
+were written (tampered with, or re-signed)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from inq.io import read_safetensors, write_safetensors
+
+TensorEdit = Callable[[dict[str, torch.Tensor]], object]
+MetadataEdit = Callable[[dict[str, str]], object]
+
+
+def random_codes(
+    o: int, k: int, bits: int, seed: int | torch.Generator, zeros: float = 0.2
+) -> torch.Tensor:
+    """Valid ``bits``-bit codes ``uint8 [o, k]``, about ``zeros`` of them the zero code, drawn
+    from ``seed`` (a number, or a generator that goes on from where it is)."""
+    gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
+    top = 1 << (bits - 1)
+    codes = torch.randint(top, 2 * top, (o, k), generator=gen)
+    codes[torch.rand(o, k, generator=gen) < zeros] = 0
+    return codes.to(torch.uint8)
+
+
+def rewritten(
+    src: Path,
+    dst: Path,
+    edit_tensors: TensorEdit | None = None,
+    edit_meta: MetadataEdit | None = None,
+    *,
+    resign: bool = False,
+) -> Path:
+    """``src`` with the edits applied, written to ``dst``: keeping the digest ``src`` carries (a
+    file changed after it was written, which every reader must refuse), or with ``resign`` a
+    digest recomputed over the edited contents (as a tool that edits files could)."""
+    if resign:
+        tensors, metadata = read_safetensors(src)
+        tensors = {k: v.clone() for k, v in tensors.items()}
+    else:
+        tensors = load_file(src)
+        with safe_open(src, "pt") as f:
+            metadata = f.metadata()
+    if edit_tensors:
+        edit_tensors(tensors)
+    if edit_meta:
+        edit_meta(metadata)
+    if resign:
+        write_safetensors(dst, tensors, metadata)
+    else:
+        save_file(tensors, dst, metadata=metadata)
+    return dst
