@@ -318,5 +318,5 @@ def _digest(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str:
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().contiguous()
         h.update(json.dumps([name, str(t.dtype), list(t.shape)]).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # its buffer, no copy
     return h.hexdigest()

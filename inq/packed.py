@@ -194,9 +194,11 @@ def masked_layer_problem(ckpt: MaskedCheckpoint, key: str) -> str | None:
             f"mask not fully set: {int((~mask).sum())} of {mask.numel()} entries still float "
             f"(first at flat index {index})"
         )
-    bits = ckpt.bits_of(key)
+    bits, n1 = ckpt.bits_of(key), ckpt.n1.get(key)
+    if n1 is None:
+        return "no n1 recorded: the layer was never partitioned"
     try:
-        snapped = pow2_quantize(weight, ckpt.n1[key], bits)
+        snapped = pow2_quantize(weight, n1, bits)
     except (ValueError, TypeError) as err:
         return str(err)
     off = _bits(snapped) != _bits(weight)
@@ -313,7 +315,8 @@ class PackedFile:
     @property
     def data(self) -> dict[str, Any]:
         """The data config the model was trained on (``{}`` if the file records none)."""
-        return json.loads(self.metadata.get("data", "{}"))
+        data: dict[str, Any] = json.loads(self.metadata.get("data", "{}"))
+        return data
 
     def problems(self) -> list[tuple[str, str]]:
         """``(key, problem)`` for everything that makes the file invalid: each quantized layer
@@ -497,6 +500,7 @@ def _pack(ckpt: MaskedCheckpoint, sparse: bool) -> tuple[dict[str, torch.Tensor]
         if problem:
             raise ValueError(f"cannot pack {key!r}: {problem}")
         weight, n1, bits = ckpt.state[key], ckpt.n1[key], ckpt.bits_of(key)
+        assert n1 is not None  # masked_layer_problem refuses a layer without one
         dtype = next(name for name, d in _DTYPES.items() if d == weight.dtype)
         codes = pow2_encode(weight, n1, bits)
         dense = pack_codes(codes, bits)

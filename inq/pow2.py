@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import overload
 
 import torch
 
@@ -114,6 +115,10 @@ def max_rule_n1(peak: torch.Tensor) -> torch.Tensor:
     return n1.masked_fill_(peak == 0, 0).to(torch.int32)
 
 
+@overload
+def pow2_n2(n1: int, bits: int) -> int: ...
+@overload
+def pow2_n2(n1: torch.Tensor, bits: int) -> torch.Tensor: ...
 def pow2_n2(n1: N1, bits: int) -> N1:
     """Smallest exponent of the level set: ``n1 + 1 - 2**(bits-2)``.
 
@@ -121,7 +126,7 @@ def pow2_n2(n1: N1, bits: int) -> N1:
         >>> pow2_n2(0, 5)
         -7
     """
-    return n1 + 1 - 2 ** (check_bits(bits) - 2)
+    return n1 + 1 - (1 << (check_bits(bits) - 2))
 
 
 def pow2_levels(n1: int, bits: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -176,7 +181,11 @@ def pow2_quantize_codes(weight: torch.Tensor, n1: N1, bits: int) -> torch.Tensor
     work = weight.detach().to(torch.float32)  # exact for every supported dtype
     mantissa, exponent = torch.frexp(work)  # |w| = |m| * 2**k, |m| in [0.5, 1)
     # |w| in [2**(k-1), 2**k): the midpoint 1.5 * 2**(k-1) is |m| = 0.75; ties go up.
-    e = torch.clamp(exponent - 1 + (mantissa.abs() >= 0.75).to(exponent.dtype), n2, n1)
+    rounded = exponent - 1 + (mantissa.abs() >= 0.75).to(exponent.dtype)
+    if isinstance(n1, int):  # one clamp, typed for each kind of n1
+        e = rounded.clamp(pow2_n2(n1, bits), n1)
+    else:
+        e = torch.clamp(rounded, pow2_n2(n1, bits), n1)
     # k >= n2  <=>  |w| >= 2**(n2-1), the midpoint between 0 and 2**n2.
     zero = (exponent < n2) | (work == 0)
     codes = (1 << (bits - 1)) | ((mantissa < 0).to(e.dtype) << (bits - 2)) | (n1 - e)
@@ -291,6 +300,10 @@ def _code_values(c: torch.Tensor, n1: N1, bits: int) -> torch.Tensor:
     return values.masked_fill_(c == 0, 0.0)
 
 
+@overload
+def broadcast_n1(n1: int, like: torch.Tensor) -> int: ...
+@overload
+def broadcast_n1(n1: torch.Tensor, like: torch.Tensor) -> torch.Tensor: ...
 def broadcast_n1(n1: N1, like: torch.Tensor) -> N1:
     """``n1`` ready to broadcast against ``like``: an int as it is, a tensor ``[O]`` (one n1 per
     slice ``like[i]``) as int32 ``[O, 1, ..., 1]`` on ``like``'s device.

@@ -180,7 +180,7 @@ def _a(noun: str) -> str:
     return ("an " if noun[0] in "aeiouAEIOU" else "a ") + noun
 
 
-def _instead(path: Path | str, kind: str) -> str:
+def _instead(path: str | os.PathLike[str], kind: str) -> str:
     """What to pass instead of ``path`` (of ``kind``), as the end of a sentence."""
     path = Path(path)
     if kind == CHECKPOINT:

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import nn
@@ -187,7 +187,8 @@ class INQScheduler:
         # attached optimizers and their step post-hooks, in attach order
         self._optimizers: dict[torch.optim.Optimizer, RemovableHandle] = {}
         self._grad_hooks = [
-            layer.weight.register_hook(self._grad_hook(layer)) for layer in self._layers
+            layer.weight.register_hook(self._grad_hook(layer))  # type: ignore[no-untyped-call]
+            for layer in self._layers  # (torch's stub leaves Tensor.register_hook untyped)
         ]
 
     # ------------------------------------------------------------------ public API
@@ -320,6 +321,10 @@ class INQScheduler:
             self._clear_optimizer_state(optimizer)
         return self.pruned_fraction()
 
+    @overload
+    def pruned_fraction(self, per_layer: Literal[False] = False) -> float: ...
+    @overload
+    def pruned_fraction(self, per_layer: Literal[True]) -> dict[str, float]: ...
     def pruned_fraction(self, per_layer: bool = False) -> float | dict[str, float]:
         """Fraction of target weights pruned by :meth:`prune`: in total, or ``{name: fraction}``
         (0.0 for an empty layer)."""
@@ -375,6 +380,10 @@ class INQScheduler:
             else:
                 torch.where(layer.mask, values, layer.weight, out=layer.weight)
 
+    @overload
+    def quantized_fraction(self, per_layer: Literal[False] = False) -> float: ...
+    @overload
+    def quantized_fraction(self, per_layer: Literal[True]) -> dict[str, float]: ...
     def quantized_fraction(self, per_layer: bool = False) -> float | dict[str, float]:
         """Fraction of target weights that are quantized (pruned ones included: frozen at the
         zero code): in total, or ``{name: fraction}``. An empty layer, with no weight to count,
@@ -556,7 +565,7 @@ class INQScheduler:
         layer.n1, layer.codes, layer.count = n1, codes, count
 
     @staticmethod
-    def _grad_hook(layer: QuantizedLayer):
+    def _grad_hook(layer: QuantizedLayer) -> Callable[[torch.Tensor], torch.Tensor | None]:
         def mask_frozen_grad(grad: torch.Tensor) -> torch.Tensor | None:
             if layer.count == 0:
                 return None
