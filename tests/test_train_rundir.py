@@ -349,14 +349,19 @@ def test_claimed_continues_a_run_in_its_own_directory(tmp_path: Path) -> None:
         pass
 
 
+def _killed_start(run_dir: Path) -> Path:
+    """``run_dir`` as a run killed before its first checkpoint leaves it (its start)."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / RECORDED_CONFIG).write_text("inq:\n  bits: 3\n")
+    (run_dir / "tb").mkdir()
+    return run_dir
+
+
 def test_claimed_starts_a_run_that_saved_nothing_again_from_its_record(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="inq.train")
-    run_dir = tmp_path / "run"
-    (run_dir / ".hydra").mkdir(parents=True)
-    (run_dir / RECORDED_CONFIG).write_text("inq:\n  bits: 3\n")
-    (run_dir / "tb").mkdir()
+    run_dir = _killed_start(tmp_path / "run")
     with claimed(_resume(run_dir), run_dir, dir_chosen=True, main=True) as claim:
         assert (claim.home, claim.resume_path, claim.continues) == (run_dir, None, True)
         assert claim.recorded == {"inq": {"bits": 3}}
@@ -368,10 +373,7 @@ def test_claimed_lets_a_new_run_take_the_start_of_one_that_saved_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="inq.train")
-    run_dir = tmp_path / "run"
-    (run_dir / ".hydra").mkdir(parents=True)
-    (run_dir / RECORDED_CONFIG).write_text("inq:\n  bits: 3\n")
-    (run_dir / "tb").mkdir()
+    run_dir = _killed_start(tmp_path / "run")
     (run_dir / LOG_NAME).write_text("the killed run's log\n")
     files = {RECORDED_CONFIG: "inq:\n  bits: 5\n"}
     with claimed(_resume(), run_dir, dir_chosen=True, main=True, hydra_files=files) as claim:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 INQ_TRAIN = Path(sys.executable).with_name("inq-train")
 INQ_TORCHRUN = Path(sys.executable).with_name("inq-torchrun")
@@ -52,3 +53,21 @@ def load_experiment(name: str) -> ModuleType:
     sys.modules[name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
+
+
+def refused_run(cfg: Any, run_dir: Path) -> Any:
+    """The ConfigError with which ``inq.train.app.run`` refuses ``cfg`` (it must), in this
+    process; the torch thread count that ``run`` sets is restored."""
+    import pytest
+    import torch
+
+    from inq.errors import ConfigError
+    from inq.train.app import run
+
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(ConfigError) as refused:
+            run(cfg, run_dir)
+    finally:
+        torch.set_num_threads(threads)
+    return refused.value
