@@ -38,7 +38,7 @@ class LayerReport:
 
     key: str
     bits: int
-    n1: N1
+    n1: N1 | None  # None: a masked layer never partitioned (its problem says so)
     levels_used: int | None
     zeros: float | None
     problem: str | None = None
@@ -46,7 +46,7 @@ class LayerReport:
     @property
     def levels(self) -> int:
         """Size of the layer's level set: ``2**(bits-1) + 1``."""
-        return 2 ** (self.bits - 1) + 1
+        return (1 << (self.bits - 1)) + 1
 
 
 @dataclass(frozen=True)
@@ -120,8 +120,9 @@ def verify_masked(ckpt: MaskedCheckpoint, path: str = "") -> VerifyReport:
     for key in ckpt.masks:
         problem = masked_layer_problem(ckpt, key)
         weight, bits = ckpt.state.get(key), ckpt.bits_of(key)  # each layer's own level set
-        codes = None if problem or weight is None else pow2_encode(weight, ckpt.n1[key], bits)
-        reports.append(_report(key, bits, ckpt.n1[key], codes, problem))
+        n1 = ckpt.n1.get(key)  # None (never partitioned) comes with a problem
+        codes = None if problem or weight is None or n1 is None else pow2_encode(weight, n1, bits)
+        reports.append(_report(key, bits, n1, codes, problem))
     others = tuple(masked_problems(ckpt))
     return VerifyReport(path, "masked", tuple(reports), ckpt.digest_problem, others)
 
@@ -169,7 +170,7 @@ def verify_file(path: str | os.PathLike[str]) -> VerifyReport:
 
 
 def _report(
-    key: str, bits: int, n1: N1, codes: torch.Tensor | None, problem: str | None
+    key: str, bits: int, n1: N1 | None, codes: torch.Tensor | None, problem: str | None
 ) -> LayerReport:
     if codes is None:
         return LayerReport(key, bits, n1, None, None, problem)

@@ -55,7 +55,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -188,29 +188,33 @@ def _clamped(op: IntOp, v: Tensor) -> Tensor:
 
 def _input(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
     a = op.attrs
-    return torch.ops.inq.quantize_input(x, float(a["scale"]), a["lo"], a["hi"])
+    out: Tensor = torch.ops.inq.quantize_input(x, float(a["scale"]), a["lo"], a["hi"])
+    return out
 
 
 def _conv(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
     a = op.attrs
-    return torch.ops.inq.shift_conv2d_int8_requant(
+    out: Tensor = torch.ops.inq.shift_conv2d_int8_requant(
         x, t["codes"], a["bits"], a["weight_shape"], a["stride"], a["padding"], a["dilation"],
         a["groups"], a["frac"], t["bias"], t["multiplier"], t["shift"], a["lo"], a["hi"],
     )  # fmt: skip
+    return out
 
 
 def _linear(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
     a = op.attrs
-    return torch.ops.inq.shift_linear_int8_requant(
+    out: Tensor = torch.ops.inq.shift_linear_int8_requant(
         x, t["codes"], a["bits"], a["in_features"], a["frac"], t["bias"], t["multiplier"],
         t["shift"], a["lo"], a["hi"],
     )  # fmt: skip
+    return out
 
 
 def _add(op: IntOp, t: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
     a = op.attrs
     m_x, m_y = a["multipliers"]
-    return torch.ops.inq.requant_add(x, y, m_x, m_y, a["shift"], a["lo"], a["hi"])
+    out: Tensor = torch.ops.inq.requant_add(x, y, m_x, m_y, a["shift"], a["lo"], a["hi"])
+    return out
 
 
 def _avgpool(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
@@ -241,7 +245,7 @@ def _slice(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
     return x[index]
 
 
-_RUN = {
+_RUN: dict[str, Callable[..., Tensor]] = {  # op kind: how it runs
     "input": _input,
     "conv": _conv,
     "linear": _linear,
@@ -305,7 +309,7 @@ def problem_line(model: IntegerModel, where: str, problem: str) -> str:
     return f"{kind} {where!r}: {problem}"
 
 
-def _is_int(value: object, low: int = INT32_MIN, high: int = INT32_MAX) -> bool:
+def _is_int(value: object, low: int = INT32_MIN, high: int = INT32_MAX) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
@@ -317,11 +321,11 @@ def _is_ints(value: object, count: int, low: int, high: int = INT32_MAX) -> bool
     )
 
 
-def _is_bits(value: object) -> bool:
+def _is_bits(value: object) -> TypeGuard[int]:
     return _is_int(value, MIN_BITS, MAX_BITS)
 
 
-def _is_bits_list(value: object) -> bool:
+def _is_bits_list(value: object) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(_is_bits(b) for b in value)
 
 
