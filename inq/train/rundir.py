@@ -186,7 +186,7 @@ def _taken(folder: Path, allow_nonempty: bool) -> str | None:
     """Why a new run cannot start in ``folder`` (None: it can): the results of a run are in it,
     or (unless ``allow_nonempty``) other files; the start of a run that saved nothing is no
     obstacle (it is cleared)."""
-    results = [name for name in RESULT_FILES if (folder / name).exists()]
+    results = _results(folder)
     if (folder / LATEST).exists():
         return (
             f"{folder} already holds a run: continue it with trainer.resume={folder}, or choose "
@@ -263,11 +263,12 @@ def saved_nothing(path: Path) -> bool:
         >>> saved_nothing(folder), (folder / "summary.json").touch(), saved_nothing(folder)
         (True, None, False)
     """
-    return holds_run(path) and not _holds_results(path)
+    return holds_run(path) and not _results(path)
 
 
-def _holds_results(path: Path) -> bool:
-    return any((path / name).exists() for name in RESULT_FILES)
+def _results(path: Path) -> list[str]:
+    """The :data:`RESULT_FILES` that ``path`` holds."""
+    return [name for name in RESULT_FILES if (path / name).exists()]
 
 
 class RunDir:
@@ -354,7 +355,7 @@ class RunDir:
             logging.getLogger().removeHandler(self.log_handler)
             self.log_handler.close()
             self.log_handler = None
-        if discard and not _holds_results(self.path):
+        if discard and not _results(self.path):
             self.clear_start()
             (self.path / LOCK_NAME).unlink(missing_ok=True)
             remove_if_empty(self.path)
