@@ -35,12 +35,15 @@ from pathlib import Path
 from types import FrameType
 
 import torch
+from torch.utils.data import DataLoader
 
 import inq
 from inq import runfiles
 from inq.bench_onnx import ONNX_HELP, add_onnx_arguments, run_onnx
 from inq.data import (
+    build_datasets,
     build_eval_loader,
+    calibration_loader,
     changed_split,
     data_record,
     describe_input,
@@ -588,7 +591,15 @@ def _calibrate(args: argparse.Namespace) -> int:
     output = Path(args.output or default_output(Path(args.source), INT_SUFFIX))
     data, _ = command_data(packed.data, args.data)
     with writing(output, read, args.force):
-        int_model, report = quantize(packed, data, settings, device)
+        train, _ = build_datasets(data)  # augmented as in training (data.augment)
+        finetune = DataLoader(
+            train,
+            batch_size=int(data.get("batch_size", 64)),
+            shuffle=True,
+            generator=torch.Generator().manual_seed(0),
+        )
+        calibration = (x for x, _ in calibration_loader(data, settings.batches, seed=0))
+        int_model, report = quantize(packed, calibration, settings, device, finetune, data)
         save_integer(output, int_model)
     tuned = (
         f", fine-tuned {args.epochs} epochs in {report['finetune_s']:.1f} s" if args.epochs else ""

@@ -44,6 +44,7 @@ __all__ = [
     "build_datasets",
     "build_eval_loader",
     "build_train_loader",
+    "calibration_loader",
     "changed_split",
     "check_data",
     "data_record",
@@ -424,6 +425,22 @@ def build_train_loader(
         generator=torch.Generator().manual_seed(seed),
         pin_memory=torch.cuda.is_available(),
     )
+
+
+def calibration_loader(cfg: Mapping[str, Any], batches: int, seed: int) -> DataLoader:
+    """``batches`` batches of ``eval_batch_size`` training images as evaluation sees them (no
+    augmentation), drawn at random (seeded: a dataset sorted by class, as an ImageFolder is,
+    would otherwise calibrate on a few classes).
+
+    Example:
+        >>> loader = calibration_loader({"name": "digits", "eval_batch_size": 100}, 2, seed=0)
+        >>> [tuple(x.shape) for x, _ in loader]
+        [(100, 1, 8, 8), (100, 1, 8, 8)]
+    """
+    train = build_datasets({**cfg, "augment": False})[0]
+    size = int(cfg.get("eval_batch_size", 256))
+    pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
+    return DataLoader(Subset(train, pick[: batches * size].tolist()), batch_size=size)
 
 
 def batches_per_epoch(loader: DataLoader) -> int:

@@ -13,7 +13,9 @@ from inq.export import save_masked
 from inq.scheduler import INQScheduler
 
 if TYPE_CHECKING:
+    from inq.packed import PackedFile
     from inq.quant.integer import IntegerModel
+    from inq.quant.pipeline import Distill, QuantSettings
 
 
 class MixedNet(nn.Module):
@@ -258,3 +260,27 @@ def mobilenet_integer_model(seed: int = 0, bits: int = 5) -> tuple[nn.Module, In
             "pow2_scales": True, "calibration_batches": 4, "finetune_epochs": 0,
             "weight_bits": [bits]}  # fmt: skip
     return model, lowering.integer_model(info)
+
+
+def quantize_on(
+    packed: PackedFile,
+    data: dict[str, object],
+    settings: QuantSettings,
+    distill: Distill | None = None,
+) -> tuple[IntegerModel, dict[str, object]]:
+    """:func:`inq.quant.pipeline.quantize` of ``packed`` on the data set ``data`` as ``inq
+    calibrate`` runs it: calibrated on :func:`inq.data.calibration_loader`, fine-tuned on the
+    training split in seeded shuffled batches."""
+    from torch.utils.data import DataLoader
+
+    from inq.data import build_datasets, calibration_loader
+    from inq.quant.pipeline import quantize
+
+    finetune = DataLoader(
+        build_datasets(data)[0],
+        batch_size=int(data.get("batch_size", 64)),  # type: ignore[call-overload]
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
+    )
+    calibration = (x for x, _ in calibration_loader(data, settings.batches, seed=0))
+    return quantize(packed, calibration, settings, finetune=finetune, data=data, distill=distill)

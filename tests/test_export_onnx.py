@@ -20,6 +20,7 @@ from export_fixtures import (
     mobilenet_inputs,
     mobilenet_integer_model,
     packed_model,
+    quantize_on,
     residual_integer_model,
 )
 from onnx import numpy_helper
@@ -37,7 +38,7 @@ from inq.nn import from_packed
 from inq.packed import packed_from_masked
 from inq.quant.integer import IntegerModel, IntOp, save_integer
 from inq.quant.lower import Lowering
-from inq.quant.pipeline import QuantSettings, RealOutput, quantize
+from inq.quant.pipeline import QuantSettings, RealOutput
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +164,7 @@ def qdq(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[IntegerModel
     export of its file, with what ``inq export`` printed."""
     folder = tmp_path_factory.mktemp(f"qdq{request.param}")
     masked, _ = digits_run(folder, bits=request.param, epochs=2)
-    int_model, _ = quantize(
+    int_model, _ = quantize_on(
         packed_from_masked(load_masked(masked)), DIGITS_DATA, QuantSettings(act_bits=8)
     )
     int_file, path = folder / "d.int.safetensors", folder / "d.qdq.onnx"

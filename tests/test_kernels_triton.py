@@ -1139,16 +1139,16 @@ def test_integer_model_on_the_kernels_is_its_reference(tmp_path) -> None:
     """Issue 13: a whole integer model (the digits CNN at 8-bit activations: uint8 and int8
     inputs, 3x3 convs with padding, the classifier) gives the same int32 logits, bit for bit,
     with every conv/linear on the Triton kernels as with the reference."""
-    from export_fixtures import DIGITS_DATA, digits_run
+    from export_fixtures import DIGITS_DATA, digits_run, quantize_on
 
     from inq.data import build_datasets
     from inq.export import load_masked
     from inq.packed import packed_from_masked
-    from inq.quant.pipeline import QuantSettings, quantize
+    from inq.quant.pipeline import QuantSettings
 
     path, _ = digits_run(tmp_path, epochs=1)
     packed = packed_from_masked(load_masked(path))
-    int_model, _ = quantize(packed, DIGITS_DATA, QuantSettings(act_bits=8, batches=1))
+    int_model, _ = quantize_on(packed, DIGITS_DATA, QuantSettings(act_bits=8, batches=1))
     x = build_datasets(DIGITS_DATA)[1].tensors[0][:12]
     expected = int_model(x)  # CPU: the reference
     _CPU_ROUTE["triton"] = DEVICE == "cpu"

@@ -135,3 +135,24 @@ def _layer(module: str) -> int:
 def test_each_layer_imports_only_layers_above_it(module: str) -> None:
     below = sorted(m for m in import_graph()[module] - {"inq"} if _layer(m) > _layer(module))
     assert not below, f"{module} (layer {_layer(module)}) imports {below}"
+
+
+TRAIN = ROOT / "train"
+LONGEST_TRAIN_FUNCTION = 60  # lines: each of the training app's functions reads in one screen
+
+
+def test_the_trainer_fits_in_the_head() -> None:
+    """The Trainer's module stays under 400 lines; its plan, factories, bars and integer phase
+    live beside it."""
+    assert len((TRAIN / "loop.py").read_text().splitlines()) < 400
+
+
+@pytest.mark.parametrize("path", sorted(TRAIN.glob("*.py")), ids=lambda p: p.name)
+def test_every_training_function_is_one_screen(path: Path) -> None:
+    long = [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > LONGEST_TRAIN_FUNCTION
+    ]
+    assert not long, f"{path.name}: {long}"

@@ -26,8 +26,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
 from inq.errors import ConfigError
+from inq.train.build import build_model, build_scheduler, prune_targets
 from inq.train.config import register, to_dict, validate
-from inq.train.loop import _build_model, _build_scheduler, _prune_targets, prunes
+from inq.train.phases import prunes
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -167,10 +168,10 @@ def check_like_inq_train(cfg: DictConfig) -> None:
     ``model.checkpoint`` not read (the README's paths are examples)."""
     validate(cfg)
     model_info = {k: v for k, v in to_dict(cfg.model).items() if k != "checkpoint"}
-    model = _build_model(cfg, model_info, torch.device("cpu"), fresh=False)
-    sched = _build_scheduler(model, cfg)
+    model = build_model(cfg, model_info, torch.device("cpu"), fresh=False)
+    sched = build_scheduler(model, cfg)
     if prunes(cfg):
-        _prune_targets(sched, cfg)
+        prune_targets(sched, cfg)
 
 
 def check_inq_train_command(args: list[str]) -> tuple[int, bool]:

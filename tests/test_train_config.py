@@ -16,8 +16,9 @@ from train_helpers import TINY, inq_train, refused_run
 from inq.data import FASHION_MNIST_ROOT, build_datasets
 from inq.errors import ConfigError
 from inq.models import build_model
+from inq.train.build import build_lr_schedule, build_optimizer
 from inq.train.config import layer_bits, prune_layers, register, to_dict, validate
-from inq.train.loop import build_lr_schedule, build_optimizer, plan_phases
+from inq.train.phases import plan_phases
 
 CONF = Path(__file__).parents[1] / "conf"
 EXPERIMENTS = Path(__file__).parents[1] / "experiments"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from export_fixtures import quantize_on
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -23,7 +24,7 @@ from inq.errors import ConfigError
 from inq.export import load_masked, save_masked
 from inq.models import build_model
 from inq.packed import packed_from_masked
-from inq.quant.pipeline import QuantSettings, quantize
+from inq.quant.pipeline import Distill, QuantSettings
 from inq.runfiles import LATEST
 from inq.scheduler import INQScheduler
 from inq.train.checkpoint import CHECKPOINT_DIR, KILL_ENV, load_checkpoint
@@ -176,9 +177,9 @@ def test_the_integer_fine_tuning_distills_from_a_teacher(tmp_path: Path, threads
     packed = packed_from_masked(load_masked(tmp_path / "m.safetensors"))
     data = {"name": "digits", "train_size": 128, "batch_size": 32, "eval_batch_size": 64}
     settings = QuantSettings(act_bits=8, epochs=1, batches=1)
-    plain, plain_report = quantize(packed, data, settings)
-    zero, zero_report = quantize(packed, data, settings, teacher=teacher, distill_weight=0.0)
-    kd, kd_report = quantize(packed, data, settings, teacher=teacher, distill_weight=0.5)
+    plain, plain_report = quantize_on(packed, data, settings)
+    zero, zero_report = quantize_on(packed, data, settings, Distill(teacher, 0.0, 4.0))
+    kd, kd_report = quantize_on(packed, data, settings, Distill(teacher, 0.5, 4.0))
     assert zero_report["finetune_loss"] == plain_report["finetune_loss"]
     assert states_equal(zero.state_dict(), plain.state_dict())
     assert [op.attrs for op in zero.ops] == [op.attrs for op in plain.ops]  # the scales too
@@ -188,8 +189,8 @@ def test_the_integer_fine_tuning_distills_from_a_teacher(tmp_path: Path, threads
     ] != [op.attrs for op in plain.ops]
     assert trained_apart  # the teacher changed what the fine-tuning learned, not just its loss
     assert states_equal(teacher.state_dict(), before)
-    with pytest.raises(ValueError, match="distill_weight must lie in"):
-        quantize(packed, data, settings, teacher=teacher, distill_weight=2.0)
+    with pytest.raises(ValueError, match="distillation weight must lie in"):
+        Distill(teacher, 2.0, 4.0)
 
 
 # --- the console script (subprocesses) ---
@@ -222,9 +223,10 @@ def test_distillation_off_gives_the_default_run_byte_for_byte(tmp_path: Path) ->
 def test_a_distilled_run_killed_mid_stage_resumes_byte_for_byte(tmp_path: Path) -> None:
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     inq_train(*RESUMABLE_KD, f"hydra.run.dir={whole}")
-    # step:13: mid stage 1 (steps 9-16), a step after the checkpoint of step 12; quant:2: the
-    # integer phase's fine-tuning epoch done, its file not yet written
-    for kill_at in ("step:13", "quant:2", None):
+    # step:13: mid stage 1 (steps 9-16), a step after the checkpoint of step 12; step:52: in
+    # the middle of the integer phase's fine-tuning epoch (steps 49-56), a step after the
+    # checkpoint of step 51: it resumes there, distilling, as every phase does
+    for kill_at in ("step:13", "step:52", None):
         resume = (f"trainer.resume={killed}",) if killed.exists() else ()
         proc = inq_train(*RESUMABLE_KD, f"hydra.run.dir={killed}", *resume,
                          env={KILL_ENV: kill_at or ""}, check=kill_at is None)  # fmt: skip
@@ -233,8 +235,8 @@ def test_a_distilled_run_killed_mid_stage_resumes_byte_for_byte(tmp_path: Path) 
         assert (killed / name).read_bytes() == (whole / name).read_bytes(), name
     points = scalar_points(killed)
     assert points == scalar_points(whole)
-    kd = points["train/kd_loss"]  # logged from the first step after the float phase (1-8) on
-    assert kd[0][0] == 9 and kd[-1][0] == 48 and all(value >= 0 for _, value in kd)
+    kd = points["train/kd_loss"]  # logged from the first step after the float phase (1-8) on,
+    assert kd[0][0] == 9 and kd[-1][0] == 56 and all(value >= 0 for _, value in kd)  # to the end
     # the teacher is the float phase's model: float.pt, kept and never rewritten
     saved = load_checkpoint(whole / CHECKPOINT_DIR / "float.pt")
     assert saved["progress"]["phase"] == 1 and saved["progress"]["step"] == 8

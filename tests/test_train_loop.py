@@ -23,7 +23,8 @@ from inq.runfiles import LATEST
 from inq.train.checkpoint import CHECKPOINT_DIR, load_checkpoint
 from inq.train.config import register
 from inq.train.distributed import setup
-from inq.train.loop import Progress, Trainer
+from inq.train.loop import Trainer
+from inq.train.progress import Progress
 from inq.train.rundir import RunStopped
 
 

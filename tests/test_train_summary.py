@@ -12,7 +12,7 @@ from torch import nn
 from inq.runfiles import SUMMARY
 from inq.scheduler import INQScheduler
 from inq.train.config import Config, SGDConfig
-from inq.train.loop import Phase
+from inq.train.phases import Phase
 from inq.train.summary import METHOD_LABELS, summarize, table, write_summary, zero_fraction
 
 FLOAT = {"portion": 0.0, "pruned": 0.0, "loss": 0.3, "acc": 0.9125, "count": 400.0}

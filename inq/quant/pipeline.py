@@ -1,9 +1,11 @@
 """Integer deployment of a finished model: calibrate its activations on training data, optionally
 fine-tune them with fake quantization, lower it to an integer model and evaluate that.
 
-Used by ``inq calibrate`` and by ``inq-train``'s final phase (``quant.act_bits``). Both are
-seeded by ``seed``: the calibration images (a random draw from the training split, not
-augmented) and the fine-tuning batches, so on the CPU a rerun gives the same file.
+The library face, :func:`quantize`, takes batches (calibration images, fine-tuning batches) and
+builds no datasets: ``inq calibrate`` passes it :func:`inq.data.calibration_loader` and a
+training loader, and ``inq-train``'s integer phase (``quant.act_bits``) runs the same steps
+(:func:`lowering_of`, calibration, fine-tuning :func:`trainable`, :func:`lowered`) in its
+Trainer. Seeded loaders make a rerun on the CPU give the same file.
 
 Example (shell)::
 
@@ -16,16 +18,15 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Subset
 
-from inq.data import build_datasets, data_record
+from inq.data import data_record
 from inq.distill import distill_loss
 from inq.nn import from_packed
 from inq.packed import PackedFile
@@ -34,7 +35,17 @@ from inq.quant.integer import IntegerModel
 from inq.quant.lower import IntegerModelError, Lowering
 from inq.quant.observers import CALIBRATIONS
 
-__all__ = ["IntegerModelError", "QuantSettings", "RealOutput", "quantize"]
+__all__ = [
+    "Distill",
+    "IntegerModelError",
+    "QuantSettings",
+    "RealOutput",
+    "lowered",
+    "lowering_of",
+    "quantize",
+    "scale_values",
+    "trainable",
+]
 
 log = logging.getLogger("inq.train")
 
@@ -88,66 +99,109 @@ class RealOutput(nn.Module):
 
 def quantize(
     packed: PackedFile,
-    data: Mapping[str, Any],
+    calibration: Iterable[Tensor],
     settings: QuantSettings,
     device: torch.device | None = None,
+    finetune: Iterable[tuple[Tensor, Tensor]] = (),
+    data: Mapping[str, Any] | None = None,
     on_epoch: Callable[[int, dict[str, float]], None] = lambda epoch, values: None,
+    distill: Distill | None = None,
     seed: int = 0,
-    teacher: nn.Module | None = None,
-    distill_weight: float = 0.0,
-    temperature: float = 4.0,
 ) -> tuple[IntegerModel, dict[str, Any]]:
     """The integer model of ``packed`` and a report (``calibration_s``, ``finetune_s``,
     ``scales``, and the fine-tuning loss per epoch, ``finetune_loss``).
 
-    ``on_epoch(epoch, values)`` sees, before fine-tuning (epoch 0) and after each epoch, the
-    log2 scale and clipped fraction of every point (``quant/log2_scale/<point>``,
-    ``quant/clipped/<point>``) and the loss (``quant/loss``). ``seed`` picks the calibration
-    images and the fine-tuning batches. With a ``teacher`` (a frozen model taking the same
-    input, e.g. :func:`inq.distill.frozen_teacher` of the float model, on ``device``) and
-    ``distill_weight`` > 0, the fine-tuning loss is :func:`inq.distill.distill_loss` with
-    ``temperature``.
+    ``calibration`` yields the input batches to calibrate on (e.g.
+    :func:`inq.data.calibration_loader`); ``finetune`` the ``(x, y)`` batches of one
+    fine-tuning epoch, iterated ``settings.epochs`` times; ``data`` is the data config the
+    integer model's file records. ``on_epoch(epoch, values)`` sees, before fine-tuning (epoch
+    0) and after each epoch, :func:`scale_values` and the loss (``quant/loss``). With
+    ``distill``, the fine-tuning loss is :func:`inq.distill.distill_loss`. ``seed`` seeds the
+    random draws of the batches' augmentation (the caller's generator untouched). ``inq-train``
+    runs the same fine-tuning as a phase of its Trainer (:mod:`inq.train.loop`).
 
     Raises:
-        ValueError: a setting out of range (:meth:`QuantSettings.problem`) or no ``act_bits``;
-            a ``distill_weight`` outside [0, 1] or a ``temperature`` not > 0.
+        ValueError: a setting out of range (:meth:`QuantSettings.problem`) or no ``act_bits``.
         IntegerModelError: if the model has a layer the integer model cannot express, or no
             calibration data.
+    """
+    device = device or torch.device("cpu")
+    with torch.random.fork_rng(devices=[]):  # augmentations draw: seeded, the caller's RNG kept
+        torch.manual_seed(seed)
+        lowering = lowering_of(packed, settings, device)
+        start = time.perf_counter()
+        lowering.calibrate(x.to(device) for x in calibration)
+        report: dict[str, Any] = {"calibration_s": time.perf_counter() - start}
+        on_epoch(0, scale_values(lowering))
+        if settings.epochs:
+            start = time.perf_counter()
+            fq_model = lowering.fake_quant_model().to(device).eval()  # BatchNorm as folded
+            optimizer = torch.optim.Adam(trainable(fq_model), lr=settings.lr)
+            report["finetune_loss"] = []
+            for epoch in range(settings.epochs):
+                loss = _finetune_epoch(fq_model, optimizer, finetune, device, distill)
+                report["finetune_loss"].append(loss)
+                log.info("fine-tuning epoch %d/%d: loss %.4f", epoch + 1, settings.epochs, loss)
+                on_epoch(epoch + 1, {**scale_values(lowering), "quant/loss": loss})
+            report["finetune_s"] = time.perf_counter() - start
+    report["scales"] = lowering.scales()
+    return lowered(lowering, packed, settings, data or {}).to(device), report
+
+
+@dataclass(frozen=True)
+class Distill:
+    """Distillation from ``teacher`` (a frozen model taking the same input, e.g.
+    :func:`inq.distill.frozen_teacher` of the float model): :func:`inq.distill.distill_loss`
+    with ``weight`` in [0, 1] and ``temperature`` > 0."""
+
+    teacher: nn.Module
+    weight: float
+    temperature: float
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.weight <= 1.0 and self.temperature > 0):
+            raise ValueError(
+                "the distillation weight must lie in [0, 1] and the temperature be > 0, got "
+                f"{self.weight} and {self.temperature}"
+            )
+
+
+def lowering_of(packed: PackedFile, settings: QuantSettings, device: torch.device) -> Lowering:
+    """The :class:`~inq.quant.lower.Lowering` of ``packed`` with ``settings``, not calibrated.
+
+    Raises:
+        ValueError: a setting out of range (:meth:`QuantSettings.problem`) or no ``act_bits``.
+        IntegerModelError: a layer the integer model cannot express.
     """
     problem = settings.problem() or (
         ("act_bits", "the activation bits must be set") if settings.act_bits is None else None
     )
     if problem is not None:
         raise ValueError(f"{problem[0]}: {problem[1]}")
-    if not (0.0 <= distill_weight <= 1.0 and temperature > 0):
-        raise ValueError(
-            f"distill_weight must lie in [0, 1] and temperature be > 0, got {distill_weight} "
-            f"and {temperature}"
-        )
-    distill = None
-    if teacher is not None and distill_weight > 0:
-        distill = (teacher, distill_weight, temperature)
-    device = device or torch.device("cpu")
-    with torch.random.fork_rng(devices=[]):  # seeded here, the caller's generator untouched
-        torch.manual_seed(seed)
+    assert settings.act_bits is not None
+    with torch.random.fork_rng(devices=[]):  # building modules draws: leave the caller's RNG be
         model = from_packed(packed).to(device)
-        lowering = Lowering(
-            model, settings.act_bits, settings.calibration, settings.pow2_scales,
-            settings.input_bits,
-        )  # fmt: skip
-        start = time.perf_counter()
-        lowering.calibrate(
-            x.to(device) for x, _ in _calibration_batches(data, settings.batches, seed)
-        )
-        report: dict[str, Any] = {"calibration_s": time.perf_counter() - start}
-        on_epoch(0, _scale_values(lowering))
-        if settings.epochs:
-            start = time.perf_counter()
-            report["finetune_loss"] = _finetune(
-                lowering, data, settings, device, on_epoch, seed, distill
-            )
-            report["finetune_s"] = time.perf_counter() - start
-    report["scales"] = lowering.scales()
+    return Lowering(
+        model, settings.act_bits, settings.calibration, settings.pow2_scales, settings.input_bits
+    )
+
+
+def trainable(fq_model: nn.Module) -> list[nn.Parameter]:
+    """What fine-tuning trains: the BatchNorm affine parameters and the log2 scales (the
+    packed weights are buffers; the BatchNorm statistics stay frozen, as the integer model
+    folds them, so the model trains in eval mode)."""
+    return [p for p in fq_model.parameters() if p.requires_grad]
+
+
+def lowered(
+    lowering: Lowering, packed: PackedFile, settings: QuantSettings, data: Mapping[str, Any]
+) -> IntegerModel:
+    """The integer model of a calibrated (and maybe fine-tuned) ``lowering``, its file's
+    ``info`` saying how it was made and on which ``data`` (:func:`inq.data.data_record`).
+
+    Raises:
+        IntegerModelError: see :meth:`~inq.quant.lower.Lowering.integer_model`.
+    """
     info = {
         "model": packed.model,
         "data": data_record(data),  # without loader settings, with the input
@@ -159,65 +213,35 @@ def quantize(
         "finetune_epochs": settings.epochs,
         "weight_bits": sorted({layer.bits for layer in packed.layers.values()}),
     }
-    return lowering.integer_model(info).to(device), report
+    return lowering.integer_model(info)
 
 
-def _calibration_batches(data: Mapping[str, Any], batches: int, seed: int) -> DataLoader:
-    """``batches`` batches of training images as evaluation sees them (no
-    augmentation), drawn at random (seeded): a dataset sorted by class (ImageFolder) would
-    otherwise calibrate on a few classes."""
-    train = build_datasets({**data, "augment": False})[0]
-    size = int(data.get("eval_batch_size", 256))
-    gen = torch.Generator().manual_seed(seed)
-    pick = torch.randperm(len(train), generator=gen)[: batches * size]
-    return DataLoader(Subset(train, pick.tolist()), batch_size=size)
-
-
-def _finetune(
-    lowering: Lowering,
-    data: Mapping[str, Any],
-    settings: QuantSettings,
+def _finetune_epoch(
+    fq_model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterable[tuple[Tensor, Tensor]],
     device: torch.device,
-    on_epoch: Callable[[int, dict[str, float]], None],
-    seed: int,
-    distill: tuple[nn.Module, float, float] | None = None,
-) -> list[float]:
-    """Adam on the BatchNorm affine parameters and the log2 scales; the packed weights are
-    buffers and the BatchNorm statistics stay frozen (eval mode), as the integer model folds
-    them. ``distill``: ``(teacher, weight, temperature)`` to distill from, or None."""
-    train = build_datasets(data)[0]  # augmented as in training (data.augment)
-    fq_model = lowering.fake_quant_model().to(device)
-    params = [p for p in fq_model.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(params, lr=settings.lr)
-    gen = torch.Generator().manual_seed(seed)
-    loader = DataLoader(
-        train, batch_size=int(data.get("batch_size", 64)), shuffle=True, generator=gen
-    )
-    fq_model.eval()  # BatchNorm: running statistics, as folded
-    losses = []
-    for epoch in range(settings.epochs):
-        total = count = 0.0
-        for x, y in loader:
-            x, y = x.to(device), y.to(device)
-            logits = fq_model(x)
-            if distill is None:
-                loss = F.cross_entropy(logits, y)
-            else:
-                teacher, weight, temperature = distill
-                with torch.no_grad():
-                    teacher_logits = teacher(x)
-                loss = distill_loss(logits, teacher_logits, y, weight, temperature)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total, count = total + float(loss.detach()) * len(y), count + len(y)
-        losses.append(total / max(count, 1))
-        log.info("quant fine-tuning epoch %d/%d: loss %.4f", epoch + 1, settings.epochs, losses[-1])
-        on_epoch(epoch + 1, {**_scale_values(lowering), "quant/loss": losses[-1]})
-    return losses
+    distill: Distill | None,
+) -> float:
+    """One epoch of Adam over ``batches``; the mean loss."""
+    total = count = 0.0
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        logits = fq_model(x)
+        if distill is None:
+            loss = F.cross_entropy(logits, y)
+        else:
+            with torch.no_grad():
+                teacher_logits = distill.teacher(x)
+            loss = distill_loss(logits, teacher_logits, y, distill.weight, distill.temperature)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total, count = total + float(loss.detach()) * len(y), count + len(y)
+    return total / max(count, 1)
 
 
-def _scale_values(lowering: Lowering) -> dict[str, float]:
+def scale_values(lowering: Lowering) -> dict[str, float]:
     """The log2 scale and clipped fraction of every point: of the last fine-tuning batch, or
     of the calibration data."""
     values = {}

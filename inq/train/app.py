@@ -44,17 +44,17 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from inq.errors import ConfigError
-from inq.evaluation import evaluate
 from inq.export import save_masked
-from inq.packed import export_packed, load_packed
-from inq.quant.integer import load_integer, save_integer
-from inq.quant.pipeline import QuantSettings, RealOutput, quantize
+from inq.packed import export_packed
+from inq.quant.pipeline import QuantSettings
 from inq.runfiles import INTEGER, MASKED, PACKED
 from inq.scheduler import INQScheduler
-from inq.train.checkpoint import kill_point, load_checkpoint, resumed_config
+from inq.train.checkpoint import load_checkpoint, resumed_config
 from inq.train.config import register, validate
-from inq.train.distributed import Dist, setup, share, teardown
+from inq.train.distributed import Dist, setup, teardown
+from inq.train.integer import integer_phase
 from inq.train.loop import Trainer
+from inq.train.phases import Phase
 from inq.train.rundir import (
     RECORDED_CONFIG,
     RunStopped,
@@ -64,7 +64,7 @@ from inq.train.rundir import (
 )
 from inq.train.summary import summarize, table, write_summary
 
-__all__ = ["export_artifacts", "integer_phase", "main", "run", "train"]
+__all__ = ["export_artifacts", "main", "run", "train", "train_phase"]
 
 log = logging.getLogger("inq.train")
 
@@ -118,42 +118,49 @@ def train(
     pretraining, pruning rounds, INQ stages (or a baseline), exports, the integer phase and the
     summary, which it returns."""
     trainer = Trainer(cfg, out_dir, env, saved)  # the model, INQ scheduler, data and optimizer
-    with trainer.running():
+    with trainer.bars.running():
         for phase in trainer.phases_left():  # float, prune1.., stage1.. (oneshot, ste), bias_norm
-            if trainer.at_phase_start():  # else resumed in its middle: already started
-                if phase.name == "ste":
-                    trainer.start_ste()
-                elif phase.stage > trainer.sched.stage:
-                    trainer.quantize(phase.stage)  # partition, snap, freeze
-                elif phase.prune:
-                    trainer.prune(phase.prune)
-                trainer.restart_schedule(phase)
-            for epoch in trainer.epochs_left(phase):
-                trainer.train_epoch(phase, epoch)
-                every = cfg.trainer.eval_every
-                if every and (epoch + 1) % every == 0 and epoch + 1 < phase.epochs:
-                    trainer.evaluate()  # before the save, so a kill during it redoes it on resume
-                trainer.save()
-            trainer.end_phase(phase)
-    summary = summarize(
-        cfg, trainer.sched, trainer.phases, trainer.history, trainer.timings,
-        prune_targets=trainer.prune_targets, world_size=env.world_size,
-    )  # fmt: skip
-    if env.main:
-        summary["files"], summary["packed"] = export_artifacts(
-            out_dir, trainer.model, trainer.sched, trainer.model_info, trainer.data_info
-        )
-    try:
-        if cfg.quant.act_bits is not None:
-            summary["integer"] = integer_phase(cfg, out_dir, trainer)
-    finally:
-        trainer.tb.close()  # after the integer phase's events
+            train_phase(trainer, phase)
+        summary = summarize(
+            cfg, trainer.sched, trainer.phases, trainer.history, trainer.timings,
+            prune_targets=trainer.prune_targets, world_size=env.world_size,
+        )  # fmt: skip
+        if env.main:  # byte-reproducible: a resumed run writes the same files again
+            summary["files"], summary["packed"] = export_artifacts(
+                out_dir, trainer.model, trainer.sched, trainer.model_info, trainer.data_info
+            )
+        try:
+            if trainer.integer is not None:
+                summary["integer"] = integer_phase(out_dir, trainer)
+        finally:
+            trainer.tb.close()  # after the integer phase's events
     if env.main:
         if "integer" in summary:
             summary["files"]["integer"] = str(out_dir / INTEGER)
         write_summary(out_dir, summary)
         log.info("results in %s\n%s", out_dir, table(summary))
     return summary
+
+
+def train_phase(trainer: Trainer, phase: Phase) -> None:
+    """Run weight phase ``phase`` (or its rest, resumed in its middle): start it (STE, an INQ
+    stage's partition and snap, or a pruning round), train its epochs, evaluating every
+    ``trainer.eval_every`` and saving after each, and end it."""
+    if trainer.at_phase_start():  # else resumed in its middle: already started
+        if phase.name == "ste":
+            trainer.start_ste()
+        elif phase.stage > trainer.sched.stage:
+            trainer.quantize(phase.stage)  # partition, snap, freeze
+        elif phase.prune:
+            trainer.prune(phase.prune)
+        trainer.restart_schedule(phase)
+    every = trainer.cfg.trainer.eval_every
+    for epoch in trainer.epochs_left(phase):
+        trainer.train_epoch(phase, epoch)
+        if every and (epoch + 1) % every == 0 and epoch + 1 < phase.epochs:
+            trainer.evaluate()  # before the save, so a kill during it redoes it on resume
+        trainer.save()
+    trainer.end_phase(phase)
 
 
 def export_artifacts(
@@ -176,50 +183,6 @@ def export_artifacts(
     packed = out_dir / PACKED
     stats = export_packed(masked, packed)
     return {"masked": str(masked), "packed": str(packed)}, stats.as_dict()
-
-
-def integer_phase(cfg: DictConfig, out_dir: Path, trainer: Trainer) -> dict[str, Any]:
-    """Rank 0 calibrates (and fine-tunes) the activations of the packed model and writes
-    ``model.int.safetensors``; then every rank loads that file and evaluates its shard, so
-    the accuracy is the file's. Deterministic on the CPU, so a run killed here redoes it to
-    the same file.
-
-    Raises:
-        ConfigError: naming ``quant.act_bits`` if the model has no integer form.
-    """
-    q, env, step = cfg.quant, trainer.env, trainer.progress.step
-    settings: QuantSettings = OmegaConf.to_object(q)  # type: ignore[assignment]
-
-    def on_epoch(epoch: int, values: dict[str, float]) -> None:
-        trainer.tb.scalars(step + epoch, values)
-        kill_point("quant", epoch + 1)
-
-    problem, report = None, {}
-    if env.main:
-        try:
-            int_model, report = quantize(
-                load_packed(out_dir / PACKED), trainer.data_info, settings, env.device, on_epoch,
-                seed=cfg.trainer.seed, teacher=trainer.teacher,
-                distill_weight=cfg.inq.distill.weight, temperature=cfg.inq.distill.temperature,
-            )  # fmt: skip
-            save_integer(out_dir / INTEGER, int_model)
-        except ValueError as err:  # IntegerModelError among them: the model, not a bug
-            problem = f"no integer model: {err}"
-    problem, report = share((problem, report))
-    if problem is not None:
-        raise ConfigError("quant.act_bits", problem)
-    int_model = load_integer(out_dir / INTEGER).to(env.device)
-    metrics = evaluate(RealOutput(int_model), trainer.val_loader, env.device, top5=False)
-    trainer.tb.scalars(
-        step + q.epochs, {"val/int_acc": metrics["acc"], "val/int_loss": metrics["loss"]}
-    )
-    log.info(
-        "integer model (%d-bit activations, %s calibration%s): val acc %.2f %%, in %s",
-        q.act_bits, q.calibration,
-        f", {q.epochs} fine-tuning epoch{'s' if q.epochs > 1 else ''}" if q.epochs else "",
-        100 * metrics["acc"], out_dir / INTEGER,
-    )  # fmt: skip
-    return {**metrics, "act_bits": q.act_bits, **{k: v for k, v in report.items() if k != "scales"}}
 
 
 def _resumed(

@@ -26,27 +26,33 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from inq.distill import frozen_teacher
 from inq.errors import ConfigError
 from inq.io import atomic_path
 from inq.runfiles import LATEST
 from inq.scheduler import INQScheduler
 from inq.train.config import Config, to_dict
+from inq.train.distributed import launch_command
 
 __all__ = [
     "CHECKPOINT_DIR",
     "FORMAT",
     "KILL_ENV",
     "check_finite",
+    "check_world_size",
+    "first_non_finite",
     "get_rng_state",
     "kill_point",
     "link_checkpoint",
     "load_checkpoint",
     "load_float_weights",
     "resolve_resume",
+    "restore_optimizer",
     "restore_training_state",
     "resumed_config",
     "save_checkpoint",
     "save_run_checkpoint",
+    "saved_teacher",
     "set_rng_state",
     "training_state",
 ]
@@ -122,11 +128,14 @@ def training_state(
     timings: Mapping[str, float],
     world_size: int,
     config: DictConfig,
+    quant: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """What a training checkpoint holds (:data:`FORMAT`): the states of the model, INQ
-    scheduler, optimizer (over ``params``: ``"all"`` or ``"bias_norm"``), LR schedule and grad
-    scaler, the RNG states, where the run is and what it measured, and its config as JSON;
-    ``tb_pending``: the TensorBoard events of this step (:meth:`inq.train.monitor.Monitor.commit`).
+    scheduler, optimizer (over ``params``: ``"all"``, ``"bias_norm"`` or ``"quant"``), LR
+    schedule and grad scaler, the RNG states, where the run is and what it measured, and its
+    config as JSON; ``tb_pending``: the TensorBoard events of this step
+    (:meth:`inq.train.monitor.Monitor.commit`); ``quant``: inside the integer phase, the state
+    of the fake-quantized model it trains.
     """
     return {
         "tb_pending": tb_pending,
@@ -143,6 +152,7 @@ def training_state(
         "rng": get_rng_state(),
         "world_size": world_size,
         "config": json.dumps(to_dict(config)),
+        "quant": dict(quant) if quant is not None else None,
     }
 
 
@@ -150,24 +160,69 @@ def restore_training_state(
     saved: Mapping[str, Any],
     model: nn.Module,
     sched: INQScheduler,
-    optimizer: torch.optim.Optimizer | None,
-    lr_schedule: LRScheduler | None,
     scaler: torch.amp.GradScaler,
 ) -> None:
-    """Load :func:`training_state` output into the objects it was taken from, and the RNGs.
-
-    ``optimizer`` and ``lr_schedule`` (None: not restored) must be built first, the schedule
-    before the optimizer state is loaded: LambdaLR's constructor sets the lr, which the saved
-    optimizer state then sets back.
-    """
+    """Load :func:`training_state` output into the model, INQ scheduler and grad scaler, and
+    set the RNGs (last: after everything a resume builds). :func:`restore_optimizer` does the
+    optimizer."""
     model.load_state_dict(saved["model"])
     sched.load_state_dict(saved["inq"])
-    if optimizer is not None:
-        optimizer.load_state_dict(saved["optimizer"])
-    if lr_schedule is not None:
-        lr_schedule.load_state_dict(saved["lr_schedule"])
     scaler.load_state_dict(saved["scaler"])
     set_rng_state(saved["rng"])
+
+
+def restore_optimizer(
+    saved: Mapping[str, Any], optimizer: torch.optim.Optimizer, lr_schedule: LRScheduler | None
+) -> None:
+    """Load the saved optimizer state and, unless ``lr_schedule`` is None, the LR schedule's.
+
+    Build both first, the schedule before the optimizer state is loaded: LambdaLR's
+    constructor sets the lr, which the saved optimizer state then sets back.
+    """
+    optimizer.load_state_dict(saved["optimizer"])
+    if lr_schedule is not None:
+        lr_schedule.load_state_dict(saved["lr_schedule"])
+
+
+def check_world_size(saved: Mapping[str, Any], world_size: int, run_dir: Path) -> None:
+    """Refuse a checkpoint saved by another number of processes than ``world_size``.
+
+    Raises:
+        ConfigError: naming ``trainer.resume`` and the command that resumes it.
+    """
+    world = saved["world_size"]
+    if world != world_size:
+        raise ConfigError(
+            "trainer.resume",
+            f"saved by {world} processes, not {world_size}: resume it with "
+            f"{launch_command(world)} trainer.resume={run_dir}",
+        )
+
+
+def saved_teacher(model: nn.Module, run_dir: Path, resume: str | None, main: bool) -> nn.Module:
+    """The distillation teacher of a resumed run: the float model that ``checkpoints/float.pt``
+    holds, in the run directory or, for a run resumed from a checkpoint file elsewhere
+    (``resume``), beside that file (then linked into this run's by rank 0 (``main``), so that
+    it resumes too).
+
+    Raises:
+        ConfigError: naming ``trainer.resume`` if there is no such file.
+    """
+    here = run_dir / CHECKPOINT_DIR / "float.pt"
+    path = here
+    if not here.is_file() and resume:
+        path = resolve_resume(resume).parent / here.name
+    if not path.is_file():
+        raise ConfigError(
+            "trainer.resume",
+            f"distillation (inq.distill.weight > 0) needs the run's float model, {here}, "
+            "which is missing",
+        )
+    teacher = frozen_teacher(model)
+    teacher.load_state_dict(load_checkpoint(path)["model"])
+    if path != here and main:
+        link_checkpoint(path, here)
+    return teacher
 
 
 def save_run_checkpoint(
@@ -413,3 +468,19 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+def first_non_finite(model: nn.Module) -> str | None:
+    """What is not finite in ``model`` (a weight, or a norm layer's running statistics), if any.
+
+    Example:
+        >>> bn = nn.BatchNorm1d(2)
+        >>> first_non_finite(bn), bn.running_var.fill_(float("inf")) is not None
+        (None, True)
+        >>> first_non_finite(bn)
+        "'running_var' holds NaN or infinite values"
+    """
+    for name, value in model.state_dict().items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return f"{name!r} holds NaN or infinite values"
+    return None

@@ -190,8 +190,40 @@ def validate(cfg: DictConfig) -> None:
     if missing:
         raise ConfigError(missing[0], "must be set (it is ??? in the config)")
     _check_finite(to_dict(cfg))
-    if cfg.trainer.resume == "":
+    _check_trainer(cfg.trainer)
+    _check_inq(cfg)
+    check_data(cfg.data, "data.")
+    if cfg.model.width <= 0:
+        raise ConfigError("model.width", f"must be > 0, got {cfg.model.width}")
+    _check_optimizer(cfg.optim)
+    _check_quant(cfg.quant)
+    _check_float_weights(cfg)
+    _check_prune(cfg)
+    _check_lr(cfg.lr)
+    _check_distill(cfg)
+
+
+def _check_trainer(t: DictConfig) -> None:
+    """``trainer.*``: counts >= 0, positive intervals, a seed numpy takes, a device there is."""
+    if t.resume == "":
         raise ConfigError("trainer.resume", "is empty; name the run directory to continue")
+    counts = ("seed", "float_epochs", "eval_every", "checkpoint_every", "num_threads")
+    _check_at_least(0, {f"trainer.{k}": t[k] for k in counts})
+    _check_at_least(0, {"trainer.keep_checkpoints": t.keep_checkpoints or 0})
+    if t.seed >= 2**32:  # numpy's and torch's seeding limit
+        raise ConfigError("trainer.seed", f"must be < 2**32, got {t.seed}")
+    if t.log_every <= 0:
+        raise ConfigError("trainer.log_every", f"must be > 0, got {t.log_every}")
+    if t.grad_clip is not None and t.grad_clip <= 0:
+        raise ConfigError("trainer.grad_clip", f"must be > 0 or null, got {t.grad_clip}")
+    if t.device not in ("auto", "cpu") and not t.device.startswith("cuda"):
+        raise ConfigError("trainer.device", f"use auto, cpu or cuda[:N], got {t.device!r}")
+    if t.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("trainer.device", f"{t.device!r} asked for, but no CUDA GPU is visible")
+
+
+def _check_inq(cfg: DictConfig) -> None:
+    """``inq.*``: bits, portions, epochs, lr and each ``layer_bits`` entry."""
     for key, check, value in (
         ("inq.bits", check_bits, cfg.inq.bits),
         ("inq.portions", check_portions, list(cfg.inq.portions)),
@@ -200,63 +232,46 @@ def validate(cfg: DictConfig) -> None:
             check(value)
         except ValueError as err:
             raise ConfigError(key, str(err)) from None
-    counts = {
-        "trainer.seed": cfg.trainer.seed,
-        "trainer.float_epochs": cfg.trainer.float_epochs,
-        "inq.epochs": cfg.inq.epochs,
-        "inq.final_epochs": cfg.inq.final_epochs,
-        "trainer.eval_every": cfg.trainer.eval_every,
-        "trainer.checkpoint_every": cfg.trainer.checkpoint_every,
-        "trainer.keep_checkpoints": cfg.trainer.keep_checkpoints or 0,
-        "prune.epochs": cfg.prune.epochs,
-        "trainer.num_threads": cfg.trainer.num_threads,
-    }
-    for key, value in {**counts, "lr.warmup_epochs": cfg.lr.warmup_epochs}.items():
-        if value < 0:
-            raise ConfigError(key, f"must be >= 0, got {value}")
-    if cfg.trainer.seed >= 2**32:  # numpy's and torch's seeding limit
-        raise ConfigError("trainer.seed", f"must be < 2**32, got {cfg.trainer.seed}")
-    check_data(cfg.data, "data.")
-    positive = {
-        "trainer.log_every": cfg.trainer.log_every,
-        "optim.lr": cfg.optim.lr,
-        "prune.steps": cfg.prune.steps,
-        "lr.gamma": cfg.lr.gamma,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(key, f"must be > 0, got {value}")
-    if cfg.model.width <= 0:
-        raise ConfigError("model.width", f"must be > 0, got {cfg.model.width}")
-    _check_optimizer(cfg.optim)
-    _check_quant(cfg.quant)
-    _check_float_weights(cfg)
-    for key in ("inq.lr", "prune.lr"):
-        value = OmegaConf.select(cfg, key)
-        if value is not None and value <= 0:
-            raise ConfigError(key, f"must be > 0 or null, got {value}")
-    for key, value in [("prune.sparsity", cfg.prune.sparsity), *prune_layers(cfg).items()]:
-        if not 0.0 <= value < 1.0:
-            where = key if key == "prune.sparsity" else f"prune.layers {key}"
-            raise ConfigError(where, f"a pruned fraction in [0, 1), got {value}")
+    _check_at_least(0, {"inq.epochs": cfg.inq.epochs, "inq.final_epochs": cfg.inq.final_epochs})
+    if cfg.inq.lr is not None and cfg.inq.lr <= 0:
+        raise ConfigError("inq.lr", f"must be > 0 or null, got {cfg.inq.lr}")
     for glob, bits in layer_bits(cfg).items():
         try:
             check_bits(bits)
         except ValueError as err:
             raise ConfigError("inq.layer_bits", f"{glob!r}: {err}") from None
-    if cfg.trainer.grad_clip is not None and cfg.trainer.grad_clip <= 0:
-        raise ConfigError("trainer.grad_clip", f"must be > 0 or null, got {cfg.trainer.grad_clip}")
-    device = cfg.trainer.device
-    if device not in ("auto", "cpu") and not device.startswith("cuda"):
-        raise ConfigError("trainer.device", f"use auto, cpu or cuda[:N], got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("trainer.device", f"{device!r} asked for, but no CUDA GPU is visible")
-    if not 0.0 <= cfg.lr.min_factor <= 1.0:
-        raise ConfigError("lr.min_factor", f"must lie in [0, 1], got {cfg.lr.min_factor}")
-    milestones = list(cfg.lr.milestones)
+
+
+def _check_prune(cfg: DictConfig) -> None:
+    """``prune.*``: rounds, epochs, lr and every pruned fraction in [0, 1)."""
+    p = cfg.prune
+    _check_at_least(0, {"prune.epochs": p.epochs})
+    if p.steps <= 0:
+        raise ConfigError("prune.steps", f"must be > 0, got {p.steps}")
+    if p.lr is not None and p.lr <= 0:
+        raise ConfigError("prune.lr", f"must be > 0 or null, got {p.lr}")
+    for key, value in [("prune.sparsity", p.sparsity), *prune_layers(cfg).items()]:
+        if not 0.0 <= value < 1.0:
+            where = key if key == "prune.sparsity" else f"prune.layers {key}"
+            raise ConfigError(where, f"a pruned fraction in [0, 1), got {value}")
+
+
+def _check_lr(lr: DictConfig) -> None:
+    """``lr.*``: warmup >= 0, gamma > 0, the cosine floor in [0, 1], rising milestones."""
+    _check_at_least(0, {"lr.warmup_epochs": lr.warmup_epochs})
+    if lr.gamma <= 0:
+        raise ConfigError("lr.gamma", f"must be > 0, got {lr.gamma}")
+    if not 0.0 <= lr.min_factor <= 1.0:
+        raise ConfigError("lr.min_factor", f"must lie in [0, 1], got {lr.min_factor}")
+    milestones = list(lr.milestones)
     if any(not 0.0 < m < 1.0 for m in milestones) or milestones != sorted(set(milestones)):
         raise ConfigError("lr.milestones", f"rising fractions of a stage, in (0, 1): {milestones}")
-    _check_distill(cfg)
+
+
+def _check_at_least(least: float, values: dict[str, float]) -> None:
+    for key, value in values.items():
+        if value < least:
+            raise ConfigError(key, f"must be >= {least}, got {value}")
 
 
 def _check_finite(settings: dict[str, Any], prefix: str = "") -> None:
@@ -371,6 +386,9 @@ def _glob_values(
 
 
 def _check_optimizer(optim: DictConfig) -> None:
+    """``optim.*``: lr > 0, weight decay >= 0, momentum and betas in [0, 1)."""
+    if optim.lr <= 0:
+        raise ConfigError("optim.lr", f"must be > 0, got {optim.lr}")
     if optim.get("weight_decay", 0.0) < 0:
         raise ConfigError("optim.weight_decay", f"must be >= 0, got {optim.weight_decay}")
     if not 0.0 <= optim.get("momentum", 0.0) < 1.0:  # >= 1: the step grows without bound

@@ -24,6 +24,7 @@ import torch.distributed as dist
 # Imported here, it binds None.
 import torch.distributed.nn
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from inq.scheduler import INQScheduler
 
@@ -38,6 +39,7 @@ __all__ = [
     "setup",
     "share",
     "teardown",
+    "wrap_ddp",
 ]
 
 
@@ -107,6 +109,14 @@ def teardown() -> None:
         nccl = dist.get_backend() == "nccl"
         dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
     dist.destroy_process_group()
+
+
+def wrap_ddp(env: Dist, module: nn.Module) -> nn.Module:
+    """``module`` as a training step calls it: in DDP with several processes, else itself."""
+    if env.world_size == 1:
+        return module
+    ids = [env.device] if env.device.type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=ids)
 
 
 def all_sum(values: torch.Tensor) -> torch.Tensor:

@@ -110,18 +110,7 @@ def claimed(
         RunStopped: on Ctrl-C, SIGTERM or a failed write (disk full, read-only) in the block.
     """
     hydra_dir = hydra_dir.absolute()  # summary.json names the run's files by absolute paths
-    owner, claim, note, problem = None, None, None, None
-    if main:
-        try:
-            owner, claim, note = _claim(cfg, hydra_dir, dir_chosen)
-        except ConfigError as err:
-            problem = err
-    problem, claim = share((problem, claim))
-    if problem is not None or claim.home != hydra_dir:
-        remove_unused(hydra_dir, dir_chosen)
-    if problem is not None:
-        teardown()  # before raising: every rank knows the problem, so all leave together
-        raise problem
+    owner, claim, note = _claim_on_rank0(cfg, hydra_dir, dir_chosen, main)
     try:
         with stop_signals():
             if owner is not None:
@@ -143,6 +132,26 @@ def claimed(
     finally:
         if owner is not None:
             owner.release()
+
+
+def _claim_on_rank0(
+    cfg: DictConfig, hydra_dir: Path, dir_chosen: bool, main: bool
+) -> tuple[RunDir | None, Claim, str | None]:
+    """Rank 0 claims the directory (:func:`_claim`); every rank gets the claim, or leaves
+    together on rank 0's error, an unused ``hydra_dir`` removed."""
+    owner, claim, note, problem = None, None, None, None
+    if main:
+        try:
+            owner, claim, note = _claim(cfg, hydra_dir, dir_chosen)
+        except ConfigError as err:
+            problem = err
+    problem, claim = share((problem, claim))
+    if problem is not None or claim.home != hydra_dir:
+        remove_unused(hydra_dir, dir_chosen)
+    if problem is not None:
+        teardown()  # before raising: every rank knows the problem, so all leave together
+        raise problem
+    return owner, claim, note
 
 
 def remove_unused(out_dir: Path, dir_chosen: bool) -> None:

@@ -21,7 +21,7 @@ from inq.io import atomic_path
 from inq.runfiles import SUMMARY
 from inq.scheduler import INQScheduler
 from inq.train.config import to_dict
-from inq.train.loop import Phase, method_name
+from inq.train.phases import Phase, method_name
 
 __all__ = ["METHOD_LABELS", "summarize", "table", "write_summary", "zero_fraction"]
 

@@ -1,0 +1,193 @@
+"""What a run is made of, built from its config: the model, the INQ scheduler, the pruning
+targets, the optimizer over the phase's parameters and the phase's LR schedule.
+
+Each factory turns a value the library refuses into a :class:`~inq.errors.ConfigError` naming
+the config key to fix.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader
+
+from inq import models
+from inq.data import build_datasets, build_eval_loader, build_train_loader
+from inq.errors import ConfigError
+from inq.prune import layer_targets
+from inq.quant.lower import IntegerModelError, check_expressible
+from inq.quant.pipeline import trainable
+from inq.scheduler import INQScheduler, check_portions
+from inq.train import checkpoint as ckpt
+from inq.train.config import layer_bits, prune_layers
+from inq.train.distributed import Dist
+from inq.train.phases import method_name
+
+__all__ = [
+    "NORM_TYPES",
+    "bias_norm_parameters",
+    "build_loaders",
+    "build_lr_schedule",
+    "build_model",
+    "build_optimizer",
+    "build_scheduler",
+    "check_amp",
+    "prune_targets",
+    "seed_everything",
+]
+
+NORM_TYPES = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+
+
+def bias_norm_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Biases of every layer and all parameters of normalization layers.
+
+    Example:
+        >>> net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Linear(2, 2, bias=False))
+        >>> [tuple(p.shape) for p in bias_norm_parameters(net)]
+        [(2,), (2,), (2,)]
+    """
+    chosen: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if isinstance(module, NORM_TYPES) or name == "bias":
+                chosen.setdefault(id(param), param)
+    return list(chosen.values())
+
+
+def build_optimizer(
+    optim_cfg: DictConfig, model: nn.Module, params: str, lr: float
+) -> torch.optim.Optimizer:
+    """Instantiate ``optim`` (its ``_target_``) over all parameters (``params="all"``) or
+    biases/norms only (``"bias_norm"``); for the integer phase's fake-quantized model
+    (``"quant"``), Adam over what it trains (:func:`inq.quant.pipeline.trainable`)."""
+    if params == "quant":
+        return torch.optim.Adam(trainable(model), lr=lr)
+    chosen = list(model.parameters()) if params == "all" else bias_norm_parameters(model)
+    return instantiate(optim_cfg, params=chosen, lr=lr)
+
+
+def build_lr_schedule(
+    lr_cfg: DictConfig, optimizer: torch.optim.Optimizer, epochs: int, steps_per_epoch: int
+) -> LambdaLR:
+    """Per-step schedule over one phase: optional linear warmup, then constant/cosine/step.
+
+    Example:
+        >>> from omegaconf import OmegaConf
+        >>> opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+        >>> cfg = OmegaConf.create({"name": "step", "warmup_epochs": 0, "milestones": [0.5],
+        ...                         "gamma": 0.1, "min_factor": 0.0})
+        >>> sched = build_lr_schedule(cfg, opt, epochs=2, steps_per_epoch=2)
+        >>> lrs = []
+        >>> for _ in range(4):
+        ...     lrs.append(round(sched.get_last_lr()[0], 3))
+        ...     opt.step()
+        ...     sched.step()
+        >>> lrs
+        [1.0, 1.0, 0.1, 0.1]
+    """
+    total = max(1, epochs * steps_per_epoch)
+    warmup = round(lr_cfg.warmup_epochs * steps_per_epoch)
+    name = getattr(lr_cfg.name, "name", lr_cfg.name)  # a Schedule enum or its name
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        t = (step - warmup) / max(1, total - warmup)
+        if name == "cosine":
+            return lr_cfg.min_factor + (1 - lr_cfg.min_factor) * 0.5 * (1 + math.cos(math.pi * t))
+        if name == "step":
+            return lr_cfg.gamma ** sum(step / total >= m for m in lr_cfg.milestones)
+        return 1.0
+
+    return LambdaLR(optimizer, factor)
+
+
+def check_amp(cfg: DictConfig, device: torch.device) -> None:
+    """Refuse ``trainer.amp`` off a CUDA device.
+
+    Raises:
+        ConfigError: naming ``trainer.amp``.
+    """
+    if cfg.trainer.amp and device.type != "cuda":
+        raise ConfigError(
+            "trainer.amp", f"float16 autocast runs on a CUDA GPU only; this run is on {device}"
+        )
+
+
+def build_loaders(data: dict[str, Any], seed: int, env: Dist) -> tuple[DataLoader, DataLoader]:
+    """The training loader (shuffled by ``seed``) and the validation loader of the data config
+    ``data``, each rank of ``env`` on its own shard."""
+    train_set, val_set = build_datasets(data)
+    train = build_train_loader(data, train_set, seed, env.rank, env.world_size)
+    return train, build_eval_loader(data, val_set, env.rank, env.world_size)
+
+
+def build_model(
+    cfg: DictConfig, model_info: dict[str, Any], device: torch.device, fresh: bool
+) -> nn.Module:
+    """The model, refused early if ``quant.act_bits`` asks for an integer form it has not;
+    a ``fresh`` run (not a resumed one) starts from ``model.checkpoint`` if there is one."""
+    model = models.build_model(model_info).to(device)
+    if cfg.quant.act_bits is not None:  # before any training is spent on it
+        try:
+            check_expressible(model)
+        except IntegerModelError as err:
+            raise ConfigError(
+                "quant.act_bits", f"no integer model of {cfg.model.name}: {err}"
+            ) from None
+    if cfg.model.checkpoint and fresh:
+        ckpt.load_float_weights(model, cfg.model.checkpoint)
+    return model
+
+
+def build_scheduler(model: nn.Module, cfg: DictConfig) -> INQScheduler:
+    """The INQ scheduler of ``inq.*`` (one stage for the baselines) over ``model``'s targets."""
+    own_bits = layer_bits(cfg)  # outside the try: its ConfigError names its key already
+    try:
+        portions = check_portions(cfg.inq.portions)  # the baselines take their epochs from it
+        return INQScheduler(
+            model,
+            bits=cfg.inq.bits,
+            portions=portions if method_name(cfg) == "inq" else (1.0,),
+            strategy=cfg.inq.strategy.name,
+            seed=cfg.trainer.seed,
+            include=None if cfg.inq.include is None else list(cfg.inq.include),
+            exclude=None if cfg.inq.exclude is None else list(cfg.inq.exclude),
+            n1_rule=cfg.inq.n1_rule.name,
+            granularity=cfg.inq.granularity.name,
+            layer_bits=own_bits,
+        )
+    except ValueError as err:
+        keys = ("layer_bits", "portions", "include", "exclude", "strategy")
+        key = next((f"inq.{k}" for k in keys if k in str(err)), "inq")
+        raise ConfigError(key, str(err)) from None
+
+
+def prune_targets(sched: INQScheduler, cfg: DictConfig) -> dict[str, float]:
+    """Each target layer's final sparsity (``prune.sparsity``, ``prune.layers``)."""
+    try:
+        names = [layer.name for layer in sched.layers]
+        return layer_targets(names, cfg.prune.sparsity, prune_layers(cfg))
+    except ValueError as err:
+        raise ConfigError("prune.layers", str(err)) from None
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's generators: a run's start is a function of its seed."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
