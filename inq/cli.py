@@ -51,7 +51,7 @@ from inq.data import (
 from inq.evaluation import evaluate
 from inq.export import MASKED_FORMATS, load_masked
 from inq.export_onnx import OnnxModel, export_onnx, export_qdq
-from inq.io import LOCK_NAME, lock_dir
+from inq.fileio import LOCK_NAME, lock_dir
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.levels import describe_n1
 from inq.nn import from_packed

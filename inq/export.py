@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from inq.io import digest_problem, metadata_n1, n1_json, read_safetensors, write_safetensors
+from inq.fileio import digest_problem, metadata_n1, n1_json, read_safetensors, write_safetensors
 from inq.pow2 import N1, check_bits
 from inq.scheduler import INQScheduler
 

@@ -40,7 +40,7 @@ from torch import nn
 
 from inq.codes import code_width, codes_problem, decode_weight, pack_codes, row_bytes, unpack_codes
 from inq.export import MASKED_FORMATS, MaskedCheckpoint, load_masked
-from inq.io import (
+from inq.fileio import (
     digest_problem,
     metadata_n1,
     n1_json,

@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from inq.export import MASKED_FORMATS, load_masked
-from inq.io import read_safetensors_metadata
+from inq.fileio import read_safetensors_metadata
 from inq.packed import PACKED_FORMATS, PackedFile, load_packed, packed_from_masked, read_format
 
 __all__ = [

@@ -59,7 +59,7 @@ def masked_file(
 def masked_v2(path: Path, out: Path) -> Path:
     """The masked checkpoint at ``path`` rewritten as format ``inq-masked/2`` (no bits per
     layer, before per-layer bit-widths) at ``out``, with a matching digest."""
-    from inq.io import DIGEST_KEY, read_safetensors, write_safetensors
+    from inq.fileio import DIGEST_KEY, read_safetensors, write_safetensors
 
     tensors, metadata = read_safetensors(path)
     layers = json.loads(metadata["layers"])

@@ -30,7 +30,7 @@ import inq
 import inq.cli
 from inq.cli import COMMANDS, main
 from inq.export import MASK_SUFFIX, load_masked
-from inq.io import LOCK_NAME, atomic_path, lock_dir
+from inq.fileio import LOCK_NAME, atomic_path, lock_dir
 from inq.nn import convert_model
 from inq.packed import load_packed, pack_stats, packed_from_masked
 from inq.quant.integer import save_integer

@@ -17,7 +17,7 @@ from torch import nn
 import inq
 from inq import INQScheduler
 from inq.export import MASK_SUFFIX, MASKED_FORMAT, load_masked, save_masked
-from inq.io import read_safetensors
+from inq.fileio import read_safetensors
 
 
 def small_cnn(seed: int) -> nn.Sequential:

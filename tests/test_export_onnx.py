@@ -31,7 +31,7 @@ from inq.codes import decode_weight, pack_codes
 from inq.data import build_datasets
 from inq.export import load_masked
 from inq.export_onnx import OPSET, OnnxModel, QdqWeight, export_onnx, export_qdq, qdq_weight
-from inq.io import DIGEST_KEY, read_safetensors, write_safetensors
+from inq.fileio import DIGEST_KEY, read_safetensors, write_safetensors
 from inq.models import build_model
 from inq.nn import from_packed
 from inq.packed import packed_from_masked

@@ -117,7 +117,7 @@ LAYERS = (  # README's code map, top to bottom; a module may import its own laye
     ),
     ("inq.codes",),
     ("inq.kernels",),
-    ("inq.io", "inq.export", "inq.sparse", "inq.packed", "inq.verify", "inq.runfiles"),
+    ("inq.fileio", "inq.export", "inq.sparse", "inq.packed", "inq.verify", "inq.runfiles"),
     ("inq.models", "inq.data", "inq.evaluation", "inq.errors"),
     ("inq.nn", "inq.quant", "inq.export_onnx", "inq.bench_onnx"),
     ("inq.train", "inq.cli"),

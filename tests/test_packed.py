@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from inq.export import load_masked, save_masked
-from inq.io import DIGEST_KEY, read_safetensors, write_safetensors
+from inq.fileio import DIGEST_KEY, read_safetensors, write_safetensors
 from inq.packed import (
     CODES_SUFFIX,
     INDEX_SUFFIX,

@@ -15,7 +15,7 @@ from torch import nn
 from inq.cli import main
 from inq.codes import pack_codes
 from inq.export import MASK_SUFFIX
-from inq.io import read_safetensors, write_safetensors
+from inq.fileio import read_safetensors, write_safetensors
 from inq.packed import CODES_SUFFIX, PackedFile, PackedLayer, export_packed
 from inq.quant.integer import save_integer
 from inq.verify import verify_file, verify_packed

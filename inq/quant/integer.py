@@ -63,7 +63,7 @@ from torch import Tensor, nn
 
 import inq.kernels  # noqa: F401  (registers torch.ops.inq.*)
 from inq.codes import codes_problem, row_bytes, unpack_codes
-from inq.io import DIGEST_KEY, digest_problem, metadata_n1, read_safetensors, write_safetensors
+from inq.fileio import DIGEST_KEY, digest_problem, metadata_n1, read_safetensors, write_safetensors
 from inq.kernels.int8 import max_frac_bits, requantize, value_dtype
 from inq.packed import n1_problem, read_format
 from inq.pow2 import MAX_BITS, MIN_BITS

@@ -1,5 +1,8 @@
 """File I/O: atomic writes (a reader sees the old file or the whole new one), safe reads, and
-byte-reproducible safetensors files."""
+byte-reproducible safetensors files.
+
+Named ``fileio`` rather than ``io``, the standard library's module: ``from inq import io``, or a
+script run from inside ``inq/``, would get one where the reader expects the other."""
 
 from __future__ import annotations
 
@@ -143,7 +146,7 @@ def lock_dir(folder: str | os.PathLike[str]) -> TextIO:
         >>> lock_dir(folder)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        inq.io.DirBusy: ...: another process (pid ...) is working there; wait for it
+        inq.fileio.DirBusy: ...: another process (pid ...) is working there; wait for it
         >>> lock.close()
 
     Raises:
