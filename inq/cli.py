@@ -49,11 +49,11 @@ from inq.data import (
     input_shape,
 )
 from inq.evaluation import evaluate
-from inq.export import MASKED_FORMATS, load_masked
 from inq.export_onnx import OnnxModel, export_onnx, export_qdq
 from inq.fileio import LOCK_NAME, lock_dir
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.levels import describe_n1
+from inq.masked import MASKED_FORMATS, load_masked
 from inq.nn import from_packed
 from inq.packed import PACKED_FORMATS, PackStats, export_packed, pack_stats, read_format
 from inq.quant.bench import integer_pair

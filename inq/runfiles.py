@@ -13,8 +13,8 @@ import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from inq.export import MASKED_FORMATS, load_masked
 from inq.fileio import read_safetensors_metadata
+from inq.masked import MASKED_FORMATS, load_masked
 from inq.packed import PACKED_FORMATS, PackedFile, load_packed, packed_from_masked, read_format
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
     "refuse_kind",
 ]
 
-MASKED = "model_masked.safetensors"  # the masked checkpoint (inq.export)
+MASKED = "model_masked.safetensors"  # the masked checkpoint (inq.masked)
 PACKED = "model.inq.safetensors"  # its packed codes (inq.packed)
 INTEGER = "model.int.safetensors"  # the integer model, with quant.act_bits (inq.quant)
 SUMMARY = "summary.json"  # the results, and the files above it wrote ("files")

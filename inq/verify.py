@@ -1,8 +1,8 @@
 """Verify an export: every quantized weight lies in its layer's level set, every mask is full,
 every other tensor is one a trained model can hold, and the contents match their digest.
 
-Works on masked checkpoints (:mod:`inq.export`) and packed files (:mod:`inq.packed`), which
-define what is valid (:func:`inq.packed.masked_layer_problem`, :func:`inq.packed.masked_problems`,
+Works on masked checkpoints (:mod:`inq.masked`) and packed files (:mod:`inq.packed`), which
+define what is valid (:func:`inq.masked.masked_layer_problem`, :func:`inq.masked.masked_problems`,
 :meth:`inq.packed.PackedFile.problems`); the report names each offending tensor and says why,
 and counts the levels each layer uses. A digest recomputed after an edit proves nothing about
 the contents: an impossible tensor fails whatever the digest says.
@@ -15,17 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-from inq.export import MASKED_FORMATS, MaskedCheckpoint, load_masked
 from inq.levels import describe_n1
-from inq.packed import (
-    PACKED_FORMATS,
-    PackedFile,
-    load_packed,
+from inq.masked import (
+    MASKED_FORMATS,
+    MaskedCheckpoint,
+    load_masked,
     masked_layer_problem,
     masked_problems,
-    read_format,
     state_problems,
 )
+from inq.packed import PACKED_FORMATS, PackedFile, load_packed, read_format
 from inq.pow2 import N1, pow2_encode
 
 __all__ = ["LayerReport", "VerifyReport", "verify_file", "verify_masked", "verify_packed"]
@@ -129,7 +128,7 @@ def verify_masked(ckpt: MaskedCheckpoint, path: str = "") -> VerifyReport:
 
 def verify_packed(packed: PackedFile, path: str = "") -> VerifyReport:
     """Check every packed layer (layout, n1 range, and codes: 0 or top bit set, in range), every
-    other tensor (:func:`inq.packed.state_problems`) and the digest.
+    other tensor (:func:`inq.masked.state_problems`) and the digest.
 
     Example:
         >>> from inq.codes import pack_codes

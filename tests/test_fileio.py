@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch import nn
 
-from inq.export import save_masked
 from inq.fileio import (
     atomic_path,
     digest_problem,
@@ -21,6 +20,7 @@ from inq.fileio import (
     read_safetensors,
     write_safetensors,
 )
+from inq.masked import save_masked
 from inq.packed import export_packed
 from inq.scheduler import INQScheduler
 

@@ -91,7 +91,7 @@ def test_importing_the_kernels_loads_no_scheduler() -> None:
     loaded = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
-    for module in ("inq.scheduler", "inq.export", "inq.packed", "inq.train"):
+    for module in ("inq.scheduler", "inq.masked", "inq.packed", "inq.train"):
         assert f"'{module}" not in loaded, loaded
 
 
@@ -117,7 +117,15 @@ LAYERS = (  # README's code map, top to bottom; a module may import its own laye
     ),
     ("inq.codes",),
     ("inq.kernels",),
-    ("inq.fileio", "inq.export", "inq.sparse", "inq.packed", "inq.verify", "inq.runfiles"),
+    (
+        "inq.fileio",
+        "inq.masked",
+        "inq.export",
+        "inq.sparse",
+        "inq.packed",
+        "inq.verify",
+        "inq.runfiles",
+    ),
     ("inq.models", "inq.data", "inq.evaluation", "inq.errors"),
     ("inq.nn", "inq.quant", "inq.export_onnx", "inq.bench_onnx"),
     ("inq.train", "inq.cli"),

@@ -10,7 +10,7 @@ import torch
 from export_fixtures import masked_file
 
 from inq import runfiles
-from inq.export import MASKED_FORMATS
+from inq.masked import MASKED_FORMATS
 from inq.packed import export_packed, read_format
 from inq.runfiles import find_model, load_model
 

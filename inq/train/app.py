@@ -45,7 +45,7 @@ from torch import nn
 
 from inq.errors import ConfigError
 from inq.evaluation import evaluate
-from inq.export import save_masked
+from inq.masked import save_masked
 from inq.packed import export_packed, load_packed
 from inq.quant.integer import load_integer, save_integer
 from inq.quant.pipeline import QuantSettings, RealOutput, quantize
