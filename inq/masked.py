@@ -32,7 +32,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from inq.fileio import digest_problem, metadata_n1, n1_json, read_safetensors, write_safetensors
+from inq.fileio import (
+    SafetensorsFile,
+    digest_problem,
+    metadata_n1,
+    n1_json,
+    open_safetensors,
+    write_safetensors,
+)
 from inq.pow2 import N1, check_bits, pow2_quantize
 from inq.scheduler import INQScheduler
 
@@ -149,17 +156,20 @@ def save_masked(
     write_safetensors(path, tensors, metadata)
 
 
-def load_masked(path: str | os.PathLike[str]) -> MaskedCheckpoint:
-    """Read a file written by :func:`save_masked` (safetensors only, nothing is unpickled).
+def load_masked(path: str | os.PathLike[str] | SafetensorsFile) -> MaskedCheckpoint:
+    """Read a file written by :func:`save_masked` (safetensors only, nothing is unpickled), from
+    its path or opened already (:func:`inq.artefact.open_artefact` opens any of inq's files).
 
     Raises:
         ValueError: if the file is missing, not a safetensors file, or not an INQ masked checkpoint.
     """
-    tensors_read, metadata = read_safetensors(path)
-    tensors = dict(tensors_read)
+    file = open_safetensors(path)
+    path, metadata = file.path, file.metadata
     if metadata.get("format") not in MASKED_FORMATS:
         found = metadata.get("format")
         raise ValueError(f"{path}: not an INQ masked checkpoint (format {found!r})")
+    tensors_read = file.tensors()
+    tensors = dict(tensors_read)
     try:
         layers = json.loads(metadata["layers"])
         masks = {key: tensors.pop(key + MASK_SUFFIX) for key in layers}

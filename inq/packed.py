@@ -40,11 +40,11 @@ from torch import nn
 
 from inq.codes import code_width, codes_problem, decode_weight, pack_codes, row_bytes, unpack_codes
 from inq.fileio import (
+    SafetensorsFile,
     digest_problem,
     metadata_n1,
     n1_json,
-    read_safetensors,
-    read_safetensors_metadata,
+    open_safetensors,
     write_safetensors,
 )
 from inq.masked import (
@@ -72,7 +72,6 @@ __all__ = [
     "n1_problem",
     "pack_stats",
     "packed_from_masked",
-    "read_format",
 ]
 
 PACKED_FORMAT = "inq-packed/3"
@@ -406,17 +405,11 @@ def _pack(ckpt: MaskedCheckpoint, sparse: bool) -> tuple[dict[str, torch.Tensor]
     return tensors, metadata
 
 
-def read_format(path: str | os.PathLike[str]) -> str | None:
-    """The ``format`` metadata of a safetensors file (reads the header only), or None.
-
-    Raises:
-        ValueError: if the file is missing or not a safetensors file.
-    """
-    return read_safetensors_metadata(path).get("format")
-
-
-def load_packed(path: str | os.PathLike[str], validate: bool = True) -> PackedFile:
-    """Read a file written by :func:`export_packed` (safetensors only, nothing is unpickled).
+def load_packed(
+    path: str | os.PathLike[str] | SafetensorsFile, validate: bool = True
+) -> PackedFile:
+    """Read a file written by :func:`export_packed` (safetensors only, nothing is unpickled), from
+    its path or opened already (:func:`inq.artefact.open_artefact` opens any of inq's files).
 
     With ``validate`` (the default) the file is checked (:meth:`PackedFile.problems`: every
     layer's codes, every other tensor finite, norm statistics in range, then the digest), so a
@@ -427,11 +420,13 @@ def load_packed(path: str | os.PathLike[str], validate: bool = True) -> PackedFi
             file, has inconsistent metadata, or (with ``validate``) holds invalid codes or an
             impossible tensor, or was modified after it was written.
     """
-    fmt = read_format(path)
+    file = open_safetensors(path)
+    path, metadata = file.path, file.metadata
+    fmt = metadata.get("format")
     if fmt not in PACKED_FORMATS:
         hint = "; run `inq export` on it first" if fmt in MASKED_FORMATS else ""
         raise ValueError(f"{path}: not an INQ packed file (format {fmt!r}){hint}")
-    tensors, metadata = read_safetensors(path)
+    tensors = file.tensors()
     packed = _parse(tensors, metadata, path)
     packed.digest_problem = digest_problem(tensors, metadata)
     if validate:

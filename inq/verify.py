@@ -15,16 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
+from inq.artefact import Header, open_artefact, read_header
 from inq.levels import describe_n1
 from inq.masked import (
     MASKED_FORMATS,
     MaskedCheckpoint,
-    load_masked,
     masked_layer_problem,
     masked_problems,
     state_problems,
 )
-from inq.packed import PACKED_FORMATS, PackedFile, load_packed, read_format
+from inq.packed import PACKED_FORMATS, PackedFile
 from inq.pow2 import N1, pow2_encode
 
 __all__ = ["LayerReport", "VerifyReport", "verify_file", "verify_masked", "verify_packed"]
@@ -151,21 +151,27 @@ def verify_packed(packed: PackedFile, path: str = "") -> VerifyReport:
     return VerifyReport(path, "packed", tuple(reports), packed.digest_problem, others)
 
 
-def verify_file(path: str | os.PathLike[str]) -> VerifyReport:
-    """Verify a masked checkpoint or a packed file, chosen by the file's ``format`` metadata.
+def verify_file(source: str | os.PathLike[str] | Header) -> VerifyReport:
+    """Verify a masked checkpoint or a packed file (a path, or its header,
+    :func:`inq.artefact.read_header`), chosen by the file's ``format`` metadata; the file is
+    opened once (:func:`inq.artefact.open_artefact`), a packed one without refusing what the
+    report is to show.
 
     Raises:
         ValueError: if the file cannot be read or is neither kind of INQ file.
     """
-    fmt = read_format(path)
-    if fmt in MASKED_FORMATS:
-        return verify_masked(load_masked(path), str(path))
-    if fmt in PACKED_FORMATS:
-        return verify_packed(load_packed(path, validate=False), str(path))
-    raise ValueError(
-        f"{path}: not an INQ masked checkpoint or packed file (format {fmt!r}; expected "
-        f"one of {MASKED_FORMATS + PACKED_FORMATS})"
-    )
+    header = source if isinstance(source, Header) else read_header(source)
+    path = header.safetensors().path  # as the caller named it
+    if header.format not in MASKED_FORMATS + PACKED_FORMATS:
+        raise ValueError(
+            f"{path}: not an INQ masked checkpoint or packed file (format "
+            f"{header.format!r}; expected one of {MASKED_FORMATS + PACKED_FORMATS})"
+        )
+    artefact = open_artefact(header, validate=False)
+    if isinstance(artefact, MaskedCheckpoint):
+        return verify_masked(artefact, str(path))
+    assert isinstance(artefact, PackedFile)  # the formats checked above
+    return verify_packed(artefact, str(path))
 
 
 def _report(
