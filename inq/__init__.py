@@ -1,7 +1,7 @@
 """inq: Incremental Network Quantization (INQ, arXiv 1702.03044) for PyTorch.
 
 The names below load on first use, so ``import inq.kernels`` (or any other submodule) does not
-pull in the scheduler; so does every submodule (``inq.export.save_masked`` works after
+pull in the scheduler; so does every submodule (``inq.masked.save_masked`` works after
 ``import inq``).
 
 Example:
@@ -51,7 +51,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-_SUBMODULES = frozenset(m.name for m in pkgutil.iter_modules(__path__))  # export, packed, ...
+_SUBMODULES = frozenset(m.name for m in pkgutil.iter_modules(__path__))  # masked, packed, ...
 
 
 def __getattr__(name: str) -> Any:

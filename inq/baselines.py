@@ -7,7 +7,7 @@
   straight-through estimator. The parameters stay float "shadow" weights; every forward pass sees
   their power-of-two values, and the gradient passes through the rounding as if it were the
   identity. :meth:`STEQuantizer.finalize` snaps the shadows and hands back a fully quantized
-  scheduler, so :func:`inq.export.save_masked` and ``verify`` work unchanged. Weights the
+  scheduler, so :func:`inq.masked.save_masked` and ``verify`` work unchanged. Weights the
   scheduler pruned stay exactly zero (they get no gradient).
 
 Both take the level sets (n1 per layer or channel, by the scheduler's ``n1_rule`` and
@@ -40,7 +40,7 @@ def oneshot_quantize(
     """Snap every target weight of ``model`` to its power-of-two level set, all at once.
 
     Returns the fully quantized scheduler (every mask set), ready for
-    :func:`inq.export.save_masked`.
+    :func:`inq.masked.save_masked`.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))

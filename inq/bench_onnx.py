@@ -50,7 +50,7 @@ import numpy as np
 
 from inq.data import build_eval_loader, eval_data_config, input_shape
 from inq.export_onnx import first_line
-from inq.io import atomic_path
+from inq.fileio import atomic_path
 from inq.runfiles import ONNX_MODEL, refuse_kind
 
 __all__ = [

@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader
 
 import inq
 from inq import runfiles
+from inq.artefact import open_artefact
 from inq.bench_onnx import ONNX_HELP, add_onnx_arguments, run_onnx
 from inq.data import (
     build_datasets,
@@ -52,19 +53,18 @@ from inq.data import (
     input_shape,
 )
 from inq.evaluation import evaluate
-from inq.export import MASKED_FORMATS, load_masked
 from inq.export_onnx import OnnxModel, export_onnx, export_qdq
-from inq.io import LOCK_NAME, lock_dir
+from inq.fileio import LOCK_NAME, lock_dir
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.levels import describe_n1
+from inq.masked import MASKED_FORMATS
 from inq.nn import from_packed
-from inq.packed import PACKED_FORMATS, PackStats, export_packed, pack_stats, read_format
+from inq.packed import PackStats, export_packed, pack_stats
 from inq.quant.bench import integer_pair
 from inq.quant.integer import (
     INT_FORMAT,
     IntegerModel,
     IntOp,
-    load_integer,
     problem_line,
     program_problems,
     save_integer,
@@ -77,9 +77,8 @@ from inq.runfiles import (
     ONNX_MODEL,
     PACKED_FILE,
     RUN,
-    find_model,
+    command_file,
     load_model,
-    refuse_kind,
 )
 from inq.verify import verify_file
 
@@ -218,11 +217,12 @@ def _run_files(folder: Path) -> set[Path]:
 def _export(args: argparse.Namespace) -> int:
     if args.onnx:
         return _export_onnx(args)
-    refuse_kind(args.source, "export", (RUN, MASKED_CHECKPOINT))
-    source = find_model(args.source, MASKED_FORMATS)
+    header = command_file(args.source, "export", (RUN, MASKED_CHECKPOINT), MASKED_FORMATS,
+                          MASKED_CHECKPOINT)  # fmt: skip
+    source = header.path
     output = Path(args.output or default_output(Path(args.source), PACKED_SUFFIX))
     with writing(output, source, args.force):
-        ckpt = load_masked(source)
+        ckpt = open_artefact(header)
         ckpt.data = data_record(ckpt.data)
         stats = export_packed(ckpt, output, sparse=not args.dense)
     print(f"{source} -> {output}")
@@ -231,14 +231,14 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _export_onnx(args: argparse.Namespace) -> int:
-    kind = refuse_kind(args.source, "export --onnx",
-                       (RUN, MASKED_CHECKPOINT, PACKED_FILE, INTEGER_MODEL))  # fmt: skip
+    header = command_file(args.source, "export --onnx",
+                          (RUN, MASKED_CHECKPOINT, PACKED_FILE, INTEGER_MODEL))  # fmt: skip
     if not args.output:
         raise ValueError(f"--onnx needs -o FILE{ONNX}")
     source, output = Path(args.source), Path(args.output)
     with writing(output, source, args.force, ONNX):
-        if kind == INTEGER_MODEL:  # the integer model: Q/DQ
-            int_model = load_integer(source)
+        if header.kind == INTEGER_MODEL:  # the integer model: Q/DQ
+            int_model = open_artefact(header)
             data, _ = command_data(int_model.info.get("data", {}), args.data)
             int_model.info["data"] = data
             stats = export_qdq(int_model, output, input_shape(data))
@@ -249,7 +249,7 @@ def _export_onnx(args: argparse.Namespace) -> int:
                 + (" (integers beyond ±64)" if stats["float_layers"] else "")
             )
         else:
-            packed, read = load_model(source)
+            packed, read = load_model(header)
             data, _ = command_data(packed.data, args.data)
             packed.metadata["data"] = json.dumps(data)  # the file records what it was made for
             stats = export_onnx(packed, output, input_shape(data))
@@ -269,10 +269,10 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    kind = refuse_kind(args.file, "verify", (MASKED_CHECKPOINT, PACKED_FILE, INTEGER_MODEL))
-    if kind == INTEGER_MODEL:
-        return _verify_integer(args.file)
-    report = verify_file(args.file)
+    header = command_file(args.file, "verify", (MASKED_CHECKPOINT, PACKED_FILE, INTEGER_MODEL))
+    if header.kind == INTEGER_MODEL:
+        return _verify_integer(args.file, open_artefact(header, validate=False))
+    report = verify_file(header)
     print(f"{args.file} ({report.kind})")
     print(report.table())
     bad = report.first_problem
@@ -290,8 +290,7 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _verify_integer(path: str) -> int:
-    model = load_integer(path, validate=False)
+def _verify_integer(path: str, model: IntegerModel) -> int:
     problems = dict(program_problems(model))
     print(f"{path} (integer model)")
     width = max(len("op"), *(len(op.name) for op in model.ops))
@@ -325,20 +324,20 @@ def _info_args(p: argparse.ArgumentParser) -> None:
 
 
 def _info(args: argparse.Namespace) -> int:
-    kind = refuse_kind(
+    header = command_file(
         args.file, "info", (PACKED_FILE, INTEGER_MODEL, MASKED_CHECKPOINT, ONNX_MODEL, RUN)
     )
-    if kind == INTEGER_MODEL:
-        print(integer_table(load_integer(args.file), args.file))
+    if header.kind == INTEGER_MODEL:
+        print(integer_table(open_artefact(header), args.file))
         return 0
-    if kind == ONNX_MODEL:
+    if header.kind == ONNX_MODEL:
         print(onnx_summary(OnnxModel(args.file), args.file))
         return 0
-    packed, read = load_model(args.file)
-    stored = read_format(read) in PACKED_FORMATS
+    packed, read = load_model(header)
+    stored = header.kind == PACKED_FILE
     stats = pack_stats(packed, os.path.getsize(read) if stored else 0)
     how = "" if stored else ", shown packed as inq export would write it"
-    print(f"{read}: {read_format(read)}{how}; model {json.dumps(packed.model)}")
+    print(f"{read}: {header.format}{how}; model {json.dumps(packed.model)}")
     if packed.data:
         print(_input_line(packed.data))
     bits = sorted({layer.bits for layer in packed.layers.values()})
@@ -439,21 +438,21 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 def _eval(args: argparse.Namespace) -> int:
 
     device = eval_device(args.device)
-    kind = refuse_kind(
+    header = command_file(
         args.file, "eval", (PACKED_FILE, INTEGER_MODEL, ONNX_MODEL, MASKED_CHECKPOINT, RUN)
     )
     read = args.file
-    if kind == ONNX_MODEL:
+    if header.kind == ONNX_MODEL:
         model: torch.nn.Module = OnnxModel(args.file)
         description, recorded = model.model, model.data
         what, device = "ONNX Runtime, CPU", torch.device("cpu")
-    elif kind == INTEGER_MODEL:
-        int_model = load_integer(args.file)
+    elif header.kind == INTEGER_MODEL:
+        int_model = open_artefact(header)
         description, recorded = int_model.info.get("model", {}), int_model.info.get("data", {})
         model = RealOutput(int_model)
         what = f"integer arithmetic, {int_model.info.get('act_bits')}-bit activations"
     else:
-        packed, read = load_model(args.file)
+        packed, read = load_model(header)
         description, recorded = packed.model, packed.data
         model = from_packed(packed)
         what = "float activations"
@@ -586,8 +585,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         flag = "--" + field.replace("_", "-")
         raise ValueError(f"{flag} {getattr(args, field)}: {message}")
     device = eval_device(args.device)
-    refuse_kind(args.source, "calibrate", (RUN, MASKED_CHECKPOINT, PACKED_FILE))
-    packed, read = load_model(args.source)
+    header = command_file(args.source, "calibrate", (RUN, MASKED_CHECKPOINT, PACKED_FILE))
+    packed, read = load_model(header)
     output = Path(args.output or default_output(Path(args.source), INT_SUFFIX))
     data, _ = command_data(packed.data, args.data)
     with writing(output, read, args.force):

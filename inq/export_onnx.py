@@ -64,7 +64,7 @@ from torch import Tensor, nn
 
 from inq.codes import decode_weight, unpack_codes
 from inq.data import data_record
-from inq.io import atomic_path
+from inq.fileio import atomic_path
 from inq.models import build_model
 from inq.packed import PackedFile
 from inq.quant.integer import INT32_MAX, INT32_MIN, IntegerModel, IntOp, value_dtype

@@ -39,16 +39,23 @@ import torch
 from torch import nn
 
 from inq.codes import code_width, codes_problem, decode_weight, pack_codes, row_bytes, unpack_codes
-from inq.export import MASKED_FORMATS, MaskedCheckpoint, load_masked
-from inq.io import (
+from inq.fileio import (
+    SafetensorsFile,
     digest_problem,
     metadata_n1,
     n1_json,
-    read_safetensors,
-    read_safetensors_metadata,
+    open_safetensors,
     write_safetensors,
 )
-from inq.pow2 import N1, check_bits, pow2_encode, pow2_quantize
+from inq.masked import (
+    MASKED_FORMATS,
+    MaskedCheckpoint,
+    load_masked,
+    masked_layer_problem,
+    masked_problems,
+    state_problems,
+)
+from inq.pow2 import N1, check_bits, pow2_encode
 from inq.sparse import LAYOUTS, SparseCodes, decode_sparse, encode_sparse
 
 __all__ = [
@@ -62,14 +69,9 @@ __all__ = [
     "PackedLayer",
     "export_packed",
     "load_packed",
-    "masked_layer_problem",
-    "masked_problems",
     "n1_problem",
     "pack_stats",
     "packed_from_masked",
-    "read_format",
-    "state_problems",
-    "state_tensor_problem",
 ]
 
 PACKED_FORMAT = "inq-packed/3"
@@ -106,143 +108,6 @@ def n1_problem(n1: N1, rows: int, dtype: torch.dtype) -> str | None:
         if not low <= value <= high:
             return f"n1={value} puts the top level 2**n1 outside {dtype} ({low}..{high})"
     return None
-
-
-def state_tensor_problem(key: str, tensor: torch.Tensor) -> str | None:
-    """Why ``tensor``, stored as it is under ``key`` in a masked or packed file (a bias, a norm
-    layer's parameters or statistics, a buffer), cannot be a trained model's, or None.
-
-    Every float tensor must be finite; a norm layer's ``running_var`` is a non-negative float
-    tensor; ``num_batches_tracked`` is one non-negative integer.
-
-    Example:
-        >>> state_tensor_problem("bn.running_var", torch.tensor([1.0, 0.0])) is None
-        True
-        >>> state_tensor_problem("fc.bias", torch.tensor([0.5, float("nan")]))
-        '1 non-finite value(s) (first: nan at flat index 1)'
-        >>> state_tensor_problem("bn.running_var", torch.tensor([1.0, -0.5]))
-        'a variance cannot be negative: 1 negative value(s) (first: -0.5 at flat index 1)'
-        >>> state_tensor_problem("bn.num_batches_tracked", torch.tensor(-1))
-        'a count of batches cannot be negative, got -1'
-    """
-    name = key.rpartition(".")[2]
-    if tensor.is_floating_point():
-        bad = _first(~torch.isfinite(tensor), tensor)
-        if bad:
-            return f"{bad[0]} non-finite value(s) (first: {bad[1]} at flat index {bad[2]})"
-    if name == "running_var":
-        if not tensor.is_floating_point():
-            return f"a running variance must be a float tensor, got {tensor.dtype}"
-        bad = _first(tensor < 0, tensor)
-        if bad:
-            return (
-                f"a variance cannot be negative: {bad[0]} negative value(s) (first: {bad[1]} "
-                f"at flat index {bad[2]})"
-            )
-    if name == "num_batches_tracked":
-        if tensor.is_floating_point() or tensor.dtype == torch.bool:
-            return f"a count of batches must be an integer tensor, got {tensor.dtype}"
-        if tensor.numel() != 1:
-            return f"a count of batches must be one number, got shape {list(tensor.shape)}"
-        if int(tensor) < 0:
-            return f"a count of batches cannot be negative, got {int(tensor)}"
-    return None
-
-
-def state_problems(tensors: dict[str, torch.Tensor]) -> list[tuple[str, str]]:
-    """``(key, problem)`` for every tensor of ``tensors`` that :func:`state_tensor_problem`
-    refuses, in key order; empty if all are sound.
-
-    Example:
-        >>> state_problems({"b": torch.zeros(2), "a.running_var": torch.tensor([-1.0])})
-        [('a.running_var', 'a variance cannot be negative: 1 negative value(s) (first: -1.0 at flat index 0)')]
-    """  # noqa: E501
-    problems = ((key, state_tensor_problem(key, tensors[key])) for key in sorted(tensors))
-    return [(key, problem) for key, problem in problems if problem]
-
-
-def _first(bad: torch.Tensor, tensor: torch.Tensor) -> tuple[int, float, int] | None:
-    """``(count, first value, its flat index)`` of the entries ``bad`` marks, or None."""
-    if not bool(bad.any()):
-        return None
-    index = int(bad.flatten().nonzero()[0])
-    return int(bad.sum()), tensor.flatten()[index].item(), index
-
-
-def masked_layer_problem(ckpt: MaskedCheckpoint, key: str) -> str | None:
-    """Why quantized weight ``key`` of a masked checkpoint is not exportable, or None.
-
-    Checks that the weight and its mask exist with the same shape, that the mask is fully set,
-    and that every value (bit pattern included: ``-0.0`` has no code) lies in the level set of
-    the layer's ``n1`` (per row if it is a tensor) and bits (:meth:`MaskedCheckpoint.bits_of`).
-
-    Example:
-        >>> w = torch.tensor([[0.5, -0.25], [0.3, 0.0]])
-        >>> full = torch.ones(2, 2, dtype=torch.bool)
-        >>> ckpt = MaskedCheckpoint({"w": w}, {"w": full}, {"w": -1}, 3, (1.0,), 1, "magnitude")
-        >>> masked_layer_problem(ckpt, "w")
-        '1 weight(s) off the 3-bit level set of n1=-1 (first: 0.30000001192092896 at flat index 2)'
-    """
-    weight, mask = ckpt.state.get(key), ckpt.masks.get(key)
-    if weight is None:
-        return "listed as quantized but the checkpoint holds no such tensor"
-    if mask is None or mask.dtype != torch.bool or mask.shape != weight.shape:
-        return "its mask is missing or is not a bool tensor of the weight's shape"
-    if not bool(mask.all()):
-        index = int((~mask).flatten().nonzero()[0])
-        return (
-            f"mask not fully set: {int((~mask).sum())} of {mask.numel()} entries still float "
-            f"(first at flat index {index})"
-        )
-    bits, n1 = ckpt.bits_of(key), ckpt.n1.get(key)
-    if n1 is None:
-        return "no n1 recorded: the layer was never partitioned"
-    try:
-        snapped = pow2_quantize(weight, n1, bits)
-    except (ValueError, TypeError) as err:
-        return str(err)
-    off = _bits(snapped) != _bits(weight)
-    if bool(off.any()):
-        index = int(off.flatten().nonzero()[0])
-        n1 = ckpt.n1[key]
-        if isinstance(n1, torch.Tensor):
-            row = index // max(1, math.prod(weight.shape[1:]))
-            where = f"level sets of its channels (first: channel {row}, n1={int(n1[row])}, value"
-        else:
-            where = f"level set of n1={n1} (first:"
-        return (
-            f"{int(off.sum())} weight(s) off the {bits}-bit {where} "
-            f"{weight.flatten()[index].item()!r} at flat index {index})"
-        )
-    return None
-
-
-def masked_problems(ckpt: MaskedCheckpoint) -> list[tuple[str, str]]:
-    """``(key, problem)`` for what makes a masked checkpoint invalid besides its quantized
-    weights (those are :func:`masked_layer_problem`'s): each tensor stored as it is
-    (:func:`state_problems`), then a ``model`` or ``data`` description that is not a JSON object.
-
-    Example:
-        >>> w = torch.tensor([[0.5]])
-        >>> ckpt = MaskedCheckpoint({"w": w, "bn.running_var": torch.tensor([-1.0])},
-        ...                         {"w": torch.ones(1, 1, dtype=torch.bool)}, {"w": -1}, 3,
-        ...                         (1.0,), 1, "magnitude", model=[])
-        >>> for key, problem in masked_problems(ckpt):
-        ...     print(key, "-", problem)
-        bn.running_var - a variance cannot be negative: 1 negative value(s) (first: -1.0 at flat index 0)
-        model - must be a JSON object, got []
-    """  # noqa: E501
-    stored = {k: v for k, v in ckpt.state.items() if k not in ckpt.masks}
-    problems = state_problems(stored)
-    for name, value in (("model", ckpt.model), ("data", ckpt.data)):
-        if not isinstance(value, dict):
-            problems.append((name, f"must be a JSON object, got {value!r}"))
-    return problems
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The raw bit pattern of a float tensor, so ``-0.0`` and ``0.0`` differ."""
-    return t.view({4: torch.int32, 2: torch.int16}[t.element_size()])
 
 
 # ---------------------------------------------------------------------------------- file
@@ -304,7 +169,7 @@ class PackedLayer:
 class PackedFile:
     """A loaded packed file: quantized ``layers`` and the other ``tensors``, keyed as in the
     model's state dict, plus the ``model`` description and the file's string ``metadata``;
-    ``digest_problem`` as in :class:`inq.export.MaskedCheckpoint`."""
+    ``digest_problem`` as in :class:`inq.masked.MaskedCheckpoint`."""
 
     layers: dict[str, PackedLayer]
     tensors: dict[str, torch.Tensor]
@@ -441,7 +306,7 @@ def export_packed(
     Example:
         >>> import tempfile, pathlib
         >>> from torch import nn
-        >>> from inq.export import save_masked
+        >>> from inq.masked import save_masked
         >>> from inq.scheduler import INQScheduler
         >>> net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
         >>> sched = INQScheduler(net, bits=4, portions=(1.0,))
@@ -540,17 +405,11 @@ def _pack(ckpt: MaskedCheckpoint, sparse: bool) -> tuple[dict[str, torch.Tensor]
     return tensors, metadata
 
 
-def read_format(path: str | os.PathLike[str]) -> str | None:
-    """The ``format`` metadata of a safetensors file (reads the header only), or None.
-
-    Raises:
-        ValueError: if the file is missing or not a safetensors file.
-    """
-    return read_safetensors_metadata(path).get("format")
-
-
-def load_packed(path: str | os.PathLike[str], validate: bool = True) -> PackedFile:
-    """Read a file written by :func:`export_packed` (safetensors only, nothing is unpickled).
+def load_packed(
+    path: str | os.PathLike[str] | SafetensorsFile, validate: bool = True
+) -> PackedFile:
+    """Read a file written by :func:`export_packed` (safetensors only, nothing is unpickled), from
+    its path or opened already (:func:`inq.artefact.open_artefact` opens any of inq's files).
 
     With ``validate`` (the default) the file is checked (:meth:`PackedFile.problems`: every
     layer's codes, every other tensor finite, norm statistics in range, then the digest), so a
@@ -561,11 +420,13 @@ def load_packed(path: str | os.PathLike[str], validate: bool = True) -> PackedFi
             file, has inconsistent metadata, or (with ``validate``) holds invalid codes or an
             impossible tensor, or was modified after it was written.
     """
-    fmt = read_format(path)
+    file = open_safetensors(path)
+    path, metadata = file.path, file.metadata
+    fmt = metadata.get("format")
     if fmt not in PACKED_FORMATS:
         hint = "; run `inq export` on it first" if fmt in MASKED_FORMATS else ""
         raise ValueError(f"{path}: not an INQ packed file (format {fmt!r}){hint}")
-    tensors, metadata = read_safetensors(path)
+    tensors = file.tensors()
     packed = _parse(tensors, metadata, path)
     packed.digest_problem = digest_problem(tensors, metadata)
     if validate:

@@ -4,7 +4,9 @@ finds a model in a run.
 ``inq-train`` writes these names; ``inq export``, ``calibrate`` and ``eval`` read them. A command
 given a directory takes the first of the run's own files that it can use, else the only such
 file anywhere under the directory. :func:`file_kind` tells every command what it was given (by
-content, not by name), so that each can say "X is a <kind>; it takes <kinds>".
+content, not by name, :func:`inq.artefact.read_header`), so that each can say "X is a <kind>;
+it takes <kinds>"; :func:`command_file` does that and finds the model in a run, and hands the
+command the file's header, read once, for :func:`inq.artefact.open_artefact`.
 """
 
 from __future__ import annotations
@@ -13,9 +15,19 @@ import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from inq.export import MASKED_FORMATS, load_masked
-from inq.io import read_safetensors_metadata
-from inq.packed import PACKED_FORMATS, PackedFile, load_packed, packed_from_masked, read_format
+from inq.artefact import (
+    CHECKPOINT,
+    INTEGER_MODEL,
+    MASKED_CHECKPOINT,
+    ONNX_MODEL,
+    PACKED_FILE,
+    Header,
+    open_artefact,
+    read_header,
+)
+from inq.masked import MASKED_FORMATS, MaskedCheckpoint
+from inq.packed import PACKED_FORMATS, PackedFile, packed_from_masked
+from inq.quant.integer import INT_FORMAT
 
 __all__ = [
     "CHECKPOINT",
@@ -26,12 +38,14 @@ __all__ = [
     "LATEST",
     "MASKED",
     "MASKED_CHECKPOINT",
+    "MODEL_FORMATS",
     "ONNX_MODEL",
     "OWN_FILES",
     "PACKED",
     "PACKED_FILE",
     "RUN",
     "SUMMARY",
+    "command_file",
     "file_kind",
     "find_model",
     "is_run",
@@ -39,33 +53,29 @@ __all__ = [
     "refuse_kind",
 ]
 
-MASKED = "model_masked.safetensors"  # the masked checkpoint (inq.export)
+MASKED = "model_masked.safetensors"  # the masked checkpoint (inq.masked)
 PACKED = "model.inq.safetensors"  # its packed codes (inq.packed)
 INTEGER = "model.int.safetensors"  # the integer model, with quant.act_bits (inq.quant)
 SUMMARY = "summary.json"  # the results, and the files above it wrote ("files")
 LATEST = "checkpoints/latest.pt"  # where trainer.resume continues from
 OWN_FILES = (MASKED, PACKED, INTEGER)  # the model files a run writes for itself
-INT_FORMAT = "inq-int/1"  # the integer model's format (inq.quant.integer reads and writes it)
 
-# What a path can be (file_kind), as commands name it in their messages
+# What a directory can be (file_kind); a file's kinds are inq.artefact's
 RUN = "run directory"
 DIRECTORY = "directory"
-CHECKPOINT = "training checkpoint (for trainer.resume)"
-MASKED_CHECKPOINT = "masked checkpoint"
-PACKED_FILE = "packed file"
-INTEGER_MODEL = "integer model"
-ONNX_MODEL = "ONNX model"
-_PICKLE_MAGIC = (b"PK\x03\x04", b"\x80")  # torch.save's zip, or a bare pickle (never loaded)
 
+MODEL_FORMATS = (*PACKED_FORMATS, *MASKED_FORMATS)  # what load_model reads (as packed)
+_MODEL = "packed file or masked checkpoint"
 _BY_PREFERENCE = (PACKED, MASKED)
 
 
 def find_model(
     source: str | os.PathLike[str], formats: Collection[str], what: str = "masked checkpoint"
-) -> Path:
-    """The model file ``source`` names, of one of ``formats`` (``what`` in errors): the file
-    itself or, in a directory, the run's own file (:data:`PACKED`, then :data:`MASKED`) if it
-    has one of them, else the only such file under it.
+) -> Header:
+    """The model file ``source`` names, of one of ``formats`` (``what`` in errors), as its
+    header (:func:`inq.artefact.read_header`, read once): the file itself or, in a directory,
+    the run's own file (:data:`PACKED`, then :data:`MASKED`) if it has one of them, else the
+    only such file under it.
 
     Example:
         >>> find_model("no/such/run", MASKED_FORMATS)
@@ -80,36 +90,38 @@ def find_model(
     path = Path(source)
     wanted = ", ".join(sorted(formats))
     if path.is_dir():
-        for name in _BY_PREFERENCE:
-            if (path / name).is_file() and _format_or_none(path / name) in formats:
-                return path / name
-        found = [p for p in sorted(path.rglob("*.safetensors")) if _format_or_none(p) in formats]
+        own = [path / name for name in _BY_PREFERENCE]
+        for header in map(_header_or_none, own):
+            if header is not None and header.format in formats:
+                return header
+        others = (p for p in sorted(path.rglob("*.safetensors")) if p not in own)
+        found = [h for h in map(_header_or_none, others) if h is not None and h.format in formats]
         if len(found) != 1:
             count = f"no {what}" if not found else f"{len(found)} {what}s"
-            listing = "".join(f"\n  {p}" for p in found)
+            listing = "".join(f"\n  {h.path}" for h in found)
             raise ValueError(f"{path}: {count} (*.safetensors, {wanted}); pass one{listing}")
         return found[0]
-    if not path.exists():
-        raise ValueError(f"{path}: no such file or directory")
-    fmt = read_format(path)
-    if fmt not in formats:
-        raise ValueError(f"{path}: not an INQ {what} (format {fmt!r})")
-    return path
+    header = read_header(path)
+    header.safetensors()  # refuses a file that is not safetensors
+    if header.format not in formats:
+        raise ValueError(f"{path}: not an INQ {what} (format {header.format!r})")
+    return header
 
 
-def load_model(source: str | os.PathLike[str]) -> tuple[PackedFile, Path]:
-    """The packed model ``source`` names (:func:`find_model`; a masked checkpoint is packed in
-    memory), and the file it was read from.
+def load_model(source: str | os.PathLike[str] | Header) -> tuple[PackedFile, Path]:
+    """The packed model ``source`` names (:func:`find_model`, or the header it gave; a masked
+    checkpoint is packed in memory), and the file it was read from.
 
     Raises:
         ValueError: as :func:`find_model`, or if the file is invalid.
     """
-    path = find_model(
-        source, (*PACKED_FORMATS, *MASKED_FORMATS), "packed file or masked checkpoint"
-    )
-    if read_format(path) in PACKED_FORMATS:
-        return load_packed(path), path
-    return packed_from_masked(load_masked(path)), path
+    header = source if isinstance(source, Header) else find_model(source, MODEL_FORMATS, _MODEL)
+    model = open_artefact(header)
+    if isinstance(model, MaskedCheckpoint):
+        model = packed_from_masked(model)
+    if not isinstance(model, PackedFile):
+        raise ValueError(f"{header.path}: {header.kind}, not a {_MODEL}")
+    return model, header.path
 
 
 def is_run(folder: str | os.PathLike[str]) -> bool:
@@ -134,30 +146,38 @@ def file_kind(path: str | os.PathLike[str]) -> str:
     Raises:
         ValueError: ``path`` does not exist.
     """
-    path = Path(path)
-    if path.is_dir():
-        return RUN if is_run(path) or any((path / n).is_file() for n in OWN_FILES) else DIRECTORY
-    if not path.exists():
-        raise ValueError(f"{path}: no such file or directory")
-    try:
-        fmt = read_safetensors_metadata(path).get("format")
-    except ValueError:  # not a safetensors file
-        pass
-    else:
-        kinds = ((MASKED_FORMATS, MASKED_CHECKPOINT), (PACKED_FORMATS, PACKED_FILE),
-                 ((INT_FORMAT,), INTEGER_MODEL))  # fmt: skip
-        named = next((kind for formats, kind in kinds if fmt in formats), None)
-        return named or f"safetensors file of no INQ format (format {fmt!r})"
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read ({err.strerror})") from None
-    if head.startswith(_PICKLE_MAGIC):
-        return CHECKPOINT
-    if path.suffix == ".onnx":
-        return ONNX_MODEL
-    return "file of no kind inq reads"
+    return _directory_kind(Path(path)) if Path(path).is_dir() else read_header(path).kind
+
+
+def _directory_kind(path: Path) -> str:
+    return RUN if is_run(path) or any((path / n).is_file() for n in OWN_FILES) else DIRECTORY
+
+
+def command_file(
+    source: str | os.PathLike[str],
+    command: str,
+    takes: Sequence[str],
+    formats: Collection[str] = MODEL_FORMATS,
+    what: str = _MODEL,
+) -> Header:
+    """The file ``inq command`` works on, as its header (read once, for
+    :func:`inq.artefact.open_artefact`): ``source`` itself if it is of a kind in ``takes``,
+    or, for a directory (:data:`RUN` in ``takes``), the model of one of ``formats`` in it
+    (:func:`find_model`). Refused as :func:`refuse_kind` refuses.
+
+    Example:
+        >>> command_file("no/such/model.safetensors", "eval", (PACKED_FILE, RUN))
+        Traceback (most recent call last):
+        ...
+        ValueError: no/such/model.safetensors: no such file or directory
+
+    Raises:
+        ValueError: as :func:`refuse_kind`, then as :func:`find_model`.
+    """
+    path = Path(source)
+    header = None if path.is_dir() else read_header(source)
+    _refuse(source, _directory_kind(path) if header is None else header.kind, command, takes)
+    return find_model(source, formats, what) if header is None else header
 
 
 def refuse_kind(path: str | os.PathLike[str], command: str, takes: Sequence[str]) -> str:
@@ -168,8 +188,13 @@ def refuse_kind(path: str | os.PathLike[str], command: str, takes: Sequence[str]
         ValueError: ``path`` is missing or of a kind not in ``takes``.
     """
     kind = file_kind(path)
+    _refuse(path, kind, command, takes)
+    return kind
+
+
+def _refuse(path: str | os.PathLike[str], kind: str, command: str, takes: Sequence[str]) -> None:
     if kind in takes or (kind == DIRECTORY and RUN in takes):  # a directory: the one model in it
-        return kind
+        return
     accepted = ", ".join(takes[:-1]) + (" or " if len(takes) > 1 else "") + takes[-1]
     raise ValueError(
         f"{path} is {_a(kind)}; inq {command} takes {_a(accepted)}{_instead(path, kind)}"
@@ -195,8 +220,9 @@ def _instead(path: str | os.PathLike[str], kind: str) -> str:
     return ""
 
 
-def _format_or_none(path: Path) -> str | None:
+def _header_or_none(path: Path) -> Header | None:
+    """``path``'s header, or None where there is no readable file (a candidate, not a choice)."""
     try:
-        return read_format(path)
+        return read_header(path) if path.is_file() else None
     except ValueError:
         return None

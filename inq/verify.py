@@ -1,8 +1,8 @@
 """Verify an export: every quantized weight lies in its layer's level set, every mask is full,
 every other tensor is one a trained model can hold, and the contents match their digest.
 
-Works on masked checkpoints (:mod:`inq.export`) and packed files (:mod:`inq.packed`), which
-define what is valid (:func:`inq.packed.masked_layer_problem`, :func:`inq.packed.masked_problems`,
+Works on masked checkpoints (:mod:`inq.masked`) and packed files (:mod:`inq.packed`), which
+define what is valid (:func:`inq.masked.masked_layer_problem`, :func:`inq.masked.masked_problems`,
 :meth:`inq.packed.PackedFile.problems`); the report names each offending tensor and says why,
 and counts the levels each layer uses. A digest recomputed after an edit proves nothing about
 the contents: an impossible tensor fails whatever the digest says.
@@ -15,17 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-from inq.export import MASKED_FORMATS, MaskedCheckpoint, load_masked
+from inq.artefact import Header, open_artefact, read_header
 from inq.levels import describe_n1
-from inq.packed import (
-    PACKED_FORMATS,
-    PackedFile,
-    load_packed,
+from inq.masked import (
+    MASKED_FORMATS,
+    MaskedCheckpoint,
     masked_layer_problem,
     masked_problems,
-    read_format,
     state_problems,
 )
+from inq.packed import PACKED_FORMATS, PackedFile
 from inq.pow2 import N1, pow2_encode
 
 __all__ = ["LayerReport", "VerifyReport", "verify_file", "verify_masked", "verify_packed"]
@@ -129,7 +128,7 @@ def verify_masked(ckpt: MaskedCheckpoint, path: str = "") -> VerifyReport:
 
 def verify_packed(packed: PackedFile, path: str = "") -> VerifyReport:
     """Check every packed layer (layout, n1 range, and codes: 0 or top bit set, in range), every
-    other tensor (:func:`inq.packed.state_problems`) and the digest.
+    other tensor (:func:`inq.masked.state_problems`) and the digest.
 
     Example:
         >>> from inq.codes import pack_codes
@@ -152,21 +151,27 @@ def verify_packed(packed: PackedFile, path: str = "") -> VerifyReport:
     return VerifyReport(path, "packed", tuple(reports), packed.digest_problem, others)
 
 
-def verify_file(path: str | os.PathLike[str]) -> VerifyReport:
-    """Verify a masked checkpoint or a packed file, chosen by the file's ``format`` metadata.
+def verify_file(source: str | os.PathLike[str] | Header) -> VerifyReport:
+    """Verify a masked checkpoint or a packed file (a path, or its header,
+    :func:`inq.artefact.read_header`), chosen by the file's ``format`` metadata; the file is
+    opened once (:func:`inq.artefact.open_artefact`), a packed one without refusing what the
+    report is to show.
 
     Raises:
         ValueError: if the file cannot be read or is neither kind of INQ file.
     """
-    fmt = read_format(path)
-    if fmt in MASKED_FORMATS:
-        return verify_masked(load_masked(path), str(path))
-    if fmt in PACKED_FORMATS:
-        return verify_packed(load_packed(path, validate=False), str(path))
-    raise ValueError(
-        f"{path}: not an INQ masked checkpoint or packed file (format {fmt!r}; expected "
-        f"one of {MASKED_FORMATS + PACKED_FORMATS})"
-    )
+    header = source if isinstance(source, Header) else read_header(source)
+    path = header.safetensors().path  # as the caller named it
+    if header.format not in MASKED_FORMATS + PACKED_FORMATS:
+        raise ValueError(
+            f"{path}: not an INQ masked checkpoint or packed file (format "
+            f"{header.format!r}; expected one of {MASKED_FORMATS + PACKED_FORMATS})"
+        )
+    artefact = open_artefact(header, validate=False)
+    if isinstance(artefact, MaskedCheckpoint):
+        return verify_masked(artefact, str(path))
+    assert isinstance(artefact, PackedFile)  # the formats checked above
+    return verify_packed(artefact, str(path))
 
 
 def _report(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from inq.export import save_masked
+from inq.masked import save_masked
 from inq.scheduler import INQScheduler
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def masked_file(
 def masked_v2(path: Path, out: Path) -> Path:
     """The masked checkpoint at ``path`` rewritten as format ``inq-masked/2`` (no bits per
     layer, before per-layer bit-widths) at ``out``, with a matching digest."""
-    from inq.io import DIGEST_KEY, read_safetensors, write_safetensors
+    from inq.fileio import DIGEST_KEY, read_safetensors, write_safetensors
 
     tensors, metadata = read_safetensors(path)
     layers = json.loads(metadata["layers"])
@@ -129,7 +129,7 @@ def digits_run(folder: Path, bits: int = 5, epochs: int = 4) -> tuple[Path, nn.M
 def packed_model(model: nn.Module, bits: int = 5, **levels: str) -> nn.Module:
     """``model`` with every conv/linear weight quantized (no training) and swapped for the
     packed shift modules of :mod:`inq.nn`, in eval mode."""
-    from inq.export import MaskedCheckpoint
+    from inq.masked import MaskedCheckpoint
     from inq.nn import convert_model
     from inq.packed import packed_from_masked
 

@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from inq.io import read_safetensors, write_safetensors
+from inq.fileio import read_safetensors, write_safetensors
 
 TensorEdit = Callable[[dict[str, torch.Tensor]], object]
 MetadataEdit = Callable[[dict[str, str]], object]

@@ -13,7 +13,7 @@ from torch.nn.utils import parametrize
 
 import inq
 from inq.baselines import STEQuantizer, oneshot_quantize
-from inq.export import load_masked, save_masked
+from inq.masked import load_masked, save_masked
 from inq.scheduler import INQScheduler
 from inq.verify import verify_masked
 

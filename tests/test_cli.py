@@ -29,8 +29,8 @@ from train_helpers import TINY, inq_train
 import inq
 import inq.cli
 from inq.cli import COMMANDS, main
-from inq.export import MASK_SUFFIX, load_masked
-from inq.io import LOCK_NAME, atomic_path, lock_dir
+from inq.fileio import LOCK_NAME, atomic_path, lock_dir
+from inq.masked import MASK_SUFFIX, load_masked
 from inq.nn import convert_model
 from inq.packed import load_packed, pack_stats, packed_from_masked
 from inq.quant.integer import save_integer
@@ -475,7 +475,7 @@ def test_a_mixed_bits_model_exports_verifies_shows_and_calibrates(capsys, tmp_pa
     and checks each layer at its own bits, and the integer model carries them per op."""
     from export_fixtures import DIGITS_MODEL
 
-    from inq.export import save_masked
+    from inq.masked import save_masked
     from inq.models import build_model
     from inq.quant.integer import load_integer
     from inq.scheduler import INQScheduler

@@ -30,9 +30,9 @@ from inq.bench_onnx import read_file
 from inq.cli import main
 from inq.codes import decode_weight, pack_codes
 from inq.data import build_datasets
-from inq.export import load_masked
 from inq.export_onnx import OPSET, OnnxModel, QdqWeight, export_onnx, export_qdq, qdq_weight
-from inq.io import DIGEST_KEY, read_safetensors, write_safetensors
+from inq.fileio import DIGEST_KEY, read_safetensors, write_safetensors
+from inq.masked import load_masked
 from inq.models import build_model
 from inq.nn import from_packed
 from inq.packed import packed_from_masked
@@ -367,7 +367,7 @@ def test_a_mixed_bits_model_exports_both_ways_and_runs_in_onnx_runtime(tmp_path:
     not fit int8, as exact float layers; ONNX Runtime computes what the integer model does."""
     from export_fixtures import mobilenet_style
 
-    from inq.export import save_masked
+    from inq.masked import save_masked
     from inq.nn import convert_model
     from inq.scheduler import INQScheduler
 

@@ -1142,7 +1142,7 @@ def test_integer_model_on_the_kernels_is_its_reference(tmp_path) -> None:
     from export_fixtures import DIGITS_DATA, digits_run, quantize_on
 
     from inq.data import build_datasets
-    from inq.export import load_masked
+    from inq.masked import load_masked
     from inq.packed import packed_from_masked
     from inq.quant.pipeline import QuantSettings
 

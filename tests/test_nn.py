@@ -9,8 +9,8 @@ import torch
 from export_fixtures import DIGITS_DATA, MixedNet, digits_run, masked_file
 from torch import nn
 
-from inq.export import load_masked
 from inq.levels import describe_n1, select_n1
+from inq.masked import load_masked
 from inq.nn import ShiftConv2d, ShiftLinear, convert_model, from_packed
 from inq.packed import export_packed, load_packed
 from inq.pow2 import pow2_quantize

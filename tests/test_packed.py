@@ -14,8 +14,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from inq.export import load_masked, save_masked
-from inq.io import DIGEST_KEY, read_safetensors, write_safetensors
+from inq.fileio import DIGEST_KEY, read_safetensors, write_safetensors
+from inq.masked import load_masked, save_masked
 from inq.packed import (
     CODES_SUFFIX,
     INDEX_SUFFIX,

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from torch import nn
 
 from inq.codes import pack_codes
-from inq.io import DIGEST_KEY, read_safetensors, safetensors_bytes, write_safetensors
+from inq.fileio import DIGEST_KEY, read_safetensors, safetensors_bytes, write_safetensors
 from inq.kernels.int8 import shift_linear_int8_reference
 from inq.quant.integer import (
     INT32_MAX,

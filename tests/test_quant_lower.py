@@ -350,7 +350,7 @@ def test_torchvision_mobilenet_v2_lowers_and_tracks_the_float_model() -> None:
 
 def _mixed_bits_model(model: nn.Module, bits: int, layer_bits: dict[str, int]) -> nn.Module:
     """``model`` quantized (no training) with per-layer bits, as packed shift modules."""
-    from inq.export import MaskedCheckpoint
+    from inq.masked import MaskedCheckpoint
     from inq.nn import convert_model
     from inq.packed import packed_from_masked
     from inq.scheduler import INQScheduler

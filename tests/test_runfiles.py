@@ -10,8 +10,8 @@ import torch
 from export_fixtures import masked_file
 
 from inq import runfiles
-from inq.export import MASKED_FORMATS
-from inq.packed import export_packed, read_format
+from inq.masked import MASKED_FORMATS
+from inq.packed import export_packed
 from inq.runfiles import find_model, load_model
 
 
@@ -29,7 +29,7 @@ def run_dir(tmp_path: Path) -> Path:
 def test_a_run_gives_its_own_files_first(run_dir: Path) -> None:
     (run_dir / "nested").mkdir()
     shutil.copy(run_dir / runfiles.MASKED, run_dir / "nested" / "other.safetensors")
-    assert find_model(run_dir, MASKED_FORMATS) == run_dir / runfiles.MASKED
+    assert find_model(run_dir, MASKED_FORMATS).path == run_dir / runfiles.MASKED
     packed, path = load_model(run_dir)
     assert path == run_dir / runfiles.PACKED
     masked_packed, _ = load_model(run_dir / runfiles.MASKED)  # packed in memory: the same codes
@@ -40,7 +40,7 @@ def test_a_run_gives_its_own_files_first(run_dir: Path) -> None:
 
 def test_a_directory_without_run_files_gives_its_only_model(run_dir: Path) -> None:
     (run_dir / runfiles.MASKED).rename(run_dir / "renamed.safetensors")
-    assert find_model(run_dir, MASKED_FORMATS) == run_dir / "renamed.safetensors"
+    assert find_model(run_dir, MASKED_FORMATS).path == run_dir / "renamed.safetensors"
     (run_dir / runfiles.PACKED).unlink()
     shutil.copy(run_dir / "renamed.safetensors", run_dir / "copy.safetensors")
     with pytest.raises(ValueError, match=r"2 masked checkpoints .*pass one"):
@@ -56,7 +56,6 @@ def test_what_is_not_a_model_is_one_message(run_dir: Path, tmp_path: Path) -> No
         load_model(tmp_path / "missing")
     with pytest.raises(ValueError, match=r"not an INQ masked checkpoint .format 'inq-packed/"):
         find_model(run_dir / runfiles.PACKED, MASKED_FORMATS)
-    assert read_format(run_dir / runfiles.PACKED) not in MASKED_FORMATS
 
 
 def test_each_kind_of_file_is_told_by_its_contents(run_dir: Path, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from train_helpers import TINY, inq_train, refused_run
 
 from inq import INQScheduler, pow2_levels
-from inq.export import load_masked
+from inq.masked import load_masked
 from inq.models import build_model
 from inq.packed import load_packed
 

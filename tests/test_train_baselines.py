@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from train_helpers import TINY, inq_train
 
 import inq
-from inq.export import load_masked
+from inq.masked import load_masked
 from inq.train.checkpoint import KILL_ENV, load_checkpoint
 from inq.verify import verify_masked
 

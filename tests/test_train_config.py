@@ -263,7 +263,7 @@ def test_a_layer_bits_glob_matching_no_layer_ends_the_run_before_training(
 def test_a_run_with_layer_bits_records_each_layers_bits_in_its_files(tmp_path: Path) -> None:
     import json
 
-    from inq.export import load_masked
+    from inq.masked import load_masked
     from inq.packed import load_packed
     from inq.quant.integer import load_integer
 

@@ -21,7 +21,7 @@ from train_helpers import INQ_TRAIN, TINY, inq_train
 
 from inq.distill import frozen_teacher
 from inq.errors import ConfigError
-from inq.export import load_masked, save_masked
+from inq.masked import load_masked, save_masked
 from inq.models import build_model
 from inq.packed import packed_from_masked
 from inq.quant.pipeline import Distill, QuantSettings

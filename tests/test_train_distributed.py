@@ -14,7 +14,7 @@ import torch
 from train_helpers import INQ_TORCHRUN, INQ_TRAIN, TINY
 
 from inq import INQScheduler
-from inq.export import load_masked
+from inq.masked import load_masked
 from inq.models import build_model
 from inq.train.distributed import check_identical, setup
 

@@ -14,8 +14,8 @@ from torch import nn
 
 from inq.cli import main
 from inq.codes import pack_codes
-from inq.export import MASK_SUFFIX
-from inq.io import read_safetensors, write_safetensors
+from inq.fileio import read_safetensors, write_safetensors
+from inq.masked import MASK_SUFFIX
 from inq.packed import CODES_SUFFIX, PackedFile, PackedLayer, export_packed
 from inq.quant.integer import save_integer
 from inq.verify import verify_file, verify_packed
@@ -242,7 +242,7 @@ def _mixed_masked(folder: Path) -> Path:
     """MixedNet quantized with ``conv`` at 8 bits, ``fc`` at 2 and the others at 4."""
     from export_fixtures import MixedNet
 
-    from inq.export import save_masked
+    from inq.masked import save_masked
     from inq.scheduler import INQScheduler
 
     torch.manual_seed(0)

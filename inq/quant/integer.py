@@ -63,11 +63,17 @@ from torch import Tensor, nn
 
 import inq.kernels  # noqa: F401  (registers torch.ops.inq.*)
 from inq.codes import codes_problem, row_bytes, unpack_codes
-from inq.io import DIGEST_KEY, digest_problem, metadata_n1, read_safetensors, write_safetensors
+from inq.fileio import (
+    DIGEST_KEY,
+    SafetensorsFile,
+    digest_problem,
+    metadata_n1,
+    open_safetensors,
+    write_safetensors,
+)
 from inq.kernels.int8 import max_frac_bits, requantize, value_dtype
-from inq.packed import n1_problem, read_format
+from inq.packed import n1_problem
 from inq.pow2 import MAX_BITS, MIN_BITS
-from inq.runfiles import INT_FORMAT
 
 __all__ = [
     "INT_FORMAT",
@@ -82,6 +88,7 @@ __all__ = [
     "value_dtype",
 ]
 
+INT_FORMAT = "inq-int/1"  # the integer model's format: the metadata "format" of its file
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 MAX_SHIFT = 62  # (acc + bias) * multiplier < 2**62, plus the rounding half: below 2**63
 _WEIGHT_OPS = ("conv", "linear")
@@ -629,8 +636,11 @@ def save_integer(path: str | os.PathLike[str], model: IntegerModel) -> None:
     write_safetensors(path, {k: v.cpu() for k, v in model.tensors().items()}, metadata)
 
 
-def load_integer(path: str | os.PathLike[str], validate: bool = True) -> IntegerModel:
-    """Read a file written by :func:`save_integer` (nothing is unpickled).
+def load_integer(
+    path: str | os.PathLike[str] | SafetensorsFile, validate: bool = True
+) -> IntegerModel:
+    """Read a file written by :func:`save_integer` (nothing is unpickled), from its path or
+    opened already (:func:`inq.artefact.open_artefact` opens any of inq's files).
 
     With ``validate`` (the default) the digest and :func:`program_problems` are checked; without
     it, ``model.digest_problem`` says whether the contents match their digest (for ``inq
@@ -640,10 +650,12 @@ def load_integer(path: str | os.PathLike[str], validate: bool = True) -> Integer
         ValueError: if the file is missing, not an integer model or malformed; with
             ``validate``, also if it was modified after it was written or is unsound.
     """
-    fmt = read_format(path)
+    file = open_safetensors(path)
+    path, metadata = file.path, file.metadata
+    fmt = metadata.get("format")
     if fmt != INT_FORMAT:
         raise ValueError(f"{path}: not an INQ integer model (format {fmt!r}); see inq calibrate")
-    tensors, metadata = read_safetensors(path)
+    tensors = file.tensors()
     try:
         ops = [IntOp(d["name"], d["op"], list(d["inputs"]), dict(d["attrs"]))
                for d in json.loads(metadata["program"])]  # fmt: skip

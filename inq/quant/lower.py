@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, fx, nn
 
 from inq.codes import unpack_codes
-from inq.io import n1_json
+from inq.fileio import n1_json
 from inq.kernels.int8 import max_frac_bits
 from inq.quant.fakequant import FakeQuant
 from inq.quant.integer import (

@@ -44,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from inq.errors import ConfigError
-from inq.export import save_masked
+from inq.masked import save_masked
 from inq.packed import export_packed
 from inq.quant.pipeline import QuantSettings
 from inq.runfiles import INTEGER, MASKED, PACKED

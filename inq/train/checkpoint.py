@@ -1,7 +1,7 @@
 """Training checkpoints: atomic writes, ``weights_only`` loads, RNG capture, resume checks.
 
 A checkpoint is a plain dict of tensors, numbers and strings (no pickled code), written with
-:func:`inq.io.atomic_path` so a kill at any moment leaves the previous file intact. What a
+:func:`inq.fileio.atomic_path` so a kill at any moment leaves the previous file intact. What a
 training run's checkpoint holds is :func:`training_state`; :func:`restore_training_state` puts it
 back, and :func:`save_run_checkpoint` keeps a run's ``checkpoints/`` folder.
 """
@@ -28,7 +28,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from inq.distill import frozen_teacher
 from inq.errors import ConfigError
-from inq.io import atomic_path
+from inq.fileio import atomic_path
 from inq.runfiles import LATEST
 from inq.scheduler import INQScheduler
 from inq.train.config import Config, to_dict

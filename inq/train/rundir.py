@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from inq.errors import ConfigError
-from inq.io import LOCK_NAME, DirBusy, atomic_path, lock_dir
+from inq.fileio import LOCK_NAME, DirBusy, atomic_path, lock_dir
 from inq.runfiles import INTEGER, LATEST, MASKED, PACKED, SUMMARY
 from inq.train.checkpoint import CHECKPOINT_DIR, resolve_resume
 from inq.train.config import to_dict

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from inq.io import atomic_path
+from inq.fileio import atomic_path
 from inq.runfiles import SUMMARY
 from inq.scheduler import INQScheduler
 from inq.train.config import to_dict

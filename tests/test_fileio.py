@@ -1,4 +1,4 @@
-"""Atomic writes (inq.io): a reader sees the old file or the complete new one."""
+"""Atomic writes (inq.fileio): a reader sees the old file or the complete new one."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ import pytest
 import torch
 from torch import nn
 
-from inq.export import save_masked
-from inq.io import (
+from inq.fileio import (
     atomic_path,
     digest_problem,
     metadata_int,
     read_safetensors,
     write_safetensors,
 )
+from inq.masked import save_masked
 from inq.packed import export_packed
 from inq.scheduler import INQScheduler
 
@@ -34,7 +34,7 @@ def test_a_killed_writers_temporary_goes_with_the_next_write(tmp_path: Path) -> 
     once its process is gone, and never a live writer's or another file's."""
     target = tmp_path / "model.inq.safetensors"
     script = (
-        "import os, signal, sys; from inq.io import atomic_path\n"
+        "import os, signal, sys; from inq.fileio import atomic_path\n"
         "with atomic_path(sys.argv[1]) as tmp:\n"
         "    tmp.write_bytes(b'half'); os.kill(os.getpid(), signal.SIGKILL)\n"
     )
@@ -164,7 +164,7 @@ def test_metadata_int_refuses_what_is_not_an_int(value) -> None:
 
 WRITE_IN_A_NEW_PROCESS = """
 import sys, torch
-from inq.io import write_safetensors
+from inq.fileio import write_safetensors
 tensors = {"w": torch.arange(6.0).reshape(2, 3), "codes": torch.arange(5, dtype=torch.uint8),
            "mask": torch.ones(4, dtype=torch.bool), "steps": torch.tensor(7)}
 write_safetensors(sys.argv[1], tensors, {f"key{i}": str(i) for i in range(12)})

@@ -1,5 +1,8 @@
 """File I/O: atomic writes (a reader sees the old file or the whole new one), safe reads, and
-byte-reproducible safetensors files."""
+byte-reproducible safetensors files.
+
+Named ``fileio`` rather than ``io``, the standard library's module: ``from inq import io``, or a
+script run from inside ``inq/``, would get one where the reader expects the other."""
 
 from __future__ import annotations
 
@@ -14,24 +17,24 @@ import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO, cast
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
 
 __all__ = [
     "DIGEST_KEY",
     "LOCK_NAME",
     "DirBusy",
+    "SafetensorsFile",
     "atomic_path",
     "digest_problem",
     "lock_dir",
     "metadata_int",
     "metadata_n1",
     "n1_json",
+    "open_safetensors",
     "read_safetensors",
-    "read_safetensors_metadata",
     "write_safetensors",
 ]
 
@@ -143,7 +146,7 @@ def lock_dir(folder: str | os.PathLike[str]) -> TextIO:
         >>> lock_dir(folder)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        inq.io.DirBusy: ...: another process (pid ...) is working there; wait for it
+        inq.fileio.DirBusy: ...: another process (pid ...) is working there; wait for it
         >>> lock.close()
 
     Raises:
@@ -213,32 +216,62 @@ def n1_json(n1: int | torch.Tensor) -> int | list[int]:
     return n1.tolist() if isinstance(n1, torch.Tensor) else n1
 
 
-def read_safetensors_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
-    """The string metadata of a safetensors file (reads the header only).
+class SafetensorsFile:
+    """A safetensors file opened once: its header read (:attr:`metadata`), its tensors read on
+    demand (:meth:`tensors`) from the same open file, so a command that looks at a file's
+    format and then loads it reads the header one time.
 
-    Raises:
-        ValueError: if the file is missing or not a safetensors file.
+    Example:
+        >>> import tempfile, pathlib
+        >>> file = pathlib.Path(tempfile.mkdtemp()) / "t.safetensors"
+        >>> write_safetensors(file, {"w": torch.ones(2)}, {"format": "demo"})
+        >>> opened = open_safetensors(file)
+        >>> opened.metadata["format"], opened.tensors()["w"].tolist()
+        ('demo', [1.0, 1.0])
     """
-    try:
-        with safe_open(path, "pt") as f:
-            return f.metadata() or {}
-    except (OSError, SafetensorError) as err:
-        raise ValueError(f"{path}: cannot read as safetensors ({err})") from err
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path  # as given: messages name the file as the caller did
+        try:
+            self._handle = cast(Any, safe_open(path, "pt"))  # safetensors' class is untyped
+            self.metadata: dict[str, str] = self._handle.metadata() or {}
+        except (OSError, SafetensorError) as err:
+            raise ValueError(f"{path}: cannot read as safetensors ({err})") from err
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the file; nothing is unpickled.
+
+        Raises:
+            ValueError: if the file cannot be read.
+        """
+        try:
+            tensors: dict[str, torch.Tensor] = self._handle.get_tensors()
+        except (OSError, SafetensorError) as err:
+            raise ValueError(f"{self.path}: cannot read as safetensors ({err})") from err
+        return tensors
 
 
-def read_safetensors(
-    path: str | os.PathLike[str],
-) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """All tensors and the metadata of a safetensors file; nothing is unpickled.
+def open_safetensors(source: str | os.PathLike[str] | SafetensorsFile) -> SafetensorsFile:
+    """``source`` opened (:class:`SafetensorsFile`: the header read once), or ``source`` itself
+    if it is open already: how every loader of a safetensors format starts.
 
     Raises:
         ValueError: if the file is missing, truncated or not a safetensors file.
     """
-    metadata = read_safetensors_metadata(path)
-    try:
-        return load_file(path), metadata
-    except (OSError, SafetensorError) as err:
-        raise ValueError(f"{path}: cannot read as safetensors ({err})") from err
+    return source if isinstance(source, SafetensorsFile) else SafetensorsFile(source)
+
+
+def read_safetensors(
+    path: str | os.PathLike[str] | SafetensorsFile,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """All tensors and the metadata of a safetensors file (a path or an open
+    :class:`SafetensorsFile`); nothing is unpickled.
+
+    Raises:
+        ValueError: if the file is missing, truncated or not a safetensors file.
+    """
+    file = open_safetensors(path)
+    return file.tensors(), file.metadata
 
 
 def write_safetensors(

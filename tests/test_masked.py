@@ -1,4 +1,4 @@
-"""Masked checkpoint (inq.export): exact round trip, plain safetensors readability, errors."""
+"""Masked checkpoint (inq.masked): exact round trip, plain safetensors readability, errors."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from torch import nn
 
 import inq
 from inq import INQScheduler
-from inq.export import MASK_SUFFIX, MASKED_FORMAT, load_masked, save_masked
-from inq.io import read_safetensors
+from inq.fileio import read_safetensors
+from inq.masked import MASK_SUFFIX, MASKED_FORMAT, load_masked, save_masked
 
 
 def small_cnn(seed: int) -> nn.Sequential:
@@ -243,12 +243,33 @@ def test_masked_files_before_per_layer_bits_load_with_every_layer_at_bits(
 
 
 def test_import_inq_reaches_the_submodules_readme_names() -> None:
-    """``inq.export.save_masked`` after a plain ``import inq`` (README's table), and still no
+    """``inq.masked.save_masked`` after a plain ``import inq`` (README's table), and still no
     submodule imported by ``import inq`` itself."""
     code = (
         "import sys, inq; assert not [m for m in sys.modules if m.startswith('inq.')]; "
-        "print(inq.export.save_masked.__name__, inq.packed.load_packed.__name__, "
+        "print(inq.masked.save_masked.__name__, inq.packed.load_packed.__name__, "
         "inq.nn.from_packed.__name__, 'runfiles' in dir(inq))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.stdout.split() == ["save_masked", "load_packed", "from_packed", "True"], done.stderr
+
+
+def test_inq_export_is_a_deprecated_alias_of_inq_masked() -> None:
+    """``inq.export`` (README's name until this release) still gives the masked checkpoint's
+    names, with a DeprecationWarning that names the new module, also through ``import inq``."""
+    code = (
+        "import inq, inq.masked as m; e = inq.export; "
+        "print(all(getattr(e, n) is getattr(m, n) for n in e.__all__), sorted(e.__all__))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "always::DeprecationWarning", "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split(None, 1) == [
+        "True",
+        "['MASKED_FORMATS', 'MaskedCheckpoint', 'load_masked', 'save_masked']\n",
+    ]
+    assert "DeprecationWarning: inq.export is deprecated" in done.stderr
+    assert "import from inq.masked" in done.stderr
