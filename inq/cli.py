@@ -35,20 +35,19 @@ from pathlib import Path
 from types import FrameType
 
 import torch
-from torch.utils.data import DataLoader
 
 import inq
 from inq import runfiles
 from inq.artefact import open_artefact
 from inq.bench_onnx import ONNX_HELP, add_onnx_arguments, run_onnx
 from inq.data import (
-    build_datasets,
     build_eval_loader,
     calibration_loader,
     changed_split,
     data_record,
     describe_input,
     eval_data_config,
+    finetune_loader,
     input_preprocessing,
     input_shape,
 )
@@ -590,13 +589,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     output = Path(args.output or default_output(Path(args.source), INT_SUFFIX))
     data, _ = command_data(packed.data, args.data)
     with writing(output, read, args.force):
-        train, _ = build_datasets(data)  # augmented as in training (data.augment)
-        finetune = DataLoader(
-            train,
-            batch_size=int(data.get("batch_size", 64)),
-            shuffle=True,
-            generator=torch.Generator().manual_seed(0),
-        )
+        finetune = finetune_loader(data, seed=0)
         calibration = (x for x, _ in calibration_loader(data, settings.batches, seed=0))
         int_model, report = quantize(packed, calibration, settings, device, finetune, data)
         save_integer(output, int_model)

@@ -50,6 +50,7 @@ __all__ = [
     "data_record",
     "describe_input",
     "eval_data_config",
+    "finetune_loader",
     "input_preprocessing",
     "input_shape",
     "read_idx",
@@ -441,6 +442,23 @@ def calibration_loader(cfg: Mapping[str, Any], batches: int, seed: int) -> DataL
     size = int(cfg.get("eval_batch_size", 256))
     pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
     return DataLoader(Subset(train, pick[: batches * size].tolist()), batch_size=size)
+
+
+def finetune_loader(cfg: Mapping[str, Any], seed: int) -> DataLoader:
+    """Training batches of ``batch_size``, augmented as in training (``augment``), reshuffled
+    at each pass from ``seed``: what ``inq calibrate --epochs`` fine-tunes on.
+
+    Example:
+        >>> loader = finetune_loader({"name": "digits", "batch_size": 500}, seed=0)
+        >>> [len(y) for _, y in loader]
+        [500, 500, 347]
+    """
+    return DataLoader(
+        build_datasets(cfg)[0],
+        batch_size=int(cfg.get("batch_size", 64)),
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 def batches_per_epoch(loader: DataLoader) -> int:

@@ -269,18 +269,10 @@ def quantize_on(
     distill: Distill | None = None,
 ) -> tuple[IntegerModel, dict[str, object]]:
     """:func:`inq.quant.pipeline.quantize` of ``packed`` on the data set ``data`` as ``inq
-    calibrate`` runs it: calibrated on :func:`inq.data.calibration_loader`, fine-tuned on the
-    training split in seeded shuffled batches."""
-    from torch.utils.data import DataLoader
-
-    from inq.data import build_datasets, calibration_loader
+    calibrate`` runs it (:func:`inq.data.calibration_loader`, :func:`inq.data.finetune_loader`)."""
+    from inq.data import calibration_loader, finetune_loader
     from inq.quant.pipeline import quantize
 
-    finetune = DataLoader(
-        build_datasets(data)[0],
-        batch_size=int(data.get("batch_size", 64)),  # type: ignore[call-overload]
-        shuffle=True,
-        generator=torch.Generator().manual_seed(0),
-    )
     calibration = (x for x, _ in calibration_loader(data, settings.batches, seed=0))
+    finetune = finetune_loader(data, seed=0)
     return quantize(packed, calibration, settings, finetune=finetune, data=data, distill=distill)
