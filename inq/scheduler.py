@@ -49,11 +49,24 @@ __all__ = [
     "TARGET_TYPES",
     "INQScheduler",
     "QuantizedLayer",
+    "TargetError",
     "assign_layer_bits",
     "check_portions",
 ]
 
 DEFAULT_PORTIONS = (0.3, 0.6, 0.8, 1.0)
+
+
+class TargetError(ValueError):
+    """The model and the arguments that pick its target layers do not fit; ``argument`` names
+    the one to change: ``"include"``, ``"exclude"``, ``"layer_bits"``, or ``"model"`` (it has no
+    layer INQ can quantize)."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
 TARGET_TYPES = (
     nn.Linear,
     nn.Conv1d,
@@ -607,26 +620,33 @@ def _select_targets(
         if not isinstance(module, TARGET_TYPES) or not isinstance(weight, nn.Parameter):
             continue
         if isinstance(weight, nn.parameter.UninitializedParameter):
-            raise ValueError(f"{name!r} is a lazy module; run one forward pass before INQScheduler")
+            raise TargetError(
+                "model", f"{name!r} is a lazy module; run one forward pass before INQScheduler"
+            )
         if id(weight) not in seen:  # a tied weight is quantized once, under its first name
             seen.add(id(weight))
             candidates[name] = weight
     if not candidates:
-        raise ValueError("the model has no Conv/ConvTranspose/Linear layer for INQ to quantize")
+        raise TargetError(
+            "model", "the model has no Conv/ConvTranspose/Linear layer for INQ to quantize"
+        )
     chosen = list(candidates)
     for role, patterns in (("include", _as_patterns(include)), ("exclude", _as_patterns(exclude))):
         if patterns is None:
             continue
         for pattern in patterns:
             if not any(fnmatch.fnmatchcase(name, pattern) for name in candidates):
-                raise ValueError(
+                raise TargetError(
+                    role,
                     f"{role} pattern {pattern!r} matches no conv/linear layer; layer names are "
-                    f"{list(candidates)}"
+                    f"{list(candidates)}",
                 )
         hit = [n for n in chosen if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
         chosen = hit if role == "include" else [n for n in chosen if n not in hit]
     if not chosen:  # each include pattern matches a layer, so exclude emptied the selection
-        raise ValueError(f"exclude {exclude!r} leaves no layer to quantize; relax the patterns")
+        raise TargetError(
+            "exclude", f"exclude {exclude!r} leaves no layer to quantize; relax the patterns"
+        )
     return [(name, candidates[name]) for name in chosen]
 
 
@@ -645,13 +665,14 @@ def assign_layer_bits(
         {'conv1': 8, 'conv2': 4, 'fc': 8}
         >>> assign_layer_bits(["conv1", "conv2", "fc"], 4, {"conv1": 6, "conv*": 3})
         {'conv1': 6, 'conv2': 3, 'fc': 4}
-        >>> assign_layer_bits(["conv1", "fc"], 4, {"conv9": 8})
+        >>> assign_layer_bits(["conv1", "fc"], 4, {"conv9": 8})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: layer_bits glob 'conv9' matches no quantized layer; layers are ['conv1', 'fc']
+        inq.scheduler.TargetError: layer_bits glob 'conv9' matches no quantized layer; ...
 
     Raises:
-        ValueError: on bits outside 2..8 (for ``bits`` or any glob), or a glob that sets no
+        ValueError: on ``bits`` outside 2..8.
+        TargetError: (a ValueError) on a glob's bits outside 2..8, or a glob that sets no
             layer's bits.
     """
     check_bits(bits)
@@ -660,7 +681,7 @@ def assign_layer_bits(
         try:
             check_bits(value)
         except ValueError as err:
-            raise ValueError(f"layer_bits[{glob!r}]: {err}") from None
+            raise TargetError("layer_bits", f"layer_bits[{glob!r}]: {err}") from None
     chosen: dict[str, int] = {}
     for glob, value in rules.items():
         matched = [name for name in names if fnmatch.fnmatchcase(name, glob)]
@@ -673,7 +694,7 @@ def assign_layer_bits(
                 if matched
                 else "matches no quantized layer"
             )
-            raise ValueError(f"layer_bits glob {glob!r} {why}; layers are {shown}")
+            raise TargetError("layer_bits", f"layer_bits glob {glob!r} {why}; layers are {shown}")
         chosen.update(dict.fromkeys(mine, value))
     return {name: chosen.get(name, bits) for name in names}
 

@@ -28,7 +28,6 @@ from omegaconf import DictConfig, open_dict
 from inq.errors import ConfigError
 from inq.train.build import build_model, build_scheduler, prune_targets
 from inq.train.config import register, to_dict, validate
-from inq.train.phases import prunes
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -166,12 +165,12 @@ def check_like_inq_train(cfg: DictConfig) -> None:
     ``inq.layer_bits``, ``inq.include``/``exclude``) and the pruning targets
     (``prune.layers``), by the functions the Trainer builds them with. Data is not loaded and
     ``model.checkpoint`` not read (the README's paths are examples)."""
-    validate(cfg)
-    model_info = {k: v for k, v in to_dict(cfg.model).items() if k != "checkpoint"}
-    model = build_model(cfg, model_info, torch.device("cpu"), fresh=False)
-    sched = build_scheduler(model, cfg)
-    if prunes(cfg):
-        prune_targets(sched, cfg)
+    typed = validate(cfg)
+    model_info = {k: v for k, v in to_dict(typed.model).items() if k != "checkpoint"}
+    model = build_model(typed, model_info, torch.device("cpu"), fresh=False)
+    sched = build_scheduler(model, typed)
+    if typed.prune.active:
+        prune_targets(sched, typed.prune)
 
 
 def check_inq_train_command(args: list[str]) -> tuple[int, bool]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from enum import Enum
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,23 @@ from train_helpers import TINY, inq_train, refused_run
 
 from inq.data import FASHION_MNIST_ROOT, build_datasets
 from inq.errors import ConfigError
+from inq.levels import GRANULARITIES, N1_RULES
 from inq.models import build_model
+from inq.partition import STRATEGIES
+from inq.prune import SCHEDULES
 from inq.train.build import build_lr_schedule, build_optimizer
-from inq.train.config import layer_bits, prune_layers, register, to_dict, validate
+from inq.train.config import (
+    AdamWConfig,
+    Config,
+    Granularity,
+    N1Rule,
+    PruneSchedule,
+    SGDConfig,
+    Strategy,
+    register,
+    to_dict,
+    validate,
+)
 from inq.train.phases import plan_phases
 
 CONF = Path(__file__).parents[1] / "conf"
@@ -42,7 +57,7 @@ def conf() -> Iterator[None]:
 
 def _instantiate(cfg) -> None:
     """Build everything a run builds from ``cfg`` except the datasets with a local root."""
-    validate(cfg)
+    cfg = validate(cfg)
     data = to_dict(cfg.data)
     if data["name"] in NEEDS_ROOT:
         with pytest.raises(ConfigError, match=r"^data\.root: "):
@@ -237,13 +252,29 @@ def test_layer_bits_refusals_are_one_message(conf, override: str, message: str) 
     assert str(info.value) == f"inq.layer_bits: {message}"
 
 
-def test_layer_bits_and_prune_layers_parse_alike(conf) -> None:
-    cfg = compose("config", overrides=["inq.layer_bits=[0:8,'conv*:3',12:8]"])
-    validate(cfg)
-    assert layer_bits(cfg) == {"0": 8, "conv*": 3, "12": 8}
-    assert layer_bits(compose("config")) == {}
-    cfg = compose("config", overrides=["prune.layers=[12:0.9,'f*:0.5']"])
-    assert prune_layers(cfg) == {"12": 0.9, "f*": 0.5}
+def test_layer_bits_and_prune_layers_parse_alike_once(conf) -> None:
+    cfg = validate(compose("config", overrides=["inq.layer_bits=[0:8,'conv*:3',12:8]"]))
+    assert cfg.inq.bits_by_glob == {"0": 8, "conv*": 3, "12": 8}
+    assert cfg.inq.bits_by_glob is cfg.inq.bits_by_glob  # parsed at validation, then kept
+    assert validate(compose("config")).inq.bits_by_glob == {}
+    cfg = validate(compose("config", overrides=["prune.layers=[12:0.9,'f*:0.5']"]))
+    assert cfg.prune.sparsity_by_glob == {"12": 0.9, "f*": 0.5} and cfg.prune.active
+
+
+def test_validate_returns_the_config_typed(conf) -> None:
+    cfg = validate(compose("config", overrides=["optim=adamw", "inq.strategy=random"]))
+    assert isinstance(cfg, Config) and isinstance(cfg.optim, AdamWConfig)
+    assert cfg.inq.strategy is Strategy.random and cfg.optim.betas == [0.9, 0.999]
+    assert isinstance(validate(compose("config")).optim, SGDConfig)
+
+
+@pytest.mark.parametrize(
+    ("schema", "names"),
+    [(Strategy, STRATEGIES), (N1Rule, N1_RULES), (Granularity, GRANULARITIES),
+     (PruneSchedule, SCHEDULES)],
+)  # fmt: skip
+def test_the_schema_enums_list_the_library_options(schema: type[Enum], names: tuple) -> None:
+    assert tuple(member.name for member in schema) == names
 
 
 def test_a_layer_bits_glob_matching_no_layer_ends_the_run_before_training(

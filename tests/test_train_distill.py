@@ -90,7 +90,7 @@ def test_the_teacher_is_the_frozen_float_model_and_is_restored_on_resume(
     tmp_path: Path, threads: None
 ) -> None:
     env = setup("cpu")
-    whole = Trainer(compose_cfg(*KD), tmp_path / "whole", env, saved=None)
+    whole = Trainer(validate(compose_cfg(*KD)), tmp_path / "whole", env, saved=None)
     run_phase(whole, "float")
     float_file = tmp_path / "whole" / CHECKPOINT_DIR / "float.pt"
     float_state = load_checkpoint(float_file)["model"]
@@ -115,7 +115,7 @@ def test_the_teacher_is_the_frozen_float_model_and_is_restored_on_resume(
     # float.pt beside the checkpoint (then linked into the new run's), the run goes on exactly
     cfg = compose_cfg(*KD)
     cfg.trainer.resume = str(float_file)
-    resumed = Trainer(cfg, tmp_path / "resumed", env, saved=load_checkpoint(float_file))
+    resumed = Trainer(validate(cfg), tmp_path / "resumed", env, saved=load_checkpoint(float_file))
     assert resumed.teacher is not None and not resumed.teacher.training
     assert states_equal(resumed.teacher.state_dict(), float_state)
     assert (tmp_path / "resumed" / CHECKPOINT_DIR / "float.pt").read_bytes() == (
@@ -130,22 +130,22 @@ def test_a_distilled_resume_without_the_float_checkpoint_is_refused(
     tmp_path: Path, threads: None
 ) -> None:
     env = setup("cpu")
-    trainer = Trainer(compose_cfg(*KD), tmp_path / "run", env, saved=None)
+    trainer = Trainer(validate(compose_cfg(*KD)), tmp_path / "run", env, saved=None)
     run_phase(trainer, "float")
     trainer.tb.close()
     saved = load_checkpoint(tmp_path / "run" / LATEST)
     (tmp_path / "run" / CHECKPOINT_DIR / "float.pt").unlink()
     missing = r"^trainer\.resume: distillation .*/float\.pt, which is missing"
     with pytest.raises(ConfigError, match=missing):
-        Trainer(compose_cfg(*KD), tmp_path / "run", env, saved=saved)
+        Trainer(validate(compose_cfg(*KD)), tmp_path / "run", env, saved=saved)
 
 
 def test_the_weights_of_model_checkpoint_are_the_teacher(tmp_path: Path, threads: None) -> None:
     torch.manual_seed(3)
     model = build_model({"name": "digits_cnn", "num_classes": 10, "in_channels": 1})
     torch.save(model.state_dict(), tmp_path / "float.pt")
-    cfg = compose_cfg(*KD, f"model.checkpoint={tmp_path / 'float.pt'}")
-    trainer = Trainer(cfg, tmp_path / "run", setup("cpu"), saved=None)
+    cfg = compose_cfg(*KD, f"model.checkpoint={tmp_path / 'float.pt'}", "trainer.float_epochs=0")
+    trainer = Trainer(validate(cfg), tmp_path / "run", setup("cpu"), saved=None)
     assert trainer.phases[0].epochs == 0 and trainer.teacher is None
     run_phase(trainer, "float")
     trainer.tb.close()
@@ -156,7 +156,7 @@ def test_weight_zero_is_the_plain_run(tmp_path: Path, threads: None) -> None:
     env = setup("cpu")
     runs = []
     for name, overrides in (("default", ()), ("zero", ("inq.distill.weight=0",))):
-        trainer = Trainer(compose_cfg(*overrides), tmp_path / name, env, saved=None)
+        trainer = Trainer(validate(compose_cfg(*overrides)), tmp_path / name, env, saved=None)
         run_phase(trainer, "float")
         run_phase(trainer, "stage1")
         trainer.tb.close()

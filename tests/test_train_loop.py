@@ -15,13 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_module
-from omegaconf import DictConfig
 from train_helpers import INQ_TRAIN, TINY, inq_train
 
 from inq.errors import ConfigError
 from inq.runfiles import LATEST
 from inq.train.checkpoint import CHECKPOINT_DIR, load_checkpoint
-from inq.train.config import register
+from inq.train.config import Config, register, validate
 from inq.train.distributed import setup
 from inq.train.loop import Trainer
 from inq.train.progress import Progress
@@ -29,11 +28,11 @@ from inq.train.rundir import RunStopped
 
 
 @pytest.fixture
-def cfg() -> Iterator[DictConfig]:
+def cfg() -> Iterator[Config]:
     """A tiny run: one float epoch, then two INQ stages of one epoch; 8 steps per epoch."""
     register()
     with initialize_config_module("inq.conf", version_base="1.3"):
-        yield compose("config", overrides=[*TINY, "inq.portions=[0.5,1.0]"])
+        yield validate(compose("config", overrides=[*TINY, "inq.portions=[0.5,1.0]"]))
 
 
 def _float_phase(trainer: Trainer) -> None:
@@ -54,7 +53,7 @@ def _first_stage(trainer: Trainer) -> None:
     trainer.train_epoch(phase, 0)
 
 
-def test_a_phase_is_trained_recorded_and_checkpointed(cfg: DictConfig, tmp_path: Path) -> None:
+def test_a_phase_is_trained_recorded_and_checkpointed(cfg: Config, tmp_path: Path) -> None:
     trainer = Trainer(cfg, tmp_path, setup("cpu"), saved=None)
     assert [p.name for p in trainer.phases_left()] == ["float", "stage1", "stage2"]
     _float_phase(trainer)
@@ -71,7 +70,7 @@ def test_a_phase_is_trained_recorded_and_checkpointed(cfg: DictConfig, tmp_path:
     assert saved["history"] == trainer.history
 
 
-def test_a_train_step_keeps_the_quantized_weights_exact(cfg: DictConfig, tmp_path: Path) -> None:
+def test_a_train_step_keeps_the_quantized_weights_exact(cfg: Config, tmp_path: Path) -> None:
     trainer = Trainer(cfg, tmp_path, setup("cpu"), saved=None)
     phase = trainer.phases[1]
     trainer.quantize(phase.stage)  # stage 1 straight from the initial weights
@@ -92,7 +91,7 @@ def test_a_train_step_keeps_the_quantized_weights_exact(cfg: DictConfig, tmp_pat
         assert not torch.equal(weight[~frozen], before[layer.name][~frozen])  # these trained
 
 
-def test_a_restored_trainer_goes_on_bit_identically(cfg: DictConfig, tmp_path: Path) -> None:
+def test_a_restored_trainer_goes_on_bit_identically(cfg: Config, tmp_path: Path) -> None:
     env = setup("cpu")
     whole = Trainer(cfg, tmp_path / "whole", env, saved=None)
     _float_phase(whole)
@@ -109,7 +108,7 @@ def test_a_restored_trainer_goes_on_bit_identically(cfg: DictConfig, tmp_path: P
         assert torch.equal(resumed.model.state_dict()[key], value), key
 
 
-def test_a_checkpoint_of_other_processes_is_refused(cfg: DictConfig, tmp_path: Path) -> None:
+def test_a_checkpoint_of_other_processes_is_refused(cfg: Config, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^trainer\.resume: saved by 2 processes, not 1") as err:
         Trainer(cfg, tmp_path, setup("cpu"), saved={"world_size": 2})
     assert str(err.value).endswith(
@@ -129,9 +128,7 @@ def test_diverging_training_stops_with_one_message(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
 
 
-def test_non_finite_norm_statistics_stop_the_run_before_a_save(
-    cfg: DictConfig, tmp_path: Path
-) -> None:
+def test_non_finite_norm_statistics_stop_the_run_before_a_save(cfg: Config, tmp_path: Path) -> None:
     """Issue 33: a loss that climbs without overflowing (momentum 2: ~4e17) left BatchNorm's
     running_var infinite in every checkpoint, and the run failed at packing with a traceback."""
     trainer = Trainer(cfg, tmp_path, setup("cpu"), saved=None)

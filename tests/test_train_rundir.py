@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 from train_helpers import INQ_TRAIN, TINY, inq_train
 
 from inq.errors import ConfigError
 from inq.runfiles import INTEGER, LATEST, MASKED, PACKED, SUMMARY
 from inq.train.checkpoint import FORMAT, KILL_ENV, save_checkpoint
+from inq.train.config import TrainerConfig
 from inq.train.rundir import (
     LOCK_NAME,
     LOG_NAME,
@@ -271,14 +271,9 @@ def test_os_errors_are_named() -> None:
     )
 
 
-def _resume(resume: Path | None = None, allow_nonempty_dir: bool = False) -> OmegaConf:
-    return OmegaConf.create(
-        {
-            "trainer": {
-                "resume": None if resume is None else str(resume),
-                "allow_nonempty_dir": allow_nonempty_dir,
-            }
-        }
+def _resume(resume: Path | None = None, allow_nonempty_dir: bool = False) -> TrainerConfig:
+    return TrainerConfig(
+        resume=None if resume is None else str(resume), allow_nonempty_dir=allow_nonempty_dir
     )
 
 

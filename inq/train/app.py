@@ -50,7 +50,7 @@ from inq.quant.pipeline import QuantSettings
 from inq.runfiles import INTEGER, MASKED, PACKED
 from inq.scheduler import INQScheduler
 from inq.train.checkpoint import load_checkpoint, resumed_config
-from inq.train.config import register, validate
+from inq.train.config import Config, register, validate
 from inq.train.distributed import Dist, setup, teardown
 from inq.train.integer import integer_phase
 from inq.train.loop import Trainer
@@ -91,29 +91,27 @@ def run(
             how to resume.
     """
     try:
-        validate(cfg)
+        typed = validate(cfg)
     except ConfigError:
         remove_unused(out_dir, dir_chosen)  # Hydra made it before inq-train could refuse it
         raise
-    env = setup(cfg.trainer.device)
-    if cfg.trainer.num_threads:
-        torch.set_num_threads(cfg.trainer.num_threads)
+    env = setup(typed.trainer.device)
+    if typed.trainer.num_threads:
+        torch.set_num_threads(typed.trainer.num_threads)
     if not env.main:
         log.setLevel(logging.WARNING)
     try:
-        with claimed(cfg, out_dir, dir_chosen, env.main, hydra_files) as claim:
+        with claimed(typed.trainer, out_dir, dir_chosen, env.main, hydra_files) as claim:
             saved = load_checkpoint(claim.resume_path) if claim.resume_path is not None else None
             recorded = json.loads(saved["config"]) if saved is not None else claim.recorded
             if recorded is not None:
-                cfg = _resumed(recorded, cfg, given, saved, claim.home)
-            return train(cfg, claim.home, env, saved)
+                typed = _resumed(recorded, cfg, given, saved, claim.home)
+            return train(typed, claim.home, env, saved)
     finally:
         teardown()
 
 
-def train(
-    cfg: DictConfig, out_dir: Path, env: Dist, saved: dict[str, Any] | None
-) -> dict[str, Any]:
+def train(cfg: Config, out_dir: Path, env: Dist, saved: dict[str, Any] | None) -> dict[str, Any]:
     """The run in ``out_dir``, from the start or from the checkpoint ``saved``: float
     pretraining, pruning rounds, INQ stages (or a baseline), exports, the integer phase and the
     summary, which it returns."""
@@ -191,14 +189,15 @@ def _resumed(
     given: Collection[str] | None,
     saved: dict[str, Any] | None,
     run_dir: Path,
-) -> DictConfig:
-    """The run's recorded config with the allowed changes ``given`` makes; checked and logged.
-    Without ``quant.act_bits`` now, the integer phase's other recorded settings go too."""
+) -> Config:
+    """The run's recorded config with the allowed changes ``given`` makes; checked (typed) and
+    logged. Without ``quant.act_bits`` now, the integer phase's other recorded settings go
+    too."""
     cfg, changes = resumed_config(recorded, cfg, given)
     if cfg.quant.act_bits is None:
         _check_integer_kept(run_dir)
         cfg.quant = OmegaConf.structured(QuantSettings)
-    validate(cfg)
+    typed = validate(cfg)
     if saved is not None:
         log.info("resuming at step %d", saved["progress"]["step"])
     changed = [
@@ -206,7 +205,7 @@ def _resumed(
     ]
     if changed:
         log.info("changed on resume: %s", ", ".join(changed))
-    return cfg
+    return typed
 
 
 def _check_integer_kept(run_dir: Path) -> None:

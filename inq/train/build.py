@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
@@ -25,11 +24,10 @@ from inq.errors import ConfigError
 from inq.prune import layer_targets
 from inq.quant.lower import IntegerModelError, check_expressible
 from inq.quant.pipeline import trainable
-from inq.scheduler import INQScheduler, check_portions
+from inq.scheduler import INQScheduler, TargetError
 from inq.train import checkpoint as ckpt
-from inq.train.config import layer_bits, prune_layers
+from inq.train.config import Config, LRConfig, Method, OptimConfig, PruneConfig
 from inq.train.distributed import Dist
-from inq.train.phases import method_name
 
 __all__ = [
     "NORM_TYPES",
@@ -69,7 +67,7 @@ def bias_norm_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 def build_optimizer(
-    optim_cfg: DictConfig, model: nn.Module, params: str, lr: float
+    optim_cfg: OptimConfig, model: nn.Module, params: str, lr: float
 ) -> torch.optim.Optimizer:
     """Instantiate ``optim`` (its ``_target_``) over all parameters (``params="all"``) or
     biases/norms only (``"bias_norm"``); for the integer phase's fake-quantized model
@@ -77,19 +75,19 @@ def build_optimizer(
     if params == "quant":
         return torch.optim.Adam(trainable(model), lr=lr)
     chosen = list(model.parameters()) if params == "all" else bias_norm_parameters(model)
-    return instantiate(optim_cfg, params=chosen, lr=lr)
+    optimizer: torch.optim.Optimizer = instantiate(optim_cfg, params=chosen, lr=lr)
+    return optimizer
 
 
 def build_lr_schedule(
-    lr_cfg: DictConfig, optimizer: torch.optim.Optimizer, epochs: int, steps_per_epoch: int
+    lr_cfg: LRConfig, optimizer: torch.optim.Optimizer, epochs: int, steps_per_epoch: int
 ) -> LambdaLR:
     """Per-step schedule over one phase: optional linear warmup, then constant/cosine/step.
 
     Example:
-        >>> from omegaconf import OmegaConf
+        >>> from inq.train.config import Schedule
         >>> opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
-        >>> cfg = OmegaConf.create({"name": "step", "warmup_epochs": 0, "milestones": [0.5],
-        ...                         "gamma": 0.1, "min_factor": 0.0})
+        >>> cfg = LRConfig(name=Schedule.step, milestones=[0.5], gamma=0.1)
         >>> sched = build_lr_schedule(cfg, opt, epochs=2, steps_per_epoch=2)
         >>> lrs = []
         >>> for _ in range(4):
@@ -101,7 +99,7 @@ def build_lr_schedule(
     """
     total = max(1, epochs * steps_per_epoch)
     warmup = round(lr_cfg.warmup_epochs * steps_per_epoch)
-    name = getattr(lr_cfg.name, "name", lr_cfg.name)  # a Schedule enum or its name
+    name = lr_cfg.name.name
 
     def factor(step: int) -> float:
         if step < warmup:
@@ -116,7 +114,7 @@ def build_lr_schedule(
     return LambdaLR(optimizer, factor)
 
 
-def check_amp(cfg: DictConfig, device: torch.device) -> None:
+def check_amp(cfg: Config, device: torch.device) -> None:
     """Refuse ``trainer.amp`` off a CUDA device.
 
     Raises:
@@ -128,7 +126,9 @@ def check_amp(cfg: DictConfig, device: torch.device) -> None:
         )
 
 
-def build_loaders(data: dict[str, Any], seed: int, env: Dist) -> tuple[DataLoader, DataLoader]:
+def build_loaders(
+    data: dict[str, Any], seed: int, env: Dist
+) -> tuple[DataLoader[Any], DataLoader[Any]]:
     """The training loader (shuffled by ``seed``) and the validation loader of the data config
     ``data``, each rank of ``env`` on its own shard."""
     train_set, val_set = build_datasets(data)
@@ -137,7 +137,7 @@ def build_loaders(data: dict[str, Any], seed: int, env: Dist) -> tuple[DataLoade
 
 
 def build_model(
-    cfg: DictConfig, model_info: dict[str, Any], device: torch.device, fresh: bool
+    cfg: Config, model_info: dict[str, Any], device: torch.device, fresh: bool
 ) -> nn.Module:
     """The model, refused early if ``quant.act_bits`` asks for an integer form it has not;
     a ``fresh`` run (not a resumed one) starts from ``model.checkpoint`` if there is one."""
@@ -154,34 +154,41 @@ def build_model(
     return model
 
 
-def build_scheduler(model: nn.Module, cfg: DictConfig) -> INQScheduler:
-    """The INQ scheduler of ``inq.*`` (one stage for the baselines) over ``model``'s targets."""
-    own_bits = layer_bits(cfg)  # outside the try: its ConfigError names its key already
+def build_scheduler(model: nn.Module, cfg: Config) -> INQScheduler:
+    """The INQ scheduler of ``inq.*`` (one stage for the baselines) over ``model``'s targets.
+
+    Raises:
+        ConfigError: the target layers ``inq.include``, ``inq.exclude`` or ``inq.layer_bits``
+            name do not fit the model (``model.name``: it has no layer to quantize).
+    """
+    inq = cfg.inq
     try:
-        portions = check_portions(cfg.inq.portions)  # the baselines take their epochs from it
         return INQScheduler(
             model,
-            bits=cfg.inq.bits,
-            portions=portions if method_name(cfg) == "inq" else (1.0,),
-            strategy=cfg.inq.strategy.name,
+            bits=inq.bits,
+            portions=inq.portions if inq.method == Method.inq else (1.0,),
+            strategy=inq.strategy.name,
             seed=cfg.trainer.seed,
-            include=None if cfg.inq.include is None else list(cfg.inq.include),
-            exclude=None if cfg.inq.exclude is None else list(cfg.inq.exclude),
-            n1_rule=cfg.inq.n1_rule.name,
-            granularity=cfg.inq.granularity.name,
-            layer_bits=own_bits,
+            include=inq.include,
+            exclude=inq.exclude,
+            n1_rule=inq.n1_rule.name,
+            granularity=inq.granularity.name,
+            layer_bits=inq.bits_by_glob,
         )
-    except ValueError as err:
-        keys = ("layer_bits", "portions", "include", "exclude", "strategy")
-        key = next((f"inq.{k}" for k in keys if k in str(err)), "inq")
+    except TargetError as err:
+        key = "model.name" if err.argument == "model" else f"inq.{err.argument}"
         raise ConfigError(key, str(err)) from None
 
 
-def prune_targets(sched: INQScheduler, cfg: DictConfig) -> dict[str, float]:
-    """Each target layer's final sparsity (``prune.sparsity``, ``prune.layers``)."""
+def prune_targets(sched: INQScheduler, prune: PruneConfig) -> dict[str, float]:
+    """Each target layer's final sparsity (``prune.sparsity``, ``prune.layers``).
+
+    Raises:
+        ConfigError: naming ``prune.layers`` if a glob fits no target layer.
+    """
     try:
         names = [layer.name for layer in sched.layers]
-        return layer_targets(names, cfg.prune.sparsity, prune_layers(cfg))
+        return layer_targets(names, prune.sparsity, prune.sparsity_by_glob)
     except ValueError as err:
         raise ConfigError("prune.layers", str(err)) from None
 

@@ -31,7 +31,7 @@ from inq.errors import ConfigError
 from inq.fileio import atomic_path
 from inq.runfiles import LATEST
 from inq.scheduler import INQScheduler
-from inq.train.config import Config, to_dict
+from inq.train.config import Config, schema_of, to_dict
 from inq.train.distributed import launch_command
 
 __all__ = [
@@ -127,7 +127,7 @@ def training_state(
     history: Mapping[str, Any],
     timings: Mapping[str, float],
     world_size: int,
-    config: DictConfig,
+    config: Config,
     quant: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """What a training checkpoint holds (:data:`FORMAT`): the states of the model, INQ
@@ -306,9 +306,10 @@ def resumed_config(
     key the recording lacks (it was made before the key existed) counts as its default.
 
     Example:
-        >>> current = OmegaConf.merge(OmegaConf.structured(Config), {"optim": {"lr": 0.1}})
+        >>> from inq.train.config import SGDConfig
+        >>> current = OmegaConf.merge(OmegaConf.structured(Config), {"optim": SGDConfig()})
         >>> current.inq.epochs, current.trainer.log_every = 6, 1  # 6: the default
-        >>> recorded = {"inq": {"epochs": 2}, "optim": {"lr": 0.1}}
+        >>> recorded = {"inq": {"epochs": 2}, "optim": to_dict(SGDConfig())}
         >>> cfg, changes = resumed_config(recorded, current, given=["trainer.log_every"])
         >>> cfg.inq.epochs, changes
         (2, {'trainer.log_every': (10, 1)})
@@ -343,7 +344,7 @@ def resumed_config(
             + "; leave them out to continue with the run's own, or start a new run",
         )
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(Config), recorded)
+        cfg = OmegaConf.merge(schema_of(recorded), recorded)
         for key, (_, value) in changes.items():
             OmegaConf.update(cfg, key, value)
     except OmegaConfBaseException as err:

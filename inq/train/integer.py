@@ -24,7 +24,6 @@ from inq.quant.lower import Lowering
 from inq.quant.pipeline import QuantSettings, RealOutput, lowered, lowering_of, scale_values
 from inq.runfiles import INTEGER, PACKED
 from inq.train import checkpoint as ckpt
-from inq.train.config import to_dict
 from inq.train.distributed import share
 from inq.train.loop import Trainer
 
@@ -48,7 +47,7 @@ def integer_phase(out_dir: Path, trainer: Trainer) -> dict[str, Any]:
     assert phase is not None
     if trainer.progress.phase == len(trainer.phases):  # not done yet
         share(None)  # every rank waits for rank 0's packed file
-        settings = QuantSettings(**to_dict(q))
+        settings = q
         packed = load_packed(out_dir / PACKED)
         start = time.perf_counter()
         lowering = _no_integer_model_if_fails(lambda: _calibrated(trainer, packed, settings))

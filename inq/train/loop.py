@@ -21,12 +21,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from inq.baselines import STEQuantizer
-from inq.data import batches_per_epoch, data_record
+from inq.data import ResumableSampler, batches_per_epoch, data_record
 from inq.distill import blend, frozen_teacher, kd_loss
 from inq.evaluation import evaluate
 from inq.prune import sparsity_schedule
@@ -41,10 +40,10 @@ from inq.train.build import (
     prune_targets,
     seed_everything,
 )
-from inq.train.config import to_dict
+from inq.train.config import Config, to_dict
 from inq.train.distributed import Dist, all_sum, broadcast_buffers, check_identical, wrap_ddp
 from inq.train.monitor import Monitor
-from inq.train.phases import Phase, integer_phase, plan_phases, prunes
+from inq.train.phases import Phase, integer_phase, plan_phases
 from inq.train.progress import Bars, Progress, StepTotals
 from inq.train.rundir import TB_DIR, RunStopped, diverged_hint
 
@@ -65,9 +64,7 @@ class Trainer:
             another number of processes.
     """
 
-    def __init__(
-        self, cfg: DictConfig, out_dir: Path, env: Dist, saved: dict[str, Any] | None
-    ) -> None:
+    def __init__(self, cfg: Config, out_dir: Path, env: Dist, saved: dict[str, Any] | None) -> None:
         if saved is not None:
             ckpt.check_world_size(saved, env.world_size, out_dir)
         check_amp(cfg, env.device)
@@ -79,7 +76,7 @@ class Trainer:
         self.data_info = data_record(self.data)  # what the run's model files record
         self.model = build_model(cfg, self.model_info, env.device, fresh=saved is None)
         self.sched = build_scheduler(self.model, cfg)
-        self.prune_targets = prune_targets(self.sched, cfg) if prunes(cfg) else {}
+        self.prune_targets = prune_targets(self.sched, cfg.prune) if cfg.prune.active else {}
         self._steps_per_epoch = batches_per_epoch(self._train_loader)
         self.phases = plan_phases(cfg)  # the weight phases
         self.integer = integer_phase(cfg)  # after the exports; None without quant.act_bits
@@ -88,7 +85,7 @@ class Trainer:
         self._reset_state()
         if saved is not None:
             self._restore(saved)
-        self._monitor(resumed=saved is not None, pending=saved and saved.get("tb_pending"))
+        self._monitor(saved is not None, saved.get("tb_pending") if saved is not None else None)
 
     def _reset_state(self) -> None:
         """What the phases change, as a fresh run starts it."""
@@ -191,10 +188,13 @@ class Trainer:
                 save).
         """
         t, device = self.cfg.trainer, self.env.device
-        start = self.progress.batch * self._train_loader.batch_size
-        self._train_loader.sampler.set_epoch(self.progress.phase * 100_000 + epoch, start=start)
+        sampler, per_batch = self._train_loader.sampler, self._train_loader.batch_size
+        assert isinstance(sampler, ResumableSampler) and per_batch is not None
+        sampler.set_epoch(
+            self.progress.phase * 100_000 + epoch, start=self.progress.batch * per_batch
+        )
         window, epoch_totals = StepTotals(device), StepTotals(device, self.progress.totals)
-        lr = self._lr_sched.get_last_lr()[0] if self._lr_sched else phase.lr
+        lr = float(self._lr_sched.get_last_lr()[0]) if self._lr_sched else phase.lr
         desc = f"{phase.name} epoch {epoch + 1}/{phase.epochs}"
         batches = self.bars.epoch(
             self._train_loader, desc, self._steps_per_epoch, self.progress.batch
@@ -244,13 +244,13 @@ class Trainer:
                 kd = kd_loss(logits, teacher_logits, d.temperature)
                 loss = blend(logits, y, kd, d.weight)  # distill_loss, reusing the logged term
         self._optimizer.zero_grad(set_to_none=True)
-        self._scaler.scale(loss).backward()
+        torch.autograd.backward(self._scaler.scale(loss))
         if self.cfg.trainer.grad_clip:
             self._scaler.unscale_(self._optimizer)
             nn.utils.clip_grad_norm_(self._trained.parameters(), self.cfg.trainer.grad_clip)
         self._scaler.step(self._optimizer)
         self._scaler.update()
-        lr = self._lr_sched.get_last_lr()[0]
+        lr = float(self._lr_sched.get_last_lr()[0])
         self._lr_sched.step()
         self.progress.batch += 1
         self.progress.step += 1

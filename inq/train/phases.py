@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omegaconf import DictConfig
+from inq.train.config import Config, Method
 
-from inq.train.config import prune_layers
-
-__all__ = ["INTEGER", "Phase", "integer_phase", "method_name", "plan_phases", "prunes"]
+__all__ = ["INTEGER", "Phase", "integer_phase", "plan_phases"]
 
 INTEGER = "integer"  # the integer model's phase, after the weight phases and the exports
 
@@ -34,37 +32,35 @@ class Phase:
     prune: int = 0
 
 
-def plan_phases(cfg: DictConfig) -> list[Phase]:
+def plan_phases(cfg: Config) -> list[Phase]:
     """The phases of a run, in order.
 
     Example:
-        >>> from omegaconf import OmegaConf
-        >>> cfg = OmegaConf.create({"model": {"checkpoint": None}, "optim": {"lr": 0.1},
-        ...     "trainer": {"float_epochs": 3},
-        ...     "inq": {"portions": [0.5, 1.0], "epochs": 2, "lr": 0.01, "final_epochs": 1}})
+        >>> from inq.train.config import INQConfig, PruneConfig, SGDConfig, TrainerConfig
+        >>> cfg = Config(optim=SGDConfig(lr=0.1), trainer=TrainerConfig(float_epochs=3),
+        ...              inq=INQConfig(portions=[0.5, 1.0], epochs=2, lr=0.01, final_epochs=1))
         >>> [(p.name, p.epochs, p.lr) for p in plan_phases(cfg)]
         [('float', 3, 0.1), ('stage1', 2, 0.01), ('stage2', 2, 0.01), ('bias_norm', 1, 0.01)]
-        >>> cfg.inq.method = "ste"
+        >>> cfg.inq.method = Method.ste
         >>> [(p.name, p.stage, p.epochs) for p in plan_phases(cfg)]
         [('float', 0, 3), ('ste', 1, 5)]
-        >>> cfg.prune = {"sparsity": 0.9, "layers": [], "steps": 2, "epochs": 1, "lr": None}
+        >>> cfg.prune = PruneConfig(sparsity=0.9, steps=2, epochs=1)
         >>> [(p.name, p.prune, p.epochs) for p in plan_phases(cfg)][:3]
         [('float', 0, 3), ('prune1', 1, 1), ('prune2', 2, 1)]
     """
     float_epochs = 0 if cfg.model.checkpoint else cfg.trainer.float_epochs
     lr = cfg.inq.lr if cfg.inq.lr is not None else cfg.optim.lr
     phases = [Phase("float", 0, float_epochs, cfg.optim.lr, "all")]
-    if prunes(cfg):
+    if cfg.prune.active:
         prune_lr = cfg.prune.lr if cfg.prune.lr is not None else lr
         phases += [
             Phase(f"prune{r}", 0, cfg.prune.epochs, prune_lr, "all", prune=r)
             for r in range(1, cfg.prune.steps + 1)
         ]
     stages = len(cfg.inq.portions)
-    method = method_name(cfg)
-    if method == "oneshot":
+    if cfg.inq.method == Method.oneshot:
         return [*phases, Phase("oneshot", 1, 0, lr, "all")]
-    if method == "ste":
+    if cfg.inq.method == Method.ste:
         return [*phases, Phase("ste", 1, stages * cfg.inq.epochs + cfg.inq.final_epochs, lr, "all")]
     phases += [Phase(f"stage{k}", k, cfg.inq.epochs, lr, "all") for k in range(1, stages + 1)]
     if cfg.inq.final_epochs:
@@ -72,15 +68,15 @@ def plan_phases(cfg: DictConfig) -> list[Phase]:
     return phases
 
 
-def integer_phase(cfg: DictConfig) -> Phase | None:
+def integer_phase(cfg: Config) -> Phase | None:
     """The integer phase (``quant.act_bits``): calibration, then ``quant.epochs`` of fine-tuning
     the fake-quantized model at ``quant.lr``; None without ``quant.act_bits``.
 
     Example:
-        >>> from omegaconf import OmegaConf
-        >>> cfg = OmegaConf.create({"model": {"checkpoint": "float.pt"}, "optim": {"lr": 0.1},
-        ...     "inq": {"portions": [1.0], "epochs": 2, "lr": 0.01, "final_epochs": 0},
-        ...     "quant": {"act_bits": 8, "epochs": 3, "lr": 0.001}})
+        >>> from inq.quant.pipeline import QuantSettings
+        >>> from inq.train.config import INQConfig, SGDConfig
+        >>> cfg = Config(optim=SGDConfig(), inq=INQConfig(portions=[1.0]),
+        ...              quant=QuantSettings(act_bits=8, epochs=3, lr=0.001))
         >>> integer_phase(cfg)
         Phase(name='integer', stage=1, epochs=3, lr=0.001, params='quant', prune=0)
     """
@@ -88,27 +84,3 @@ def integer_phase(cfg: DictConfig) -> Phase | None:
     if q.act_bits is None:
         return None
     return Phase(INTEGER, plan_phases(cfg)[-1].stage, q.epochs, q.lr, "quant")
-
-
-def prunes(cfg: DictConfig) -> bool:
-    """Whether the run prunes before INQ (``prune.sparsity`` or a ``prune.layers`` entry > 0).
-
-    Example:
-        >>> from omegaconf import OmegaConf
-        >>> prunes(OmegaConf.create({"prune": {"sparsity": 0.0, "layers": ["fc*:0.9"]}}))
-        True
-    """
-    prune = cfg.get("prune")
-    return prune is not None and (prune.sparsity > 0 or any(prune_layers(cfg).values()))
-
-
-def method_name(cfg: DictConfig) -> str:
-    """``inq.method`` as a string (``"inq"`` when the config has none).
-
-    Example:
-        >>> from omegaconf import OmegaConf
-        >>> method_name(OmegaConf.create({"inq": {"bits": 5}}))
-        'inq'
-    """
-    method = cfg.inq.get("method", "inq")
-    return str(getattr(method, "name", method))  # a Method enum or its name

@@ -26,14 +26,14 @@ from types import FrameType
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from inq.errors import ConfigError
 from inq.fileio import LOCK_NAME, DirBusy, atomic_path, lock_dir
 from inq.runfiles import INTEGER, LATEST, MASKED, PACKED, SUMMARY
 from inq.train.checkpoint import CHECKPOINT_DIR, resolve_resume
-from inq.train.config import to_dict
+from inq.train.config import TrainerConfig, to_dict
 from inq.train.distributed import launch_command, share, teardown
 
 __all__ = [
@@ -80,7 +80,7 @@ class Claim:
 
 @contextmanager
 def claimed(
-    cfg: DictConfig,
+    trainer: TrainerConfig,
     hydra_dir: Path,
     dir_chosen: bool,
     main: bool,
@@ -97,10 +97,8 @@ def claimed(
 
     Example:
         >>> import tempfile
-        >>> from omegaconf import OmegaConf
         >>> folder = Path(tempfile.mkdtemp()) / "run"
-        >>> cfg = OmegaConf.create({"trainer": {"resume": None, "allow_nonempty_dir": False}})
-        >>> with claimed(cfg, folder, dir_chosen=True, main=True) as claim:
+        >>> with claimed(TrainerConfig(), folder, dir_chosen=True, main=True) as claim:
         ...     claim.home == folder, claim.resume_path
         (True, None)
 
@@ -110,7 +108,7 @@ def claimed(
         RunStopped: on Ctrl-C, SIGTERM or a failed write (disk full, read-only) in the block.
     """
     hydra_dir = hydra_dir.absolute()  # summary.json names the run's files by absolute paths
-    owner, claim, note = _claim_on_rank0(cfg, hydra_dir, dir_chosen, main)
+    owner, claim, note = _claim_on_rank0(trainer, hydra_dir, dir_chosen, main)
     try:
         with stop_signals():
             if owner is not None:
@@ -135,14 +133,14 @@ def claimed(
 
 
 def _claim_on_rank0(
-    cfg: DictConfig, hydra_dir: Path, dir_chosen: bool, main: bool
+    trainer: TrainerConfig, hydra_dir: Path, dir_chosen: bool, main: bool
 ) -> tuple[RunDir | None, Claim, str | None]:
     """Rank 0 claims the directory (:func:`_claim`); every rank gets the claim, or leaves
     together on rank 0's error, an unused ``hydra_dir`` removed."""
     owner, claim, note, problem = None, None, None, None
     if main:
         try:
-            owner, claim, note = _claim(cfg, hydra_dir, dir_chosen)
+            owner, claim, note = _claim(trainer, hydra_dir, dir_chosen)
         except ConfigError as err:
             problem = err
     problem, claim = share((problem, claim))
@@ -163,11 +161,13 @@ def remove_unused(out_dir: Path, dir_chosen: bool) -> None:
         remove_if_empty(out_dir.parent.parent)
 
 
-def _claim(cfg: DictConfig, hydra_dir: Path, dir_chosen: bool) -> tuple[RunDir, Claim, str | None]:
+def _claim(
+    trainer: TrainerConfig, hydra_dir: Path, dir_chosen: bool
+) -> tuple[RunDir, Claim, str | None]:
     """The owned directory, the claim on it and what was done to it (for the run's log); the
     start of a run that saved nothing (:func:`saved_nothing`) is cleared, and ``trainer.resume``
     of one starts it again from its recorded config."""
-    resume = Path(cfg.trainer.resume).expanduser().absolute() if cfg.trainer.resume else None
+    resume = Path(trainer.resume).expanduser().absolute() if trainer.resume else None
     if resume is not None and resume.is_dir() and saved_nothing(resume):
         _check_same_dir(resume, hydra_dir, dir_chosen)
         return _restart(RunDir(resume, "trainer.resume"))
@@ -178,7 +178,7 @@ def _claim(cfg: DictConfig, hydra_dir: Path, dir_chosen: bool) -> tuple[RunDir, 
         return RunDir(home, "trainer.resume"), Claim(home, resume_path, continues=True), None
     lock_was_there = (hydra_dir / LOCK_NAME).exists()
     owner = RunDir(hydra_dir, "hydra.run.dir")  # a new run (perhaps from a loose checkpoint)
-    problem = _taken(hydra_dir, cfg.trainer.allow_nonempty_dir)
+    problem = _taken(hydra_dir, trainer.allow_nonempty_dir)
     if problem is not None:
         owner.release()
         if not lock_was_there:  # a refused run leaves nothing in a folder it does not own

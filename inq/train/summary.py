@@ -15,13 +15,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from inq.fileio import atomic_path
 from inq.runfiles import SUMMARY
 from inq.scheduler import INQScheduler
-from inq.train.config import to_dict
-from inq.train.phases import Phase, method_name
+from inq.train.config import Config, to_dict
+from inq.train.phases import Phase
 
 __all__ = ["METHOD_LABELS", "summarize", "table", "write_summary", "zero_fraction"]
 
@@ -29,7 +27,7 @@ METHOD_LABELS = {"inq": "INQ", "oneshot": "one-shot", "ste": "STE"}  # inq.metho
 
 
 def summarize(
-    cfg: DictConfig,
+    cfg: Config,
     sched: INQScheduler,
     phases: Sequence[Phase],
     history: Mapping[str, dict[str, float]],
@@ -46,7 +44,7 @@ def summarize(
     Example:
         >>> from omegaconf import OmegaConf
         >>> from torch import nn
-        >>> cfg = OmegaConf.create({"inq": {"method": "inq"}, "trainer": {"seed": 0}})
+        >>> cfg = Config()
         >>> sched = INQScheduler(nn.Linear(4, 2), bits=4, portions=(1.0,))
         >>> _ = sched.step()
         >>> phases = [Phase("float", 0, 1, 0.1, "all"), Phase("stage1", 1, 2, 0.01, "all")]
@@ -59,9 +57,8 @@ def summarize(
     """
     stages = [p.name for p in phases if p.name != "float"]
     mixed = any(bits != sched.bits for bits in sched.layer_bits.values())
-    distill = OmegaConf.select(cfg, "inq.distill")
     summary = {
-        "method": method_name(cfg),
+        "method": cfg.inq.method.name,
         "float_acc": history["float"]["acc"],
         "final_acc": history[phases[-1].name]["acc"],
         "bits": sched.bits,
@@ -74,7 +71,7 @@ def summarize(
         "pruned_fraction": sched.pruned_fraction(),
         "seed": cfg.trainer.seed,
         "retrain_epochs": sum(p.epochs for p in phases if p.stage > 0),
-        **({"distill": dict(distill)} if distill is not None and distill.weight > 0 else {}),
+        **({"distill": to_dict(cfg.inq.distill)} if cfg.inq.distill.weight > 0 else {}),
         "stages": {name: history[name] for name in stages},
         "float": history["float"],
         "timings_s": timings,
