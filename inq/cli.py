@@ -591,7 +591,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     with writing(output, read, args.force):
         finetune = finetune_loader(data, seed=0)
         calibration = (x for x, _ in calibration_loader(data, settings.batches, seed=0))
-        int_model, report = quantize(packed, calibration, settings, device, finetune, data)
+        record = data_record(data)
+        int_model, report = quantize(packed, calibration, settings, device, finetune, record)
         save_integer(output, int_model)
     tuned = (
         f", fine-tuned {args.epochs} epochs in {report['finetune_s']:.1f} s" if args.epochs else ""

@@ -270,9 +270,10 @@ def quantize_on(
 ) -> tuple[IntegerModel, dict[str, object]]:
     """:func:`inq.quant.pipeline.quantize` of ``packed`` on the data set ``data`` as ``inq
     calibrate`` runs it (:func:`inq.data.calibration_loader`, :func:`inq.data.finetune_loader`)."""
-    from inq.data import calibration_loader, finetune_loader
+    from inq.data import calibration_loader, data_record, finetune_loader
     from inq.quant.pipeline import quantize
 
     calibration = (x for x, _ in calibration_loader(data, settings.batches, seed=0))
     finetune = finetune_loader(data, seed=0)
-    return quantize(packed, calibration, settings, finetune=finetune, data=data, distill=distill)
+    record = data_record(data)
+    return quantize(packed, calibration, settings, finetune=finetune, data=record, distill=distill)

@@ -83,6 +83,11 @@ DEPLOYMENT = (
 )
 
 
+@pytest.mark.parametrize("module", sorted(m for m in import_graph() if _under(m, "inq.quant")))
+def test_integer_deployment_takes_batches_and_builds_no_datasets(module: str) -> None:
+    assert not {m for m in _reachable(module) if _under(m, "inq.data")}, module
+
+
 @pytest.mark.parametrize("module", sorted(m for m in import_graph() if _under(m, *DEPLOYMENT)))
 def test_deployment_imports_nothing_from_train(module: str) -> None:
     training = sorted(m for m in _reachable(module) if _under(m, "inq.train"))

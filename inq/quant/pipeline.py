@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from inq.data import data_record
 from inq.distill import distill_loss
 from inq.nn import from_packed
 from inq.packed import PackedFile
@@ -113,9 +112,10 @@ def quantize(
 
     ``calibration`` yields the input batches to calibrate on (e.g.
     :func:`inq.data.calibration_loader`); ``finetune`` the ``(x, y)`` batches of one
-    fine-tuning epoch, iterated ``settings.epochs`` times; ``data`` is the data config the
-    integer model's file records. ``on_epoch(epoch, values)`` sees, before fine-tuning (epoch
-    0) and after each epoch, :func:`scale_values` and the loss (``quant/loss``). With
+    fine-tuning epoch, iterated ``settings.epochs`` times; ``data`` is what the integer
+    model's file records of the data (:func:`inq.data.data_record` of the data config).
+    ``on_epoch(epoch, values)`` sees, before fine-tuning (epoch 0) and after each epoch,
+    :func:`scale_values` and the loss (``quant/loss``). With
     ``distill``, the fine-tuning loss is :func:`inq.distill.distill_loss`. ``seed`` seeds the
     random draws of the batches' augmentation (the caller's generator untouched). ``inq-train``
     runs the same fine-tuning as a phase of its Trainer (:mod:`inq.train.loop`).
@@ -197,14 +197,16 @@ def lowered(
     lowering: Lowering, packed: PackedFile, settings: QuantSettings, data: Mapping[str, Any]
 ) -> IntegerModel:
     """The integer model of a calibrated (and maybe fine-tuned) ``lowering``, its file's
-    ``info`` saying how it was made and on which ``data`` (:func:`inq.data.data_record`).
+    ``info`` saying how it was made and on which ``data`` (what
+    :func:`inq.data.data_record` makes of the data config: without loader settings, with the
+    input's preprocessing).
 
     Raises:
         IntegerModelError: see :meth:`~inq.quant.lower.Lowering.integer_model`.
     """
     info = {
         "model": packed.model,
-        "data": data_record(data),  # without loader settings, with the input
+        "data": dict(data),
         "act_bits": settings.act_bits,
         "input_bits": settings.input_bits,
         "calibration": settings.calibration,

@@ -64,7 +64,7 @@ def integer_phase(out_dir: Path, trainer: Trainer) -> dict[str, Any]:
             trainer.save()
             ckpt.kill_point("quant", epoch + 2)
         int_model = _no_integer_model_if_fails(
-            lambda: lowered(lowering, packed, settings, trainer.data)
+            lambda: lowered(lowering, packed, settings, trainer.data_info)
         )
         if env.main:
             save_integer(out_dir / INTEGER, int_model)
