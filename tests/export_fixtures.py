@@ -13,9 +13,10 @@ from inq.masked import save_masked
 from inq.scheduler import INQScheduler
 
 if TYPE_CHECKING:
+    from inq.fit import Distill
     from inq.packed import PackedFile
     from inq.quant.integer import IntegerModel
-    from inq.quant.pipeline import Distill, QuantSettings
+    from inq.quant.pipeline import QuantSettings
 
 
 class MixedNet(nn.Module):

@@ -21,10 +21,11 @@ from train_helpers import INQ_TRAIN, TINY, inq_train
 
 from inq.distill import frozen_teacher
 from inq.errors import ConfigError
+from inq.fit import Distill
 from inq.masked import load_masked, save_masked
 from inq.models import build_model
 from inq.packed import packed_from_masked
-from inq.quant.pipeline import Distill, QuantSettings
+from inq.quant.pipeline import QuantSettings
 from inq.runfiles import LATEST
 from inq.scheduler import INQScheduler
 from inq.train.checkpoint import CHECKPOINT_DIR, KILL_ENV, load_checkpoint

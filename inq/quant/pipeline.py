@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from inq.distill import distill_loss
+from inq.fit import Distill, fit_step
 from inq.nn import from_packed
 from inq.packed import PackedFile
 from inq.pow2 import MAX_BITS, MIN_BITS
@@ -35,7 +34,6 @@ from inq.quant.lower import IntegerModelError, Lowering
 from inq.quant.observers import CALIBRATIONS
 
 __all__ = [
-    "Distill",
     "IntegerModelError",
     "QuantSettings",
     "RealOutput",
@@ -148,24 +146,6 @@ def quantize(
     return lowered(lowering, packed, settings, data or {}).to(device), report
 
 
-@dataclass(frozen=True)
-class Distill:
-    """Distillation from ``teacher`` (a frozen model taking the same input, e.g.
-    :func:`inq.distill.frozen_teacher` of the float model): :func:`inq.distill.distill_loss`
-    with ``weight`` in [0, 1] and ``temperature`` > 0."""
-
-    teacher: nn.Module
-    weight: float
-    temperature: float
-
-    def __post_init__(self) -> None:
-        if not (0.0 <= self.weight <= 1.0 and self.temperature > 0):
-            raise ValueError(
-                "the distillation weight must lie in [0, 1] and the temperature be > 0, got "
-                f"{self.weight} and {self.temperature}"
-            )
-
-
 def lowering_of(packed: PackedFile, settings: QuantSettings, device: torch.device) -> Lowering:
     """The :class:`~inq.quant.lower.Lowering` of ``packed`` with ``settings``, not calibrated.
 
@@ -229,16 +209,7 @@ def _finetune_epoch(
     total = count = 0.0
     for x, y in batches:
         x, y = x.to(device), y.to(device)
-        logits = fq_model(x)
-        if distill is None:
-            loss = F.cross_entropy(logits, y)
-        else:
-            with torch.no_grad():
-                teacher_logits = distill.teacher(x)
-            loss = distill_loss(logits, teacher_logits, y, distill.weight, distill.temperature)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        loss, _, _ = fit_step(fq_model, optimizer, x, y, distill=distill)
         total, count = total + float(loss.detach()) * len(y), count + len(y)
     return total / max(count, 1)
 

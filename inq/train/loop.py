@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from inq.baselines import STEQuantizer
 from inq.data import ResumableSampler, batches_per_epoch, data_record
-from inq.distill import blend, frozen_teacher, kd_loss
+from inq.distill import frozen_teacher
 from inq.evaluation import evaluate
+from inq.fit import Distill, fit_step
 from inq.prune import sparsity_schedule
 from inq.train import checkpoint as ckpt
 from inq.train.build import (
@@ -226,30 +226,23 @@ class Trainer:
         stepped with and, when distilling, the distillation term (:func:`inq.distill.kd_loss`;
         else None).
 
-        The INQ scheduler's step hook (:meth:`~inq.scheduler.INQScheduler.attach`) writes the
-        frozen weights back to their powers of two inside ``scaler.step``. With a teacher, the
-        loss is :func:`inq.distill.distill_loss`; the teacher (not wrapped in DDP) needs no
-        communication between processes.
+        The step is :func:`inq.fit.fit_step`: the INQ scheduler's step hook
+        (:meth:`~inq.scheduler.INQScheduler.attach`) writes the frozen weights back to their
+        powers of two inside ``scaler.step``; with a teacher, the loss is
+        :func:`inq.distill.distill_loss`.
         """
         assert self._optimizer is not None and self._lr_sched is not None
-        kd = None
-        with torch.autocast(self.env.device.type, torch.float16, enabled=self._amp):
-            logits = self._net(x)
-            if self.teacher is None:
-                loss = F.cross_entropy(logits, y)
-            else:
-                d = self.cfg.inq.distill
-                with torch.no_grad():
-                    teacher_logits = self.teacher(x)
-                kd = kd_loss(logits, teacher_logits, d.temperature)
-                loss = blend(logits, y, kd, d.weight)  # distill_loss, reusing the logged term
-        self._optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(self._scaler.scale(loss))
-        if self.cfg.trainer.grad_clip:
-            self._scaler.unscale_(self._optimizer)
-            nn.utils.clip_grad_norm_(self._trained.parameters(), self.cfg.trainer.grad_clip)
-        self._scaler.step(self._optimizer)
-        self._scaler.update()
+        d, clip = self.cfg.inq.distill, self.cfg.trainer.grad_clip
+        loss, logits, kd = fit_step(
+            self._net,
+            self._optimizer,
+            x,
+            y,
+            distill=Distill(self.teacher, d.weight, d.temperature) if self.teacher else None,
+            scaler=self._scaler,
+            amp=self._amp,
+            grad_clip=(self._trained.parameters(), clip) if clip else None,
+        )
         lr = float(self._lr_sched.get_last_lr()[0])
         self._lr_sched.step()
         self.progress.batch += 1
