@@ -44,9 +44,13 @@ def repo_state() -> str:
         text=True,
         check=True,
     ).stdout
-    # other tests may write ignored caches meanwhile; the script's logs are what matters here
-    lines = [line for line in status.splitlines() if "__pycache__" not in line]
+    # other tests (in other pytest-xdist workers too) may write caches meanwhile; what the
+    # script writes is what matters here: its logs and results, .log/.txt/.json files
+    lines = [line for line in status.splitlines() if line.endswith(SCRIPT_OUTPUTS)]
     return "\n".join(sorted([*lines, *os.listdir(REPO / "experiments" / "gpu")]))
+
+
+SCRIPT_OUTPUTS = (".log", ".txt", ".json")
 
 
 def gpu_check(

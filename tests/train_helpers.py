@@ -7,6 +7,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,15 +30,19 @@ def inq_train(
     check: bool = True,
     cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``inq-train`` with Hydra overrides; assert success unless ``check`` is False."""
-    proc = subprocess.run(
-        [str(INQ_TRAIN), *overrides],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=600,
-        cwd=cwd,
-    )
+    """Run ``inq-train`` with Hydra overrides; assert success unless ``check`` is False.
+
+    Without ``cwd`` it runs in a fresh temporary directory, so that the timestamped default
+    directory Hydra makes (and a resumed run discards) is its own, whatever runs beside it."""
+    with tempfile.TemporaryDirectory() as scratch:
+        proc = subprocess.run(
+            [str(INQ_TRAIN), *overrides],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            timeout=600,
+            cwd=cwd or scratch,
+        )
     if check:
         assert proc.returncode == 0, (
             f"inq-train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
