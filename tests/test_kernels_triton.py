@@ -26,7 +26,9 @@ bit, and where the exact sum is not representable in the output dtype, torch's r
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -1158,3 +1160,84 @@ def test_integer_model_on_the_kernels_is_its_reference(tmp_path) -> None:
         _CPU_ROUTE["triton"] = False
     assert got.dtype == torch.int32
     assert torch.equal(got.cpu(), expected)
+
+
+_TRITON_SOURCES = Path(tk.__file__).parent
+
+
+def _is_jit(node: ast.FunctionDef) -> bool:
+    """``@triton.jit`` (or ``@jit``, ``@triton.jit(...)``) on a function definition."""
+    for deco in node.decorator_list:
+        target = deco.func if isinstance(deco, ast.Call) else deco
+        if isinstance(target, ast.Attribute) and target.attr == "jit":
+            return True
+        if isinstance(target, ast.Name) and target.id == "jit":
+            return True
+    return False
+
+
+def _constexprs(node: ast.FunctionDef) -> list[str]:
+    """The parameters of ``node`` annotated ``tl.constexpr``, in order."""
+    params = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+    return [
+        a.arg
+        for a in params
+        if a.annotation is not None and ast.unparse(a.annotation).endswith("constexpr")
+    ]
+
+
+def kernel_launches() -> list[tuple[str, str, list[str], set[str]]]:
+    """Every ``kernel[grid](...)`` in :mod:`inq.kernels.triton` of a ``@triton.jit`` function
+    defined there: (where, kernel, its ``tl.constexpr`` parameters, the keywords passed)."""
+    trees = {
+        path.stem: ast.parse(path.read_text()) for path in sorted(_TRITON_SOURCES.glob("*.py"))
+    }
+    defined = {
+        module: {
+            n.name: _constexprs(n)
+            for n in tree.body
+            if isinstance(n, ast.FunctionDef) and _is_jit(n)
+        }
+        for module, tree in trees.items()
+    }
+    launches = []
+    for module, tree in trees.items():
+        visible = dict(defined[module])  # the module's own kernels, then those it imports
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                source = node.module.rpartition(".")[2] if node.level == 0 else node.module
+                if node.level or node.module.startswith("inq.kernels.triton."):
+                    for alias in node.names:
+                        if alias.name in defined.get(source, {}):
+                            visible[alias.asname or alias.name] = defined[source][alias.name]
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Subscript)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in visible
+            ):
+                name = node.func.value.id
+                keywords = {k.arg for k in node.keywords if k.arg is not None}
+                launches.append((f"{module}.py:{node.lineno}", name, visible[name], keywords))
+    return launches
+
+
+def test_kernel_launches_pass_every_constexpr_by_keyword() -> None:
+    """Issue 34: at every launch ``kernel[grid](...)`` each ``tl.constexpr`` parameter of the
+    kernel is passed by keyword (``BLOCK_M=cfg.block_m``), so the launch shows what specialises
+    the kernel and a reordered signature cannot silently swap two tiles; runtime arguments may
+    stay positional. (A constexpr inside ``**kwargs`` does not count: the reader cannot see it.)"""
+    launches = kernel_launches()
+    launched = {name for _, name, _, _ in launches}
+    kernels = {
+        n.name
+        for path in _TRITON_SOURCES.glob("*.py")
+        for n in ast.parse(path.read_text()).body
+        if isinstance(n, ast.FunctionDef) and _is_jit(n) and n.name.endswith("kernel")
+    }
+    assert kernels <= launched, f"kernels the walk found no launch of: {sorted(kernels - launched)}"
+    for where, name, constexprs, keywords in launches:
+        assert constexprs, f"{where}: {name} declares no tl.constexpr (is the walk reading it?)"
+        missing = [c for c in constexprs if c not in keywords]
+        assert not missing, f"{where}: {name}[grid](...) does not pass {missing} by keyword"

@@ -244,21 +244,24 @@ def shift_conv2d(
             batched, packed.contiguous(), n1_ptr, n1_value, out if b is None else b, out,
             pixels, h, w, oh, ow, o,
         )  # fmt: skip
-        geometry = (*stride, *padding, *dilation, *batched.stride(), packed.stride(0), kh, kw)
-        common = (bits, code_width(bits), MIN_EXP[x.dtype], per_row, b is not None)
+        geometry = (*stride, *padding, *dilation, *batched.stride(), packed.stride(0))
+        width, min_exp, has_bias = code_width(bits), MIN_EXP[x.dtype], b is not None
         launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         tiles_m = triton.cdiv(pixels, cfg.block_m)
         if cfg.kernel == "depthwise":
             grid = (tiles_m * triton.cdiv(o, cfg.block_n),)
             _depthwise_kernel[grid](
-                *args, o // groups, *geometry, *common, cfg.block_m, cfg.block_n, **launch
-            )
+                *args, o // groups, *geometry,
+                KH=kh, KW=kw, BITS=bits, WIDTH=width, MIN_EXP=min_exp, PER_ROW_N1=per_row,
+                HAS_BIAS=has_bias, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **launch,
+            )  # fmt: skip
         else:
             og = o // groups
             grid = (groups * tiles_m * triton.cdiv(og, cfg.block_n),)
             _implicit_gemm_kernel[grid](
-                *args, cg, og, k, groups, *geometry, *common,
-                dot_upcast(x.dtype), x.dtype == torch.float32,
-                cfg.block_m, cfg.block_n, cfg.block_k, **launch,
+                *args, cg, og, k, groups, *geometry,
+                KH=kh, KW=kw, BITS=bits, WIDTH=width, MIN_EXP=min_exp, PER_ROW_N1=per_row,
+                HAS_BIAS=has_bias, UPCAST=dot_upcast(x.dtype), IEEE=x.dtype == torch.float32,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **launch,
             )  # fmt: skip
     return out.squeeze(0) if x.dim() == 3 else out

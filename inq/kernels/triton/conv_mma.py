@@ -200,8 +200,9 @@ def conv_mma(
         nhwc, weight.words, weight.scale, out if b is None else b, out, part,
         pixels, h, w, c, oh, ow, o, weight.words.shape[1], per_tap, per_split,
         *stride, *padding, *dilation,
-        kh, kw, weight.per_word, weight.fmt == "bf16", b is not None, dot_upcast(x.dtype),
-        c % chunk == 0, split, block_m, block_n, 8, num_warps=warps, num_stages=3,
+        KH=kh, KW=kw, PER_WORD=weight.per_word, BF16=weight.fmt == "bf16", HAS_BIAS=b is not None,
+        IEEE=dot_upcast(x.dtype), EVEN_C=c % chunk == 0, SPLIT_K=split, BLOCK_M=block_m,
+        BLOCK_N=block_n, GROUP_N=8, num_warps=warps, num_stages=3,
     )  # fmt: skip
     if split > 1:
         reduce_partials(part, weight.scale, b, out, channel_dim=1)

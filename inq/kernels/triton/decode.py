@@ -197,8 +197,9 @@ def reduce_partials(
     inner = math.prod(out.shape[channel_dim:][1:])
     reduce_kernel[(triton.cdiv(total, block),)](
         part, out if scale is None else scale, out if bias is None else bias, out, total,
-        out.shape[channel_dim], max(inner, 1), part.shape[0], scale is not None,
-        bias is not None, block,
+        out.shape[channel_dim], max(inner, 1),
+        SPLIT_K=part.shape[0], HAS_SCALE=scale is not None, HAS_BIAS=bias is not None,
+        BLOCK=block,
     )  # fmt: skip
 
 
@@ -236,7 +237,8 @@ def decode_weight(
         grid = (triton.cdiv(o, block_o), triton.cdiv(k, block_k))
         _decode_kernel[grid](
             packed, n1_ptr, n1_value, out, o, k, packed.stride(0),
-            check_bits(bits), code_width(bits), MIN_EXP[dtype], per_row, block_o, block_k,
+            BITS=check_bits(bits), WIDTH=code_width(bits), MIN_EXP=MIN_EXP[dtype],
+            PER_ROW_N1=per_row, BLOCK_O=block_o, BLOCK_K=block_k,
         )  # fmt: skip
     return out.view(shape)
 

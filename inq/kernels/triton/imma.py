@@ -260,14 +260,16 @@ def imma_conv2d(
         pixels, h, w, c, oh, ow, o, cg, o // groups, cg * kh * kw, steps,
         triton.cdiv(steps, cfg.split_k), *stride, *padding, *dilation,
         parts.stride(0) if parts.shape[0] > 1 else 0,
-        kh, kw, x.dtype == torch.uint8, parts.shape[0], cfg.tapwise,
-        cfg.tapwise and cg % cfg.block_k == 0,
-        (o // groups) % cfg.block_n == 0, cfg.split_k, fused is not None,
-        cfg.block_m, cfg.block_n, cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        KH=kh, KW=kw, UNSIGNED=x.dtype == torch.uint8, PARTS=parts.shape[0],
+        TAPWISE=cfg.tapwise, EVEN_K=cfg.tapwise and cg % cfg.block_k == 0,
+        EVEN_N=(o // groups) % cfg.block_n == 0, SPLIT_K=cfg.split_k, REQUANT=fused is not None,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if requant is not None and fused is None:
         block_m, block_n = 64, 64
         rows = (pixels, o)
         _requant_kernel[(triton.cdiv(pixels, block_m), triton.cdiv(o, block_n))](
-            sums, *requant.tensors(), out, requant.lo, requant.hi, *rows, block_m, block_n
-        )
+            sums, *requant.tensors(), out, requant.lo, requant.hi, *rows,
+            BLOCK_M=block_m, BLOCK_N=block_n,
+        )  # fmt: skip

@@ -165,7 +165,7 @@ def shift_linear_int8(
         _int8_kernel[grid](
             rows, packed.contiguous(), out, m, o, in_features, frac_bits,
             rows.stride(0), rows.stride(1), packed.stride(0),
-            bits, code_width(bits), BLOCK_M, BLOCK_O, BLOCK_K,
+            BITS=bits, WIDTH=code_width(bits), BLOCK_M=BLOCK_M, BLOCK_O=BLOCK_O, BLOCK_K=BLOCK_K,
         )  # fmt: skip
     return out.reshape(*x.shape[:-1], o)
 
@@ -225,7 +225,8 @@ def shift_conv2d_int8(
         _conv_int8_kernel[grid](
             x, packed.contiguous(), out, frac_bits, pixels, h, w, oh, ow, o, cg, og, k,
             *stride, *padding, *dilation, *x.stride(), packed.stride(0),
-            kh, kw, bits, code_width(bits), cfg.block_m, cfg.block_n, cfg.block_k,
+            KH=kh, KW=kw, BITS=bits, WIDTH=code_width(bits),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     return out
@@ -355,7 +356,7 @@ def requant_add(x: Tensor, y: Tensor, m_x: int, m_y: int, shift: int, lo: int, h
     if out.numel():
         grid = (triton.cdiv(out.numel(), _ELEMENTS),)
         _requant_add_kernel[grid](x, y, out, m_x, m_y, (1 << shift) >> 1, shift, lo, hi,
-                                  out.numel(), _ELEMENTS)  # fmt: skip
+                                  out.numel(), BLOCK=_ELEMENTS)  # fmt: skip
     return out
 
 
@@ -368,5 +369,5 @@ def quantize_input(x: Tensor, scale: float, lo: int, hi: int) -> Tensor:
     if out.numel():
         grid = (triton.cdiv(out.numel(), _ELEMENTS),)
         bits = struct.unpack("<q", struct.pack("<d", scale))[0]
-        _quantize_input_kernel[grid](x, out, bits, lo, hi, out.numel(), _ELEMENTS)
+        _quantize_input_kernel[grid](x, out, bits, lo, hi, out.numel(), BLOCK=_ELEMENTS)
     return out

@@ -267,7 +267,7 @@ def _launch(
     part = out if cfg.split_k == 1 else x.new_empty((cfg.split_k, m, o), dtype=torch.float32)
     b = out if bias is None else bias  # any pointer: unused without HAS_BIAS
     width = code_width(bits)
-    common = (bits, width, MIN_EXP[x.dtype], per_row, bias is not None)
+    min_exp, has_bias = MIN_EXP[x.dtype], bias is not None
     if cfg.kernel == "gemv":
         block_bytes = cfg.block_k * width // 8
         kb = packed.shape[1]
@@ -275,7 +275,8 @@ def _launch(
         _gemv_kernel[(triton.cdiv(o, cfg.block_n), cfg.split_k)](
             x, packed, n1_ptr, n1, b, out, part,
             m, o, k, kb, x.stride(0), x.stride(1), packed.stride(0), bytes_per_split,
-            *common, cfg.block_m, cfg.block_n, block_bytes, cfg.split_k,
+            BITS=bits, WIDTH=width, MIN_EXP=min_exp, PER_ROW_N1=per_row, HAS_BIAS=has_bias,
+            BLOCK_M=cfg.block_m, BLOCK_O=cfg.block_n, BLOCK_B=block_bytes, SPLIT_K=cfg.split_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     else:
@@ -284,8 +285,10 @@ def _launch(
         _gemm_kernel[grid](
             x, packed, n1_ptr, n1, b, out, part,
             m, o, k, x.stride(0), x.stride(1), packed.stride(0), tiles_per_split,
-            *common, dot_upcast(x.dtype), x.dtype == torch.float32,
-            cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, 8,
+            BITS=bits, WIDTH=width, MIN_EXP=min_exp, PER_ROW_N1=per_row, HAS_BIAS=has_bias,
+            UPCAST=dot_upcast(x.dtype), IEEE=x.dtype == torch.float32,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+            GROUP_M=8,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     if cfg.split_k > 1:

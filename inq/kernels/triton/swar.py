@@ -356,16 +356,18 @@ def _launch(x: Tensor, weight: KernelWeight, bias: Tensor | None, out: Tensor,
         _gemv_kernel[(triton.cdiv(n, cfg.block_n), cfg.split_k)](
             x, weight.words, weight.scale, b, out, part,
             m, n, k, kw, x.stride(0), per_split * cfg.block_w,
-            weight.per_word, bias is not None, cfg.block_m, cfg.block_n, cfg.block_w,
-            cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            PER_WORD=weight.per_word, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
+            BLOCK_O=cfg.block_n, BLOCK_W=cfg.block_w, SPLIT_K=cfg.split_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     else:
         tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         _mma_kernel[(tiles, cfg.split_k)](
             x, weight.words, weight.scale, b, out, part,
             m, n, k, kw, x.stride(0), per_split,
-            weight.per_word, weight.fmt == "bf16", bias is not None,
-            fp32 or dot_upcast(x.dtype), cfg.block_m, cfg.block_n, cfg.split_k, 8,
+            PER_WORD=weight.per_word, BF16=weight.fmt == "bf16", HAS_BIAS=bias is not None,
+            IEEE=fp32 or dot_upcast(x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            SPLIT_K=cfg.split_k, GROUP_N=8,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     if cfg.split_k > 1:
