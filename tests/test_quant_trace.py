@@ -116,7 +116,15 @@ def test_the_handler_table_covers_exactly_the_kinds_the_planner_accepts() -> Non
     assert planned == set(integer._RUN)  # every op the integer model runs, and no other
 
 
-@pytest.mark.parametrize("kind", list(EXAMPLES), ids=str)
+def _kind_id(kind: tuple[str, object]) -> str:
+    """``call_function-torch.nn.functional.relu``: the same on every run (a function's repr
+    holds its address)."""
+    op, target = kind
+    where = getattr(target, "__module__", None)
+    return f"{op}-{f'{where}.' if where else ''}{getattr(target, '__name__', target)}"
+
+
+@pytest.mark.parametrize("kind", list(EXAMPLES), ids=_kind_id)
 def test_each_node_kind_becomes_its_op(kind: tuple[str, object]) -> None:
     build, float_layers, expected = EXAMPLES[kind]
     if isinstance(expected, str):
