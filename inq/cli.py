@@ -53,6 +53,7 @@ from inq.data import (
 )
 from inq.evaluation import evaluate
 from inq.export_onnx import OnnxModel, export_onnx, export_qdq
+from inq.export_qonnx import export_qonnx
 from inq.fileio import LOCK_NAME, lock_dir
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.levels import describe_n1
@@ -119,8 +120,15 @@ def _export_args(p: argparse.ArgumentParser) -> None:
         help=f"write ONNX instead (opset 18, dynamic batch; -o FILE{ONNX} needed): the "
         "float-activation model, or of an integer model (inq calibrate) its Q/DQ graph",
     )
+    p.add_argument(
+        "--qonnx",
+        action="store_true",
+        help=f"write the integer model (a file, or a run's) as QONNX (-o FILE{ONNX} needed; "
+        "pip install 'inq[fpga]'): qonnx's executor computes it bit for bit",
+    )
     p.add_argument("--data", nargs="*", default=[], metavar="NAME|KEY=VALUE",
-                   help="with --onnx, for a file that records no data: the input size")  # fmt: skip
+                   help="with --onnx/--qonnx, for a file that records no data: the input "
+                   "size")  # fmt: skip
     p.add_argument(
         "--dense",
         action="store_true",
@@ -214,8 +222,12 @@ def _run_files(folder: Path) -> set[Path]:
 
 
 def _export(args: argparse.Namespace) -> int:
+    if args.onnx and args.qonnx:
+        raise ValueError("--onnx and --qonnx: choose one")
     if args.onnx:
         return _export_onnx(args)
+    if args.qonnx:
+        return _export_qonnx(args)
     header = command_file(args.source, "export", (RUN, MASKED_CHECKPOINT), MASKED_FORMATS,
                           MASKED_CHECKPOINT)  # fmt: skip
     source = header.path
@@ -256,6 +268,24 @@ def _export_onnx(args: argparse.Namespace) -> int:
     print(
         f"{read} -> {args.output}: ONNX opset {stats['opset']}, dynamic batch, "
         f"{stats['nodes']} nodes, {stats['initializers']} initializers, {stats['bytes']} B; {what}"
+    )
+    return 0
+
+
+def _export_qonnx(args: argparse.Namespace) -> int:
+    header = command_file(args.source, "export --qonnx", (RUN, INTEGER_MODEL), (INT_FORMAT,),
+                          INTEGER_MODEL)  # fmt: skip
+    if not args.output:
+        raise ValueError(f"--qonnx needs -o FILE{ONNX}")
+    output = Path(args.output)
+    with writing(output, header.path, args.force, ONNX):
+        int_model = open_artefact(header)
+        data, _ = command_data(int_model.info.get("data", {}), args.data)
+        stats = export_qonnx(int_model, output, input_shape(data))
+    print(
+        f"{header.path} -> {output}: QONNX, {stats['nodes']} nodes ({stats['quant_nodes']} "
+        f"Quant), {stats['initializers']} initializers, {stats['bytes']} B; batch 1, integer "
+        "steps exact (qonnx's executor equals the integer model)"
     )
     return 0
 

@@ -75,6 +75,7 @@ def test_kernels_see_only_the_core_and_codes(module: str) -> None:
 DEPLOYMENT = (
     "inq.nn",
     "inq.export_onnx",
+    "inq.export_qonnx",
     "inq.quant",
     "inq.artefact",
     "inq.cli",
@@ -141,6 +142,7 @@ LAYERS = (  # README's code map, top to bottom; a module may import its own laye
         "inq.verify",
         "inq.runfiles",
         "inq.export_onnx",
+        "inq.export_qonnx",
         "inq.bench_onnx",
     ),
     ("inq.train", "inq.cli"),

@@ -1,0 +1,347 @@
+"""QONNX export of an integer model: the graph the FPGA tools read (FINN, hls4ml), computing
+what the integer model computes, bit for bit, in ``qonnx``'s own executor.
+
+Every value of the integer model is a real tensor ``q * scale`` behind a QONNX ``Quant`` node of
+its width (``bitwidth`` = the activation bits, ``signed`` from its range, ``narrow`` 0), so a
+tool reads each activation's fixed-point type from the graph. The arithmetic between them:
+
+- ``input``: ``Floor(x / scale + 1/2)`` in float64, clipped to ``[lo, hi]``, as the integer
+  model quantizes its input;
+- ``conv``/``linear``: the power-of-two weights as float32 initializers ``w * 2**-frac`` behind a
+  ``Quant`` node (``scale = 2**-frac``: each weight an integer of the layer's width there), a
+  float32 ``Conv``/``Gemm`` (exact: the accumulator of every layer is checked below ``2**24``,
+  the integers float32 holds), then the integer requantization in int64 ops,
+  ``(acc + bias) * multiplier + 2**(shift-1)`` floor-divided by ``2**shift`` (``Div`` of a
+  dividend made non-negative by an offset, so its truncation is a floor), clipped to
+  ``[lo, hi]``: the integer model's arithmetic, not a float approximation of it;
+- ``add``, ``avgpool``: the same int64 requantization of ``x * m_x + y * m_y`` or of the window
+  sum;
+- ``relu``, ``clamp``, ``maxpool``, ``flatten``, ``pad``: the ONNX op on the real values (exact).
+
+Refused, in one line naming the layer: activation scales that are not powers of two
+(``--float-scales``: ``q * scale`` would round in float32), a level set reaching below the
+layer's ``frac`` (those terms are floored one by one in the integer model), an accumulator
+bound at or above ``2**24``.
+
+Example::
+
+    proto = export_qonnx(load_integer("model.int.safetensors"), "model.qonnx.onnx")
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from inq.codes import decode_weight
+from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
+
+__all__ = ["QONNX_DOMAIN", "export_qonnx", "qonnx_graph", "run_qonnx"]
+
+QONNX_DOMAIN = "qonnx.custom_op.general"
+EXACT_FLOAT32 = 1 << 24  # every integer below it is a float32
+INT64_LIMIT = 1 << 62  # the requantization's dividend stays below 2**63 with its offset
+
+
+def export_qonnx(
+    model: IntegerModel, path: str | os.PathLike[str], shape: Sequence[int] | None = None
+) -> dict[str, int]:
+    """Write ``model`` as a QONNX file at ``path`` (:func:`qonnx_graph`, batch 1), checked by
+    ``qonnx`` itself (its ``ModelWrapper``, cleanup and shape inference take it); returns its
+    node, ``Quant`` node, initializer and byte counts.
+
+    Raises:
+        ValueError: a layer the exact QONNX form cannot hold (see the module docstring), or
+            no ``qonnx``/``onnx`` (the message names the ``fpga`` extra).
+    """
+    onnx, wrapper, cleanup = _modules()
+    proto = qonnx_graph(model, 1, shape)
+    cleanup(wrapper(proto))  # what FPGA flows run first: it must take the graph
+    onnx.save(proto, os.fspath(path))
+    return {
+        "nodes": len(proto.graph.node),
+        "quant_nodes": sum(node.op_type == "Quant" for node in proto.graph.node),
+        "initializers": len(proto.graph.initializer),
+        "bytes": os.path.getsize(path),
+    }
+
+
+def _modules() -> tuple[Any, Any, Any]:
+    try:
+        import onnx
+        from qonnx.core.modelwrapper import ModelWrapper
+        from qonnx.util.cleanup import cleanup_model
+    except ImportError as err:
+        raise ValueError(
+            f"QONNX needs the fpga extra: pip install 'inq[fpga]' ({err.name} is missing)"
+        ) from None
+    return onnx, ModelWrapper, cleanup_model
+
+
+def qonnx_graph(model: IntegerModel, batch: int = 1, shape: Sequence[int] | None = None) -> Any:
+    """The QONNX ``ModelProto`` of ``model``: input ``x`` (float32, ``[batch, C, H, W]`` of the
+    data its file records), output ``y`` (float64): the last op's integers times
+    :meth:`~inq.quant.integer.IntegerModel.output_scale`. QONNX tools take fixed shapes; FPGA
+    flows one image at a time (``batch`` 1). ``shape`` (one input's, e.g. ``(C, H, W)``) stands
+    in for a file that records none.
+
+    Raises:
+        ValueError: a layer the exact QONNX form cannot hold, naming it.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = _Graph()
+    for op in model.ops:
+        graph.add(op, model.op_tensors(op.name))
+    last = model.ops[-1]
+    out = graph.node("Cast", [graph.ints[last.name]], "y_double", to=TensorProto.DOUBLE)
+    graph.node("Mul", [out, graph.const("y_scale", np.float64(last.attrs["scale"]))], "y")
+    graph.nodes[-1].output[0] = "y"
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, _input_dims(model, batch, shape))
+    y = helper.make_tensor_value_info("y", TensorProto.DOUBLE, _output_dims(last))
+    proto = helper.make_model(
+        helper.make_graph(graph.nodes, "inq_integer_model", [x], [y], graph.initializers),
+        opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(QONNX_DOMAIN, 1)],
+        producer_name="inq",
+    )
+    onnx.checker.check_model(proto)
+    return proto
+
+
+def run_qonnx(proto: Any, x: np.ndarray) -> np.ndarray:
+    """``proto`` run by ``qonnx``'s executor on the batch ``x`` (the graph's batch set to
+    ``len(x)``, then qonnx's cleanup and shape inference): the QONNX tools' own reading.
+
+    Raises:
+        ImportError: without ``qonnx`` (``pip install 'inq[fpga]'``).
+    """
+    from qonnx.core.modelwrapper import ModelWrapper
+    from qonnx.core.onnx_exec import execute_onnx
+    from qonnx.transformation.infer_shapes import InferShapes
+    from qonnx.util.cleanup import cleanup_model
+
+    wrapper = ModelWrapper(proto)
+    name = wrapper.graph.input[0].name
+    wrapper.set_tensor_shape(name, [len(x), *wrapper.get_tensor_shape(name)[1:]])
+    wrapper = cleanup_model(wrapper).transform(InferShapes())
+    inputs = {wrapper.graph.input[0].name: np.ascontiguousarray(x, np.float32)}
+    out: np.ndarray = execute_onnx(wrapper, inputs)[wrapper.graph.output[0].name]
+    return out
+
+
+class _Graph:
+    """Nodes and initializers, one integer op at a time. ``ints`` maps each op to the int64
+    tensor of its integers, ``reals`` to the float32 tensor of its real values (``q * scale``
+    behind a ``Quant`` node)."""
+
+    def __init__(self) -> None:
+        from onnx import numpy_helper
+
+        self._numpy_helper = numpy_helper
+        self.nodes: list[Any] = []
+        self.initializers: list[Any] = []
+        self.ints: dict[str, str] = {}
+        self.reals: dict[str, str] = {}
+        self.ops: dict[str, IntOp] = {}
+        self._names: set[str] = set()
+
+    def name(self, stem: str) -> str:
+        name, i = stem, 0
+        while name in self._names:
+            i += 1
+            name = f"{stem}_{i}"
+        self._names.add(name)
+        return name
+
+    def const(self, stem: str, array: Any) -> str:
+        name = self.name(stem)
+        self.initializers.append(self._numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def node(self, kind: str, inputs: list[str], stem: str, domain: str = "", **attrs: Any) -> str:
+        from onnx import helper
+
+        out = self.name(stem)
+        self.nodes.append(helper.make_node(kind, inputs, [out], out, domain=domain, **attrs))
+        return out
+
+    def add(self, op: IntOp, tensors: dict[str, torch.Tensor]) -> None:
+        """The nodes of ``op``; its integers and real values registered under its name."""
+        self.ops[op.name] = op
+        a, kind = op.attrs, op.op
+        scale = a.get("scale")
+        if scale is not None and not _is_power_of_two(scale):
+            raise ValueError(
+                f"{op.name}: activation scale {scale} is not a power of two; the QONNX export "
+                "is exact for power-of-two scales only (calibrate without --float-scales)"
+            )
+        if kind == "input":
+            from onnx import TensorProto
+
+            x = self.node("Cast", ["x"], "x_double", to=TensorProto.DOUBLE)
+            x = self.node("Div", [x, self.const("in_scale", np.float64(scale))], "x_scaled")
+            x = self.node("Add", [x, self.const("half", np.float64(0.5))], "x_half")
+            x = self.node("Floor", [x], "x_floor")
+            self._integers(op, self.node("Cast", [x], "x_int", to=TensorProto.INT64))
+        elif kind in ("conv", "linear"):
+            self._weight_op(op, tensors)
+        elif kind == "add":
+            x, y = (self.ints[name] for name in op.inputs)
+            m_x, m_y = a["multipliers"]
+            total = self.node("Add", [
+                self.node("Mul", [x, self.const("m_x", np.int64(m_x))], f"{op.name}_mx"),
+                self.node("Mul", [y, self.const("m_y", np.int64(m_y))], f"{op.name}_my"),
+            ], f"{op.name}_sum")  # fmt: skip
+            self._integers(op, self._requantize(op, total, 1, a["shift"]))
+        elif kind == "avgpool":
+            self._integers(op, self._avgpool(op))
+        else:
+            self._exact_op(op)
+
+    def _integers(self, op: IntOp, ints: str) -> None:
+        """Clip ``ints`` (int64) to ``op``'s range and put its real value behind ``Quant``."""
+        from onnx import TensorProto
+
+        a = op.attrs
+        bounds = [self.const("lo", np.int64(a["lo"])), self.const("hi", np.int64(a["hi"]))]
+        ints = self.node("Clip", [ints, *bounds], f"{op.name}_clip")
+        self.ints[op.name] = ints
+        real = self.node("Cast", [ints], f"{op.name}_float", to=TensorProto.FLOAT)
+        real = self.node("Mul", [real, self.const("scale", np.float32(a["scale"]))], op.name)
+        self.reals[op.name] = self._quant(real, a["scale"], a["lo"], a["hi"], op.name)
+
+    def _quant(self, real: str, scale: float, lo: int, hi: int, stem: str) -> str:
+        """``real`` behind a QONNX ``Quant`` of the narrowest width holding ``[lo, hi]``: an
+        identity on the values (they are on its grid and in its range), the type for tools."""
+        signed = lo < 0
+        bits = max(int(abs(v)).bit_length() for v in (lo, hi)) + int(signed)
+        return self.node(
+            "Quant",
+            [real, self.const("q_scale", np.float32(scale)), self.const("q_zero", np.float32(0)),
+             self.const("q_bits", np.float32(max(bits, 2)))],
+            f"{stem}_quant", domain=QONNX_DOMAIN, signed=int(signed), narrow=0,
+            rounding_mode="ROUND",
+        )  # fmt: skip
+
+    def _weight_op(self, op: IntOp, tensors: dict[str, torch.Tensor]) -> None:
+        from onnx import TensorProto
+
+        a = op.attrs
+        x_op = self.ops[op.inputs[0]]
+        shape = (
+            tuple(a["weight_shape"]) if op.op == "conv" else (a["out_features"], a["in_features"])
+        )
+        ints = decode_weight(tensors["codes"], a["bits"], a["frac"], shape, torch.float64)
+        if not bool((ints == ints.round()).all()):
+            raise ValueError(
+                f"{op.name}: its level set reaches below the layer's frac ({a['frac']}); the "
+                "integer model floors those terms one by one, which a float Conv cannot; not "
+                "exported"
+            )
+        x_max = max(abs(x_op.attrs["lo"]), abs(x_op.attrs["hi"]))
+        bound = int(accumulator_bound(tensors["codes"], a["bits"], a["frac"], x_max).max())
+        if bound >= EXACT_FLOAT32:
+            raise ValueError(
+                f"{op.name}: its accumulator may reach {bound}, beyond the 2**24 that float32 "
+                "holds exactly; not exported"
+            )
+        step = 2.0 ** -a["frac"]
+        weight = self.const("w", (ints * step).float().numpy())
+        weight = self._quant(weight, step, int(ints.min()), int(ints.max()), f"{op.name}_w")
+        x = self.reals[op.inputs[0]]
+        if op.op == "linear":
+            acc = self.node("Gemm", [x, weight], f"{op.name}_gemm", transB=1)
+        else:
+            acc = self.node("Conv", [x, weight], f"{op.name}_conv", strides=a["stride"],
+                            pads=a["padding"] * 2, dilations=a["dilation"],
+                            group=a["groups"])  # fmt: skip
+        unit = np.float32(x_op.attrs["scale"] * step)  # a power of two: the division is exact
+        acc = self.node("Div", [acc, self.const("unit", unit)], f"{op.name}_units")
+        acc = self.node("Cast", [acc], f"{op.name}_acc", to=TensorProto.INT64)
+        view = (1, -1) if op.op == "linear" else (1, -1, 1, 1)
+        acc = self.node("Add", [acc, self.const("bias", _int64(tensors["bias"], view))],
+                        f"{op.name}_bias")  # fmt: skip
+        multiplier, shift = _int64(tensors["multiplier"], view), _int64(tensors["shift"], view)
+        largest = (bound + int(tensors["bias"].abs().max())) * int(np.abs(multiplier).max())
+        if largest + (1 << int(shift.max())) >= INT64_LIMIT:
+            raise ValueError(f"{op.name}: its requantization may reach 2**62; not exported")
+        self._integers(op, self._requantize(op, acc, multiplier, shift))
+
+    def _avgpool(self, op: IntOp) -> str:
+        a = op.attrs
+        x = self.ints[op.inputs[0]]
+        if a["kernel"] is None:
+            total = self.node("ReduceSum", [x, self.const("axes", np.array([2, 3], np.int64))],
+                              f"{op.name}_sum", keepdims=1)  # fmt: skip
+        else:
+            raise ValueError(f"{op.name}: windowed average pooling has no QONNX form here yet")
+        return self._requantize(op, total, a["multiplier"], a["shift"])
+
+    def _requantize(self, op: IntOp, v: str, multiplier: Any, shift: Any) -> str:
+        """``floor((v * multiplier + 2**(shift-1)) / 2**shift)`` in int64: a ``Div`` of a
+        dividend made non-negative by ``offset * 2**shift`` (so that truncation floors)."""
+        shift = np.asarray(shift, np.int64)
+        if bool((shift > 62).any()):
+            raise ValueError(f"{op.name}: a shift beyond 62 has no int64 form")
+        denominator = np.left_shift(np.int64(1), shift)
+        half = np.right_shift(denominator, 1)
+        offset = np.right_shift(np.int64(INT64_LIMIT), shift)  # * 2**shift: 2**62
+        product = self.node("Mul", [v, self.const("m", np.asarray(multiplier, np.int64))],
+                            f"{op.name}_times")  # fmt: skip
+        biased = self.node("Add", [product, self.const("half", half + offset * denominator)],
+                           f"{op.name}_half")  # fmt: skip
+        floor = self.node("Div", [biased, self.const("d", denominator)], f"{op.name}_shift")
+        return self.node("Sub", [floor, self.const("offset", offset)], f"{op.name}_ints")
+
+    def _exact_op(self, op: IntOp) -> None:
+        """Ops exact on the integers (same scale): run on the int64 values."""
+        a, kind = op.attrs, op.op
+        x = self.ints[op.inputs[0]]
+        if kind == "relu" or kind == "clamp":
+            self._integers(op, x)  # the clip to [lo, hi] is the op
+            return
+        if kind == "flatten" and a["start_dim"] == 1 and a["end_dim"] == -1:
+            y = self.node("Flatten", [x], f"{op.name}_flat", axis=1)
+        elif kind == "maxpool":
+            from onnx import TensorProto
+
+            k, st, pad, dil = (a[key] for key in ("kernel", "stride", "padding", "dilation"))
+            real = self.node("Cast", [x], f"{op.name}_f", to=TensorProto.FLOAT)  # exact: int8
+            y = self.node("MaxPool", [real], f"{op.name}_max", kernel_shape=k, strides=st,
+                          pads=pad + pad, dilations=dil, ceil_mode=int(a["ceil_mode"]))  # fmt: skip
+            y = self.node("Cast", [y], f"{op.name}_i", to=TensorProto.INT64)
+        else:
+            raise ValueError(f"{op.name}: op {kind} has no QONNX form here yet")
+        self._integers(op, y)
+
+
+def _input_dims(model: IntegerModel, batch: int, given: Sequence[int] | None) -> list[int]:
+    """``[batch, *shape]`` of the input the model's file records (``data.input.shape``).
+
+    Raises:
+        ValueError: if it records none (QONNX graphs have fixed shapes).
+    """
+    shape = given or ((model.info.get("data") or {}).get("input") or {}).get("shape")
+    if not shape:
+        raise ValueError("the integer model records no input shape (data); QONNX needs one")
+    return [batch, *map(int, shape)]
+
+
+def _output_dims(last: IntOp) -> list[str]:
+    """Symbolic dimensions of the graph's output (QONNX's shape inference fills them in)."""
+    return ["batch", "y1"] if last.op in ("linear", "flatten") else ["batch", "y1", "y2", "y3"]
+
+
+def _int64(tensor: torch.Tensor, view: tuple[int, ...]) -> np.ndarray:
+    return tensor.to(torch.int64).reshape(view).numpy()
+
+
+def _is_power_of_two(value: float) -> bool:
+    mantissa, _ = math.frexp(value)
+    return value > 0 and mantissa == 0.5
