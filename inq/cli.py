@@ -619,7 +619,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     output = Path(args.output or default_output(Path(args.source), INT_SUFFIX))
     data, _ = command_data(packed.data, args.data)
     with writing(output, read, args.force):
-        finetune = finetune_loader(data, seed=0)
+        finetune = finetune_loader(data, seed=0) if settings.epochs else ()  # else unused
         calibration = (x for x, _ in calibration_loader(data, settings.batches, seed=0))
         record = data_record(data)
         int_model, report = quantize(packed, calibration, settings, device, finetune, record)

@@ -275,6 +275,6 @@ def quantize_on(
     from inq.quant.pipeline import quantize
 
     calibration = (x for x, _ in calibration_loader(data, settings.batches, seed=0))
-    finetune = finetune_loader(data, seed=0)
+    finetune = finetune_loader(data, seed=0) if settings.epochs else ()
     record = data_record(data)
     return quantize(packed, calibration, settings, finetune=finetune, data=record, distill=distill)

@@ -47,10 +47,9 @@ def integer_phase(out_dir: Path, trainer: Trainer) -> dict[str, Any]:
     assert phase is not None
     if trainer.progress.phase == len(trainer.phases):  # not done yet
         share(None)  # every rank waits for rank 0's packed file
-        settings = q
         packed = load_packed(out_dir / PACKED)
         start = time.perf_counter()
-        lowering = _no_integer_model_if_fails(lambda: _calibrated(trainer, packed, settings))
+        lowering = _no_integer_model_if_fails(lambda: _calibrated(trainer, packed, q))
         fq_model = lowering.fake_quant_model().to(env.device).eval()  # BatchNorm as folded
         if trainer.start_phase_of(phase, fq_model):
             trainer.history[phase.name] = {"calibration_s": time.perf_counter() - start}
@@ -64,7 +63,7 @@ def integer_phase(out_dir: Path, trainer: Trainer) -> dict[str, Any]:
             trainer.save()
             ckpt.kill_point("quant", epoch + 2)
         int_model = _no_integer_model_if_fails(
-            lambda: lowered(lowering, packed, settings, trainer.data_info)
+            lambda: lowered(lowering, packed, q, trainer.data_info)
         )
         if env.main:
             save_integer(out_dir / INTEGER, int_model)
