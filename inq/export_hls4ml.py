@@ -1,0 +1,459 @@
+"""hls4ml export of an integer model: an FPGA project made by hls4ml's own PyTorch converter
+whose C simulation (g++) computes what the integer model computes, bit for bit.
+
+hls4ml is handed a float64 *shadow* of the integer model in real units, with every type set by
+hand so that no value is ever rounded where the integer model does not round:
+
+- each conv/linear: the power-of-two weights ``w * 2**-frac`` and the bias, in the narrowest
+  ``ap_fixed`` types that hold them exactly (:func:`exact_type`), and an accumulator type wide
+  enough for the layer's accumulator bound (:func:`inq.quant.integer.accumulator_bound`): the
+  sum is exact, as the integer model's int32 sum is;
+- its requantization ``(acc + bias) * multiplier >> shift`` as a BatchNorm whose scale is the
+  exact dyadic ``multiplier * 2**-shift * (unit / scale)`` per channel and whose result type is
+  the integer model's activation type, ``ap_(u)fixed<bits, ..., AP_RND, AP_SAT>``: ``AP_RND``
+  rounds half toward +inf and ``AP_SAT`` clamps, exactly ``clamp(floor(v + 1/2), lo, hi)``
+  (a folded ReLU is the unsigned type's saturation at 0);
+- the input: the same type, so the conversion of the float input is ``floor(x / scale + 1/2)``;
+- max pooling as is; average pooling over a power-of-two window with an accumulator holding
+  the sum and its quotient exactly, rounded on assignment; residual adds as one exact BatchNorm
+  per branch (``m_x * 2**-shift``) and an add whose result type rounds and saturates.
+
+Weights are exact ``ap_fixed`` constants, not hls4ml's exponent type: that type holds no zero
+(INQ weights are often 0), is reachable only through a QKeras quantizer, and its writer calls
+``np.product`` (gone in NumPy 2). A multiplication by a constant ``±2**k`` is a shift (or plain
+wiring) in the synthesised logic all the same; :class:`HlsLayer` counts, per layer, the
+constants that are not (goal: none among the weights; the BatchNorm multipliers are the
+requantizations, one per channel).
+
+Refused, in one line naming the op: activation scales that are not powers of two, a value range
+narrower than its type (a ReLU6 clamp), windowed or non-power-of-two average pooling whose
+multiplier is not the window's reciprocal, ops hls4ml's PyTorch converter has no layer for.
+
+Example::
+
+    hls_model, layers = export_hls4ml(load_integer("model.int.safetensors"), "hls_prj")
+    hls_model.predict(np.ascontiguousarray(x, np.float64))  # the integer model, in real units
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from inq.codes import decode_weight
+from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
+
+__all__ = ["BACKEND", "HlsLayer", "exact_type", "export_hls4ml", "hls_shadow", "run_csim"]
+
+BACKEND = "Vitis"  # hls4ml's backend for Vitis HLS (its C simulation needs only g++)
+BUILD_LOG = "inq_build.log"
+
+
+@dataclass
+class HlsLayer:
+    """One hls4ml layer of the shadow: its ``name``, the integer op it comes from, the types
+    ``inq`` set (``weight``, ``bias``, ``accum``, ``scale``, ``result``) and the constants it
+    multiplies by (``constants``: count, ``non_pow2``: those not zero or ``±2**k``)."""
+
+    name: str
+    op: str
+    types: dict[str, str]
+    constants: int = 0
+    non_pow2: int = 0
+    values: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+
+def exact_type(values: np.ndarray, rounding: str = "") -> str:
+    """The narrowest hls4ml fixed-point type holding every float64 in ``values`` exactly.
+
+    Example:
+        >>> exact_type(np.array([0.5, -0.25, 0.0]))
+        'fixed<3,1>'
+        >>> exact_type(np.array([3.0, 0.125]))
+        'ufixed<5,2>'
+    """
+    finite = values[values != 0].astype(np.float64)
+    lsb = min((_lowest_bit(float(v)) for v in finite.flat), default=0)
+    ints = np.ldexp(values.astype(np.float64), -lsb)
+    return _fixed(lsb, int(ints.min()), int(ints.max()), rounding)
+
+
+def _lowest_bit(value: float) -> int:
+    numerator, denominator = value.as_integer_ratio()
+    trailing = (abs(numerator) & -abs(numerator)).bit_length() - 1
+    return trailing - (denominator.bit_length() - 1)
+
+
+def _fixed(lsb: int, lo: int, hi: int, rounding: str = "") -> str:
+    """``fixed<W,I>`` (``ufixed`` where ``lo >= 0``) holding the integers ``lo..hi`` times
+    ``2**lsb``; ``rounding`` (e.g. ``RND,SAT``) appended."""
+    bits, _, signed = _type_range(lo, hi)
+    kind = "fixed" if signed else "ufixed"
+    return f"{kind}<{bits},{bits + lsb}{',' + rounding if rounding else ''}>"
+
+
+def _type_range(lo: int, hi: int) -> tuple[int, int, bool]:
+    """The bits of the narrowest (un)signed type holding ``lo..hi``, and whether that type's
+    whole range is ``lo..hi`` (so its saturation is the op's clamp)."""
+    if lo < 0:
+        bits = max((-lo - 1).bit_length(), hi.bit_length()) + 1
+        return bits, lo == -(1 << (bits - 1)) and hi == (1 << (bits - 1)) - 1, True
+    bits = max(1, hi.bit_length())
+    return bits, lo == 0 and hi == (1 << bits) - 1, False
+
+
+def _log2(value: float, op: IntOp) -> int:
+    mantissa, exponent = math.frexp(value)
+    if value <= 0 or mantissa != 0.5:
+        raise ValueError(
+            f"{op.name}: activation scale {value} is not a power of two; the hls4ml export is "
+            "exact for power-of-two scales only (calibrate without --float-scales)"
+        )
+    return exponent - 1
+
+
+def _activation(op: IntOp) -> str:
+    """The integer model's type of ``op``'s value: its width and scale, rounding half up
+    (``RND``) and saturating (``SAT``) to exactly ``lo..hi``.
+
+    Raises:
+        ValueError: ``lo..hi`` is narrower than any fixed-point type's range.
+    """
+    a = op.attrs
+    bits, whole, _ = _type_range(a["lo"], a["hi"])
+    if not whole:
+        raise ValueError(
+            f"{op.name}: its range {a['lo']}..{a['hi']} is narrower than a {bits}-bit type's "
+            "(a ReLU6 or Hardtanh clamp); hls4ml saturates to a type's range only; not exported"
+        )
+    return _fixed(_log2(a["scale"], op), a["lo"], a["hi"], "RND,SAT")
+
+
+class _Shadow(nn.Module):
+    """A float64 module in real units that hls4ml's tracer reads op by op: ``steps`` run in
+    order, each a submodule on one value or an add of two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[tuple[str, str, tuple[str, ...]]] = []  # (out, module or "add", inputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        values = {"x": x}
+        for out, module, inputs in self.steps:
+            args = [values[name] for name in inputs]
+            values[out] = torch.add(*args) if module == "add" else getattr(self, module)(*args)
+        return values[self.steps[-1][0]]
+
+
+def hls_shadow(model: IntegerModel) -> tuple[_Shadow, str, list[HlsLayer]]:
+    """The float64 shadow of ``model`` for hls4ml's PyTorch converter, its input type, and its
+    layers with the types to set (every ``add`` layer named ``add``, ``add_1``, ... as the
+    tracer names them).
+
+    Raises:
+        ValueError: an op with no exact hls4ml form, naming it.
+    """
+    builder = _Builder(model)
+    for op in model.ops:
+        builder.add(op)
+    return builder.shadow, builder.input_type, builder.layers
+
+
+class _Builder:
+    def __init__(self, model: IntegerModel) -> None:
+        self.model = model
+        self.shadow = _Shadow()
+        self.layers: list[HlsLayer] = []
+        self.ops: dict[str, IntOp] = {}
+        self.value: dict[str, str] = {}  # integer op -> the shadow's value holding it
+        self.input_type = ""
+        self._adds = 0
+
+    def add(self, op: IntOp) -> None:
+        self.ops[op.name] = op
+        kind = op.op
+        if kind == "input":
+            self.input_type = _activation(op)
+            self.value[op.name] = "x"
+        elif kind in ("conv", "linear"):
+            self._weight_op(op)
+        elif kind == "add":
+            self._add(op)
+        elif kind == "maxpool":
+            a = op.attrs
+            if a["dilation"] != [1, 1] or a["ceil_mode"]:
+                raise ValueError(f"{op.name}: a dilated or ceil_mode max pool has no hls4ml form")
+            pool = nn.MaxPool2d(tuple(a["kernel"]), tuple(a["stride"]), tuple(a["padding"]))
+            self._step(op, f"pool{op.name}", pool, {"result": _activation(op)})
+        elif kind == "avgpool":
+            self._avgpool(op)
+        elif kind == "flatten" and op.attrs["start_dim"] == 1 and op.attrs["end_dim"] == -1:
+            self.value[op.name] = self._module(f"flat{op.name}", nn.Flatten(), op.inputs)
+        elif kind == "relu":
+            self._step(op, f"relu{op.name}", nn.ReLU(), {"result": _activation(op)})
+        else:
+            raise ValueError(f"{op.name}: op {kind} has no hls4ml form here")
+
+    def _module(self, name: str, module: nn.Module, inputs: Sequence[str]) -> str:
+        self.shadow.add_module(name, module)
+        self.shadow.steps.append((name, name, tuple(self.value[i] for i in inputs)))
+        return name
+
+    def _step(self, op: IntOp, name: str, module: nn.Module, types: dict[str, str]) -> None:
+        self.value[op.name] = self._module(name, module, op.inputs)
+        self.layers.append(HlsLayer(name, op.name, types))
+
+    def _weight_op(self, op: IntOp) -> None:
+        a, t = op.attrs, self.model.op_tensors(op.name)
+        x_op = self.ops[op.inputs[0]]
+        if op.op == "conv":
+            shape = tuple(a["weight_shape"])
+            if a["groups"] != 1 or a["dilation"] != [1, 1]:
+                raise ValueError(f"{op.name}: a grouped or dilated conv has no hls4ml form here")
+            module: nn.Conv2d | nn.Linear = nn.Conv2d(shape[1], shape[0], shape[2:], tuple(a["stride"]),
+                                          tuple(a["padding"]), dtype=torch.float64)  # fmt: skip
+        else:
+            shape = (a["out_features"], a["in_features"])
+            module = nn.Linear(shape[1], shape[0], dtype=torch.float64)
+        ints = decode_weight(t["codes"], a["bits"], a["frac"], shape, torch.float64)
+        unit = _log2(x_op.attrs["scale"], x_op) - a["frac"]  # the accumulator's LSB
+        weight = np.ldexp(ints.numpy(), -a["frac"])
+        bias = np.ldexp(t["bias"].double().numpy(), unit)
+        with torch.no_grad():
+            module.weight.copy_(torch.from_numpy(weight))
+            module.bias.copy_(torch.from_numpy(bias))
+        x_max = max(abs(x_op.attrs["lo"]), abs(x_op.attrs["hi"]))
+        bound = int(accumulator_bound(t["codes"], a["bits"], a["frac"], x_max).max())
+        bound += int(t["bias"].abs().max())
+        acc = _fixed(unit, -bound, bound)
+        types = {"weight": exact_type(weight), "bias": exact_type(bias), "accum": acc,
+                 "result": acc}  # fmt: skip
+        name = f"{op.op}{op.name}"
+        self.value[op.name] = self._module(name, module, op.inputs)
+        self.layers.append(HlsLayer(name, op.name, types, weight.size,
+                                    _non_pow2(weight), {"weight": weight}))  # fmt: skip
+        scale = np.ldexp(t["multiplier"].double().numpy(),
+                         _log2(a["scale"], op) - unit - t["shift"].numpy())  # fmt: skip
+        self._rescale(op, f"bn{op.name}", scale, (op.name,))
+
+    def _rescale(self, op: IntOp, name: str, scale: np.ndarray, inputs: Sequence[str],
+                 result: str | None = None) -> str:  # fmt: skip
+        """A BatchNorm of ``scale`` per channel (no bias: ``eps`` 0, mean 0, variance 1, so
+        hls4ml's scale is ``scale`` itself) from ``inputs`` to ``op``'s type (or ``result``)."""
+        kind = nn.BatchNorm1d if op.op == "linear" else nn.BatchNorm2d
+        bn = kind(len(scale), eps=0.0, dtype=torch.float64)
+        with torch.no_grad():
+            bn.weight.copy_(torch.from_numpy(scale))
+            bn.bias.zero_()
+        types = {"scale": exact_type(scale), "bias": "fixed<2,2>",
+                 "result": result or _activation(op)}  # fmt: skip
+        self.value[op.name] = self._module(name, bn.eval(), inputs)
+        self.layers.append(HlsLayer(name, op.name, types, scale.size, _non_pow2(scale),
+                                    {"scale": scale}))  # fmt: skip
+        return name
+
+    def _avgpool(self, op: IntOp) -> None:
+        a = op.attrs
+        x_op = self.ops[op.inputs[0]]
+        kernel = a["input_size"] if a["kernel"] is None else a["kernel"]
+        stride = kernel if a["kernel"] is None else a["stride"]
+        count = kernel[0] * kernel[1]
+        ratio = x_op.attrs["scale"] / (count * a["scale"])  # what the multiplier must be
+        if count & (count - 1) or math.ldexp(a["multiplier"], -a["shift"]) != ratio:
+            raise ValueError(
+                f"{op.name}: average pooling over {count} values has no exact hls4ml form "
+                "(hls4ml divides by the count; exact for a power of two only)"
+            )
+        lsb = _log2(x_op.attrs["scale"], x_op) - (count.bit_length() - 1)
+        types = {"accum": _fixed(lsb, 0, x_op.attrs["hi"] * count * count),
+                 "result": _activation(op)}  # fmt: skip
+        if x_op.attrs["lo"] < 0:
+            types["accum"] = _fixed(lsb, x_op.attrs["lo"] * count * count,
+                                    x_op.attrs["hi"] * count * count)  # fmt: skip
+        self._step(op, f"pool{op.name}", nn.AvgPool2d(tuple(kernel), tuple(stride)), types)
+
+    def _add(self, op: IntOp) -> None:
+        """``(x * m_x + y * m_y) >> shift``: each branch times ``m * 2**-shift`` in an exact
+        type, then an add that rounds and saturates to ``op``'s type."""
+        a = op.attrs
+        branches = []
+        for i, (name, m) in enumerate(zip(op.inputs, a["multipliers"], strict=True)):
+            x = self.ops[name]
+            factor = math.ldexp(m, -a["shift"]) * a["scale"] / x.attrs["scale"]
+            lsb = _lowest_bit(factor)
+            whole = int(math.ldexp(factor, -lsb))  # factor = whole * 2**lsb
+            exact = _fixed(_log2(x.attrs["scale"], x) + lsb, x.attrs["lo"] * whole,
+                           x.attrs["hi"] * whole)  # fmt: skip
+            scale = np.full(self._channels(name), factor)
+            branches.append(self._rescale(op, f"bn{op.name}_{i}", scale, (name,), exact))
+        self.value[op.name] = self._add_step(branches)
+        self.layers.append(HlsLayer(self._add_name(), op.name, {"result": _activation(op)}))
+
+    def _add_step(self, branches: list[str]) -> str:
+        out = f"sum{len(self.shadow.steps)}"
+        self.shadow.steps.append((out, "add", tuple(branches)))
+        return out
+
+    def _add_name(self) -> str:
+        name = "add" if self._adds == 0 else f"add_{self._adds}"
+        self._adds += 1
+        return name
+
+    def _channels(self, name: str) -> int:
+        op = self.ops[name]
+        while op.op not in ("conv", "linear", "input"):
+            op = self.ops[op.inputs[0]]
+        if op.op == "conv":
+            return int(op.attrs["weight_shape"][0])
+        return int(op.attrs["out_features"]) if op.op == "linear" else 0
+
+
+def _non_pow2(values: np.ndarray) -> int:
+    """How many of ``values`` are neither 0 nor ``±2**k``: the multiplications by them that
+    need a multiplier (the rest are shifts)."""
+    magnitudes = np.abs(values[values != 0])
+    mantissas, _ = np.frexp(magnitudes)
+    return int((mantissas != 0.5).sum())
+
+
+def export_hls4ml(
+    model: IntegerModel,
+    out_dir: str | os.PathLike[str],
+    shape: Sequence[int] | None = None,
+    force: bool = False,
+) -> tuple[Any, list[HlsLayer]]:
+    """Write ``model`` as an hls4ml project in ``out_dir`` (backend :data:`BACKEND`,
+    ``io_parallel``) and compile its C simulation with g++; returns the compiled hls4ml model
+    (``predict`` runs the C++) and its layers with the types ``inq`` set.
+
+    ``out_dir`` must be absent or empty, or ``force`` set: then the old directory is moved
+    aside and restored if anything fails, so a failed export loses nothing.
+
+    Raises:
+        ValueError: an op with no exact form, a written constant that does not read back
+            exactly, no ``hls4ml`` (naming the ``fpga`` extra), an output directory that is not
+            empty, a compile failure (the compiler's first error line and the log's path).
+    """
+    hls4ml = _hls4ml()
+    out = Path(out_dir)
+    shadow, input_type, layers = hls_shadow(model)  # refusals come before any writing
+    dims = _input_dims(model, shape)
+    aside = _clear(out, force)
+    try:
+        hls_model = _convert(hls4ml, shadow, dims, input_type, layers, out)
+        _check_written(hls_model, layers, out)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        if aside is not None:
+            aside.rename(out)
+        raise
+    if aside is not None:
+        shutil.rmtree(aside)
+    return hls_model, layers
+
+
+def _hls4ml() -> Any:
+    try:
+        import hls4ml
+    except ImportError as err:
+        raise ValueError(
+            f"hls4ml projects need the fpga extra: pip install 'inq[fpga]' ({err.name} is missing)"
+        ) from None
+    return hls4ml
+
+
+def _input_dims(model: IntegerModel, given: Sequence[int] | None) -> list[int]:
+    shape = given or ((model.info.get("data") or {}).get("input") or {}).get("shape")
+    if not shape:
+        raise ValueError("the integer model records no input shape (data); hls4ml needs one")
+    return [int(v) for v in shape]
+
+
+def _clear(out: Path, force: bool) -> Path | None:
+    """Make way for the project at ``out``: the old directory moved aside (``force``), or
+    ``None`` when there was nothing there.
+
+    Raises:
+        ValueError: ``out`` is a file, or a directory that is not empty and no ``force``.
+    """
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"-o {out}: a file; the hls4ml project is a directory")
+    if not out.exists() or not any(out.iterdir()):
+        out.mkdir(parents=True, exist_ok=True)
+        return None
+    if not force:
+        raise ValueError(f"{out} is not empty; choose another -o, or --force to replace it")
+    aside = out.with_name(f".{out.name}.replaced-{os.getpid()}")
+    out.rename(aside)
+    out.mkdir()
+    return aside
+
+
+def _convert(hls4ml: Any, shadow: _Shadow, dims: list[int], input_type: str,
+             layers: list[HlsLayer], out: Path) -> Any:  # fmt: skip
+    """hls4ml's converter on ``shadow`` with every type set, then ``compile()``; its printing
+    goes to ``out/inq_build.log``."""
+    log = out / BUILD_LOG
+    with open(log, "w") as sink, contextlib.redirect_stdout(sink):
+        config = hls4ml.utils.config_from_pytorch_model(
+            shadow, tuple(dims), granularity="name", backend=BACKEND,
+            default_precision="fixed<32,16>", transpose_outputs=True,
+        )  # fmt: skip
+        names = config["LayerName"]
+        names[next(iter(names))]["Precision"]["result"] = input_type
+        for layer in layers:
+            if layer.name not in names:
+                raise ValueError(f"hls4ml made no layer {layer.name} (of op {layer.op})")
+            names[layer.name]["Precision"].update(layer.types)
+        hls_model = hls4ml.converters.convert_from_pytorch_model(
+            shadow, output_dir=str(out), backend=BACKEND, io_type="io_parallel",
+            hls_config=config,
+        )  # fmt: skip
+        try:
+            hls_model.compile()
+        except Exception:
+            sink.flush()
+            raise ValueError(_compile_error(log)) from None
+    return hls_model
+
+
+def _compile_error(log: Path) -> str:
+    lines = log.read_text(errors="replace").splitlines()
+    first = next((line for line in lines if re.search(r"\berror\b", line)), "no error line")
+    return f"the generated project does not compile: {first.strip()} (log: {log})"
+
+
+def _check_written(hls_model: Any, layers: list[HlsLayer], out: Path) -> None:
+    """Every weight and scale of the project, read back from the text files its C simulation
+    loads, is the value ``inq`` gave (hls4ml prints them in decimal, and may reorder a conv's
+    weights to channels-last: compared as sorted arrays).
+
+    Raises:
+        ValueError: naming the first file that does not read back.
+    """
+    given = {(layer.name, key): values for layer in layers for key, values in layer.values.items()}
+    for layer in hls_model.get_layers():
+        for key, variable in layer.weights.items():
+            path = out / "firmware" / "weights" / f"{variable.name}.txt"
+            written = np.sort(np.array(path.read_text().replace(",", " ").split(), np.float64))
+            expected = given.get((layer.name, key), np.asarray(variable.data, np.float64))
+            if not np.array_equal(written, np.sort(expected.ravel())):
+                raise ValueError(f"{path}: its values are not {layer.name}'s {key} exactly")
+
+
+def run_csim(hls_model: Any, x: np.ndarray) -> np.ndarray:
+    """The compiled project's C simulation on the batch ``x`` (NCHW, as the integer model
+    takes it): the integer model's output in real units, ``float64``."""
+    out: np.ndarray = hls_model.predict(np.ascontiguousarray(x, np.float64))
+    return out.reshape(len(x), -1)
