@@ -52,6 +52,8 @@ from inq.data import (
     input_shape,
 )
 from inq.evaluation import evaluate
+from inq.export_hls4ml import BACKEND as HLS_BACKEND
+from inq.export_hls4ml import export_hls4ml
 from inq.export_onnx import OnnxModel, export_onnx, export_qdq
 from inq.export_qonnx import export_qonnx
 from inq.fileio import LOCK_NAME, lock_dir
@@ -126,8 +128,15 @@ def _export_args(p: argparse.ArgumentParser) -> None:
         help=f"write the integer model (a file, or a run's) as QONNX (-o FILE{ONNX} needed; "
         "pip install 'inq[fpga]'): qonnx's executor computes it bit for bit",
     )
+    p.add_argument(
+        "--hls4ml",
+        action="store_true",
+        help="write the integer model (a file, or a run's) as an hls4ml project (-o DIR needed; "
+        "pip install 'inq[fpga]') and compile its C simulation with g++: it computes the integer "
+        "model bit for bit",
+    )
     p.add_argument("--data", nargs="*", default=[], metavar="NAME|KEY=VALUE",
-                   help="with --onnx/--qonnx, for a file that records no data: the input "
+                   help="with --onnx/--qonnx/--hls4ml, for a file that records no data: the input "
                    "size")  # fmt: skip
     p.add_argument(
         "--dense",
@@ -222,12 +231,15 @@ def _run_files(folder: Path) -> set[Path]:
 
 
 def _export(args: argparse.Namespace) -> int:
-    if args.onnx and args.qonnx:
-        raise ValueError("--onnx and --qonnx: choose one")
+    chosen = [flag for flag in ("onnx", "qonnx", "hls4ml") if getattr(args, flag)]
+    if len(chosen) > 1:
+        raise ValueError(f"{' and '.join('--' + flag for flag in chosen)}: choose one")
     if args.onnx:
         return _export_onnx(args)
     if args.qonnx:
         return _export_qonnx(args)
+    if args.hls4ml:
+        return _export_hls4ml(args)
     header = command_file(args.source, "export", (RUN, MASKED_CHECKPOINT), MASKED_FORMATS,
                           MASKED_CHECKPOINT)  # fmt: skip
     source = header.path
@@ -287,6 +299,33 @@ def _export_qonnx(args: argparse.Namespace) -> int:
         f"Quant), {stats['initializers']} initializers, {stats['bytes']} B; batch 1, integer "
         "steps exact (qonnx's executor equals the integer model)"
     )
+    return 0
+
+
+def _export_hls4ml(args: argparse.Namespace) -> int:
+    header = command_file(args.source, "export --hls4ml", (RUN, INTEGER_MODEL), (INT_FORMAT,),
+                          INTEGER_MODEL)  # fmt: skip
+    if not args.output:
+        raise ValueError("--hls4ml needs -o DIR (the project's directory)")
+    output = Path(args.output)
+    int_model = open_artefact(header)
+    data, _ = command_data(int_model.info.get("data", {}), args.data)
+    _, layers = export_hls4ml(int_model, output, input_shape(data), args.force, lambda: print(
+        f"{header.path} -> {output}: hls4ml project ({HLS_BACKEND}, io_parallel); compiling its "
+        "C simulation with g++ ...", flush=True))  # fmt: skip
+    print(f"{'layer':<12} {'op':<6} {'weight':<12} {'accum':<14} {'scale':<14} {'result':<20} "
+          "non-pow2")  # fmt: skip
+    for layer in layers:
+        types = layer.types
+        print(f"{layer.name:<12} {layer.op:<6} {types.get('weight', '-'):<12} "
+              f"{types.get('accum', '-'):<14} {types.get('scale', '-'):<14} "
+              f"{types.get('result', '-'):<20} {layer.non_pow2}/{layer.constants}")  # fmt: skip
+    weights = sum(layer.non_pow2 for layer in layers if "weight" in layer.types)
+    scales = sum(layer.non_pow2 for layer in layers if "scale" in layer.types)
+    print(f"weights multiplied by a non-power-of-two constant: {weights}; requantization "
+          f"multipliers: {scales}; C simulation == integer model on 64 random inputs")  # fmt: skip
+    print(f"synthesis (Vitis HLS, not run here): cd {output} && vitis-run --tcl build_prj.tcl "
+          "--mode hls")  # fmt: skip
     return 0
 
 

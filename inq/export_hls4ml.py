@@ -42,7 +42,7 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,8 +221,10 @@ class _Builder:
             shape = tuple(a["weight_shape"])
             if a["groups"] != 1 or a["dilation"] != [1, 1]:
                 raise ValueError(f"{op.name}: a grouped or dilated conv has no hls4ml form here")
-            module: nn.Conv2d | nn.Linear = nn.Conv2d(shape[1], shape[0], shape[2:], tuple(a["stride"]),
-                                          tuple(a["padding"]), dtype=torch.float64)  # fmt: skip
+            module: nn.Conv2d | nn.Linear = nn.Conv2d(
+                shape[1], shape[0], shape[2:], tuple(a["stride"]), tuple(a["padding"]),
+                dtype=torch.float64,
+            )  # fmt: skip
         else:
             shape = (a["out_features"], a["in_features"])
             module = nn.Linear(shape[1], shape[0], dtype=torch.float64)
@@ -230,9 +232,8 @@ class _Builder:
         unit = _log2(x_op.attrs["scale"], x_op) - a["frac"]  # the accumulator's LSB
         weight = np.ldexp(ints.numpy(), -a["frac"])
         bias = np.ldexp(t["bias"].double().numpy(), unit)
-        with torch.no_grad():
-            module.weight.copy_(torch.from_numpy(weight))
-            module.bias.copy_(torch.from_numpy(bias))
+        module.weight = nn.Parameter(torch.from_numpy(weight))
+        module.bias = nn.Parameter(torch.from_numpy(bias))
         x_max = max(abs(x_op.attrs["lo"]), abs(x_op.attrs["hi"]))
         bound = int(accumulator_bound(t["codes"], a["bits"], a["frac"], x_max).max())
         bound += int(t["bias"].abs().max())
@@ -332,6 +333,7 @@ def export_hls4ml(
     out_dir: str | os.PathLike[str],
     shape: Sequence[int] | None = None,
     force: bool = False,
+    before_compile: Callable[[], None] | None = None,
 ) -> tuple[Any, list[HlsLayer]]:
     """Write ``model`` as an hls4ml project in ``out_dir`` (backend :data:`BACKEND`,
     ``io_parallel``) and compile its C simulation with g++; returns the compiled hls4ml model
@@ -339,6 +341,7 @@ def export_hls4ml(
 
     ``out_dir`` must be absent or empty, or ``force`` set: then the old directory is moved
     aside and restored if anything fails, so a failed export loses nothing.
+    ``before_compile`` is called once the checks have passed, before the slow part.
 
     Raises:
         ValueError: an op with no exact form, a written constant that does not read back
@@ -350,9 +353,12 @@ def export_hls4ml(
     shadow, input_type, layers = hls_shadow(model)  # refusals come before any writing
     dims = _input_dims(model, shape)
     aside = _clear(out, force)
+    if before_compile is not None:
+        before_compile()
     try:
         hls_model = _convert(hls4ml, shadow, dims, input_type, layers, out)
         _check_written(hls_model, layers, out)
+        _check_csim(model, hls_model, dims)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         if aside is not None:
@@ -450,6 +456,23 @@ def _check_written(hls_model: Any, layers: list[HlsLayer], out: Path) -> None:
             expected = given.get((layer.name, key), np.asarray(variable.data, np.float64))
             if not np.array_equal(written, np.sort(expected.ravel())):
                 raise ValueError(f"{path}: its values are not {layer.name}'s {key} exactly")
+
+
+def _check_csim(model: IntegerModel, hls_model: Any, dims: list[int], count: int = 64) -> None:
+    """The C simulation equals the integer model on ``count`` seeded random inputs that cover
+    the input's range (a smoke check of the project; the tests compare whole test splits).
+
+    Raises:
+        ValueError: with the number of differing outputs.
+    """
+    first = model.ops[0].attrs
+    low, high = first["lo"] * first["scale"], first["hi"] * first["scale"]
+    x = torch.rand([count, *dims], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x = (low + (high - low) * x).float()
+    expected = (model(x).double() * model.output_scale()).reshape(count, -1).numpy()
+    differing = int((run_csim(hls_model, x.numpy()) != expected).sum())
+    if differing:
+        raise ValueError(f"the C simulation differs from the integer model in {differing} outputs")
 
 
 def run_csim(hls_model: Any, x: np.ndarray) -> np.ndarray:
