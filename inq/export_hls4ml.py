@@ -124,42 +124,54 @@ def _log2(value: float, op: IntOp) -> int:
 
 
 def _activation(op: IntOp) -> str:
-    """The integer model's type of ``op``'s value: its width and scale, rounding half up
-    (``RND``) and saturating (``SAT``) to exactly ``lo..hi``.
+    """The type of ``op``'s value in the integer model: the narrowest fixed-point type of its
+    scale holding ``lo..hi``, rounding half up (``RND``) and saturating (``SAT``) to the type's
+    range (a range narrower at the top, a ReLU6, is cut by :meth:`_Builder._cut`).
 
     Raises:
-        ValueError: ``lo..hi`` is narrower than any fixed-point type's range.
+        ValueError: ``lo`` above the type's lowest value (a Hardtanh clamp below zero).
     """
     a = op.attrs
-    bits, whole, _ = _type_range(a["lo"], a["hi"])
-    if not whole:
+    bits, _, signed = _type_range(a["lo"], a["hi"])
+    lowest = -(1 << (bits - 1)) if signed else 0
+    if a["lo"] != lowest:
         raise ValueError(
-            f"{op.name}: its range {a['lo']}..{a['hi']} is narrower than a {bits}-bit type's "
-            "(a ReLU6 or Hardtanh clamp); hls4ml saturates to a type's range only; not exported"
+            f"{op.name}: its range {a['lo']}..{a['hi']} starts above its {bits}-bit type's "
+            "(a Hardtanh clamp); no hls4ml form here"
         )
-    return _fixed(_log2(a["scale"], op), a["lo"], a["hi"], "RND,SAT")
+    return _fixed(_log2(a["scale"], op), lowest, _type_top(bits, signed), "RND,SAT")
+
+
+def _type_top(bits: int, signed: bool) -> int:
+    return (1 << (bits - 1)) - 1 if signed else (1 << bits) - 1
 
 
 class _Shadow(nn.Module):
     """A float64 module in real units that hls4ml's tracer reads op by op: ``steps`` run in
-    order, each a submodule on one value or an add of two."""
+    order, each a submodule on one value, or ``add``/``sub`` of two (``torch.add``/``sub``)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.steps: list[tuple[str, str, tuple[str, ...]]] = []  # (out, module or "add", inputs)
+        self.steps: list[tuple[str, str, tuple[str, ...]]] = []  # (out, module or fn, inputs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         values = {"x": x}
         for out, module, inputs in self.steps:
             args = [values[name] for name in inputs]
-            values[out] = torch.add(*args) if module == "add" else getattr(self, module)(*args)
+            if module in _MERGES:
+                values[out] = _MERGES[module](*args)
+            else:
+                values[out] = getattr(self, module)(*args)
         return values[self.steps[-1][0]]
+
+
+_MERGES = {"add": torch.add, "sub": torch.sub}
 
 
 def hls_shadow(model: IntegerModel) -> tuple[_Shadow, str, list[HlsLayer]]:
     """The float64 shadow of ``model`` for hls4ml's PyTorch converter, its input type, and its
-    layers with the types to set (every ``add`` layer named ``add``, ``add_1``, ... as the
-    tracer names them).
+    layers with the types to set (each ``torch.add`` layer named ``add``, ``add_1``, ... as the
+    tracer names them, and ``sub`` likewise).
 
     Raises:
         ValueError: an op with no exact hls4ml form, naming it.
@@ -177,12 +189,16 @@ class _Builder:
         self.layers: list[HlsLayer] = []
         self.ops: dict[str, IntOp] = {}
         self.value: dict[str, str] = {}  # integer op -> the shadow's value holding it
+        self.flat: dict[str, bool] = {}  # integer op -> its value is [N, features]
         self.input_type = ""
-        self._adds = 0
+        self._merges = {name: 0 for name in _MERGES}
 
     def add(self, op: IntOp) -> None:
         self.ops[op.name] = op
-        kind = op.op
+        kind, a = op.op, op.attrs
+        self.flat[op.name] = kind in ("flatten", "linear") or (
+            kind != "input" and self.flat[op.inputs[0]]
+        )
         if kind == "input":
             self.input_type = _activation(op)
             self.value[op.name] = "x"
@@ -191,28 +207,63 @@ class _Builder:
         elif kind == "add":
             self._add(op)
         elif kind == "maxpool":
-            a = op.attrs
             if a["dilation"] != [1, 1] or a["ceil_mode"]:
                 raise ValueError(f"{op.name}: a dilated or ceil_mode max pool has no hls4ml form")
             pool = nn.MaxPool2d(tuple(a["kernel"]), tuple(a["stride"]), tuple(a["padding"]))
-            self._step(op, f"pool{op.name}", pool, {"result": _activation(op)})
+            self._step(op, _layer_name("pool", op), pool, {"result": _activation(op)})
         elif kind == "avgpool":
             self._avgpool(op)
-        elif kind == "flatten" and op.attrs["start_dim"] == 1 and op.attrs["end_dim"] == -1:
-            self.value[op.name] = self._module(f"flat{op.name}", nn.Flatten(), op.inputs)
+        elif kind == "flatten" and a["start_dim"] == 1 and a["end_dim"] == -1:
+            source = self.value[op.inputs[0]]
+            self.value[op.name] = self._module(_layer_name("flat", op), nn.Flatten(), (source,))
         elif kind == "relu":
-            self._step(op, f"relu{op.name}", nn.ReLU(), {"result": _activation(op)})
+            self._step(op, _layer_name("relu", op), nn.ReLU(), {"result": _activation(op)})
+        elif kind == "clamp":
+            self.value[op.name] = self.value[op.inputs[0]]
         else:
             raise ValueError(f"{op.name}: op {kind} has no hls4ml form here")
+        bits, whole, signed = _type_range(a.get("lo", 0), a.get("hi", 1))
+        if kind in ("conv", "linear", "add", "avgpool", "relu", "clamp") and not whole:
+            self._cut(op, _type_top(bits, signed))
 
     def _module(self, name: str, module: nn.Module, inputs: Sequence[str]) -> str:
+        """``module`` on the shadow values ``inputs``; its output is the value ``name``."""
         self.shadow.add_module(name, module)
-        self.shadow.steps.append((name, name, tuple(self.value[i] for i in inputs)))
+        self.shadow.steps.append((name, name, tuple(inputs)))
         return name
 
-    def _step(self, op: IntOp, name: str, module: nn.Module, types: dict[str, str]) -> None:
-        self.value[op.name] = self._module(name, module, op.inputs)
+    def _step(self, op: IntOp, name: str, module: nn.Module, types: dict[str, str],
+              source: str | None = None) -> None:  # fmt: skip
+        """``module`` on ``source`` (default: ``op``'s input) as ``op``'s value."""
+        source = source or self.value[op.inputs[0]]
+        self.value[op.name] = self._module(name, module, (source,))
         self.layers.append(HlsLayer(name, op.name, types))
+
+    def _merge(self, fn: str, op: IntOp, values: Sequence[str], result: str) -> str:
+        """``torch.add``/``sub`` of ``values`` (shadow values) as hls4ml's merge layer named
+        as the tracer names it, its sum rounded and saturated to ``result``."""
+        count = self._merges[fn]
+        self._merges[fn] += 1
+        out = f"{fn}{len(self.shadow.steps)}"
+        self.shadow.steps.append((out, fn, tuple(values)))
+        self.layers.append(HlsLayer(fn if count == 0 else f"{fn}_{count}", op.name,
+                                    {"result": result}))  # fmt: skip
+        return out
+
+    def _cut(self, op: IntOp, top: int) -> None:
+        """Clamp ``op``'s value (in its type, ``0..top``) to ``hi``: ``v - relu(v - hi)``, a
+        BatchNorm of scale 1 and bias ``-hi``, a ReLU and a subtraction, all exact."""
+        a = op.attrs
+        if a["lo"] != 0:
+            raise ValueError(f"{op.name}: a clamp to {a['lo']}..{a['hi']} has no hls4ml form here")
+        lsb, hi, value = _log2(a["scale"], op), a["hi"], self.value[op.name]
+        ones = np.ones(self._channels(op.name))
+        over = self._rescale(op, _layer_name("over", op), value, ones, _fixed(lsb, -hi, top - hi),
+                             bias=-math.ldexp(hi, lsb))  # fmt: skip
+        cut = {"result": _fixed(lsb, 0, top - hi)}
+        self._step(op, _layer_name("cut", op), nn.ReLU(), cut, over)
+        self.value[op.name] = self._merge("sub", op, (value, self.value[op.name]),
+                                          _fixed(lsb, 0, hi, "RND,SAT"))  # fmt: skip
 
     def _weight_op(self, op: IntOp) -> None:
         a, t = op.attrs, self.model.op_tensors(op.name)
@@ -240,29 +291,27 @@ class _Builder:
         acc = _fixed(unit, -bound, bound)
         types = {"weight": exact_type(weight), "bias": exact_type(bias), "accum": acc,
                  "result": acc}  # fmt: skip
-        name = f"{op.op}{op.name}"
-        self.value[op.name] = self._module(name, module, op.inputs)
+        name = self._module(_layer_name(op.op, op), module, (self.value[op.inputs[0]],))
         self.layers.append(HlsLayer(name, op.name, types, weight.size,
                                     _non_pow2(weight), {"weight": weight}))  # fmt: skip
         scale = np.ldexp(t["multiplier"].double().numpy(),
                          _log2(a["scale"], op) - unit - t["shift"].numpy())  # fmt: skip
-        self._rescale(op, f"bn{op.name}", scale, (op.name,))
+        self.value[op.name] = self._rescale(op, _layer_name("bn", op), name, scale, _activation(op))
 
-    def _rescale(self, op: IntOp, name: str, scale: np.ndarray, inputs: Sequence[str],
-                 result: str | None = None) -> str:  # fmt: skip
-        """A BatchNorm of ``scale`` per channel (no bias: ``eps`` 0, mean 0, variance 1, so
-        hls4ml's scale is ``scale`` itself) from ``inputs`` to ``op``'s type (or ``result``)."""
-        kind = nn.BatchNorm1d if op.op == "linear" else nn.BatchNorm2d
+    def _rescale(self, op: IntOp, name: str, source: str, scale: np.ndarray, result: str,
+                 bias: float = 0.0) -> str:  # fmt: skip
+        """A BatchNorm of ``scale`` per channel and ``bias`` (``eps`` 0, mean 0, variance 1:
+        hls4ml's scale and bias are these) on the shadow value ``source``, into ``result``."""
+        kind = nn.BatchNorm1d if self.flat[op.name] else nn.BatchNorm2d
         bn = kind(len(scale), eps=0.0, dtype=torch.float64)
         with torch.no_grad():
             bn.weight.copy_(torch.from_numpy(scale))
-            bn.bias.zero_()
-        types = {"scale": exact_type(scale), "bias": "fixed<2,2>",
-                 "result": result or _activation(op)}  # fmt: skip
-        self.value[op.name] = self._module(name, bn.eval(), inputs)
+            bn.bias.fill_(bias)
+        biases = np.full(len(scale), bias)
+        types = {"scale": exact_type(scale), "bias": exact_type(biases), "result": result}
         self.layers.append(HlsLayer(name, op.name, types, scale.size, _non_pow2(scale),
-                                    {"scale": scale}))  # fmt: skip
-        return name
+                                    {"scale": scale, "bias": biases}))  # fmt: skip
+        return self._module(name, bn.eval(), (source,))
 
     def _avgpool(self, op: IntOp) -> None:
         a = op.attrs
@@ -282,7 +331,7 @@ class _Builder:
         if x_op.attrs["lo"] < 0:
             types["accum"] = _fixed(lsb, x_op.attrs["lo"] * count * count,
                                     x_op.attrs["hi"] * count * count)  # fmt: skip
-        self._step(op, f"pool{op.name}", nn.AvgPool2d(tuple(kernel), tuple(stride)), types)
+        self._step(op, _layer_name("pool", op), nn.AvgPool2d(tuple(kernel), tuple(stride)), types)
 
     def _add(self, op: IntOp) -> None:
         """``(x * m_x + y * m_y) >> shift``: each branch times ``m * 2**-shift`` in an exact
@@ -297,19 +346,9 @@ class _Builder:
             exact = _fixed(_log2(x.attrs["scale"], x) + lsb, x.attrs["lo"] * whole,
                            x.attrs["hi"] * whole)  # fmt: skip
             scale = np.full(self._channels(name), factor)
-            branches.append(self._rescale(op, f"bn{op.name}_{i}", scale, (name,), exact))
-        self.value[op.name] = self._add_step(branches)
-        self.layers.append(HlsLayer(self._add_name(), op.name, {"result": _activation(op)}))
-
-    def _add_step(self, branches: list[str]) -> str:
-        out = f"sum{len(self.shadow.steps)}"
-        self.shadow.steps.append((out, "add", tuple(branches)))
-        return out
-
-    def _add_name(self) -> str:
-        name = "add" if self._adds == 0 else f"add_{self._adds}"
-        self._adds += 1
-        return name
+            name = self._rescale(op, _layer_name(f"bn{i}", op), self.value[name], scale, exact)
+            branches.append(name)
+        self.value[op.name] = self._merge("add", op, branches, _activation(op))
 
     def _channels(self, name: str) -> int:
         op = self.ops[name]
@@ -318,6 +357,11 @@ class _Builder:
         if op.op == "conv":
             return int(op.attrs["weight_shape"][0])
         return int(op.attrs["out_features"]) if op.op == "linear" else 0
+
+
+def _layer_name(stem: str, op: IntOp) -> str:
+    """``stem_<op>``, a C++ identifier (hls4ml names the layer, its types and its code so)."""
+    return re.sub(r"_+", "_", re.sub(r"\W", "_", f"{stem}_{op.name}"))
 
 
 def _non_pow2(values: np.ndarray) -> int:
@@ -415,6 +459,7 @@ def _convert(hls4ml: Any, shadow: _Shadow, dims: list[int], input_type: str,
         config = hls4ml.utils.config_from_pytorch_model(
             shadow, tuple(dims), granularity="name", backend=BACKEND,
             default_precision="fixed<32,16>", transpose_outputs=True,
+            channels_last_conversion="internal",
         )  # fmt: skip
         names = config["LayerName"]
         names[next(iter(names))]["Precision"]["result"] = input_type
@@ -478,5 +523,7 @@ def _check_csim(model: IntegerModel, hls_model: Any, dims: list[int], count: int
 def run_csim(hls_model: Any, x: np.ndarray) -> np.ndarray:
     """The compiled project's C simulation on the batch ``x`` (NCHW, as the integer model
     takes it): the integer model's output in real units, ``float64``."""
+    if x.ndim == 4:  # the project takes channels-last images (NHWC)
+        x = x.transpose(0, 2, 3, 1)
     out: np.ndarray = hls_model.predict(np.ascontiguousarray(x, np.float64))
     return out.reshape(len(x), -1)
