@@ -1,0 +1,244 @@
+"""hls4ml export (inq.export_hls4ml): the C simulation that g++ compiles from the project hls4ml
+writes equals the integer model bit for bit (digits at 2, 4 and 5 bits on the whole test split, a
+residual block, ReLU6 clamps), every conv/dense weight constant is 0 or a power of two, every
+activation type is the integer model's, and bad requests are refused in one line with nothing
+lost. Each project compiles for 20-40 s: marked slow."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import math
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from export_fixtures import (
+    DIGITS_DATA,
+    digits_run,
+    mobilenet_integer_model,
+    packed_model,
+    quantize_on,
+    residual_integer_model,
+)
+from torch import nn
+
+from inq.cli import main
+from inq.data import build_datasets
+from inq.export_hls4ml import HlsLayer, exact_type, export_hls4ml, hls_shadow, run_csim
+from inq.masked import load_masked
+from inq.packed import packed_from_masked
+from inq.quant.integer import IntegerModel, save_integer
+from inq.quant.pipeline import QuantSettings
+
+pytest.importorskip("hls4ml")
+
+
+def _expected(model: IntegerModel, x: torch.Tensor) -> np.ndarray:
+    return (model(x).double() * model.output_scale()).reshape(len(x), -1).numpy()
+
+
+@pytest.fixture(scope="module", params=[2, 4, 5])
+def digits(request, tmp_path_factory) -> tuple[IntegerModel, Any, list[HlsLayer], Path, str]:
+    """A digits run at 2, 4 and 5 bits, its integer model (8-bit activations) and the hls4ml
+    project ``inq export --hls4ml`` makes of its file (compiled), with what the command
+    printed."""
+    folder = tmp_path_factory.mktemp(f"hls{request.param}")
+    masked, _ = digits_run(folder, bits=request.param, epochs=2)
+    model, _ = quantize_on(packed_from_masked(load_masked(masked)), DIGITS_DATA,
+                           QuantSettings(act_bits=8))  # fmt: skip
+    save_integer(folder / "d.int.safetensors", model)
+    made = []  # the command's own hls4ml model, kept for its C simulation
+
+    def keep(*args: Any, **kwargs: Any) -> tuple[Any, list[HlsLayer]]:
+        made.append(export_hls4ml(*args, **kwargs))
+        return made[-1]
+
+    argv = ["export", str(folder / "d.int.safetensors"), "--hls4ml", "-o", str(folder / "prj")]
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
+        patch.setattr("inq.cli.export_hls4ml", keep)
+        assert main(argv) == 0
+    ((hls_model, layers),) = made
+    return model, hls_model, layers, folder / "prj", out.getvalue()
+
+
+@pytest.mark.slow
+def test_c_simulation_equals_the_integer_model_on_the_whole_test_split(digits) -> None:
+    model, hls_model, *_ = digits
+    x, _ = build_datasets(DIGITS_DATA)[1].tensors
+    got = run_csim(hls_model, x.numpy())
+    assert got.shape == (450, 10) and int((got != _expected(model, x)).sum()) == 0
+
+
+def _written(project: Path, hls_model: Any, kinds: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The constants of the project's layers of ``kinds`` as its C simulation reads them."""
+    out = {}
+    for layer in hls_model.get_layers():
+        if type(layer).__name__.endswith(kinds):
+            for key, variable in layer.weights.items():
+                text = (project / "firmware" / "weights" / f"{variable.name}.txt").read_text()
+                out[f"{layer.name}.{key}"] = np.array(text.replace(",", " ").split(), float)
+    return out
+
+
+@pytest.mark.slow
+def test_every_weight_constant_in_the_project_is_zero_or_a_power_of_two(digits) -> None:
+    model, hls_model, layers, project, _ = digits
+    weights = {k: v for k, v in _written(project, hls_model, ("Conv2D", "Dense")).items()
+               if k.endswith(".weight")}  # fmt: skip
+    assert len(weights) == sum(op.op in ("conv", "linear") for op in model.ops)
+    for values in weights.values():
+        magnitudes = np.abs(values[values != 0])
+        assert np.array_equal(magnitudes, np.exp2(np.round(np.log2(magnitudes))))
+    assert all(layer.non_pow2 == 0 for layer in layers if "weight" in layer.types)
+    scales = _written(project, hls_model, ("BatchNormalization",))
+    counted = sum(layer.non_pow2 for layer in layers if "scale" in layer.types)
+    written = sum(int((np.frexp(np.abs(v[v != 0]))[0] != 0.5).sum())
+                  for k, v in scales.items() if k.endswith(".scale"))  # fmt: skip
+    assert counted == written > 0  # the requantization multipliers of the BatchNorm layers
+
+
+@pytest.mark.slow
+def test_every_activation_type_is_the_integer_models(digits) -> None:
+    model, _, layers, project, _ = digits
+    defines = (project / "firmware" / "defines.h").read_text()
+    for op in model.ops:
+        if op.op != "conv":
+            continue
+        integer_bits = 8 + round(math.log2(op.attrs["scale"]))
+        (bn,) = [layer for layer in layers if layer.name == f"bn_{op.name}".replace("__", "_")]
+        assert bn.types["result"] == f"ufixed<8,{integer_bits},RND,SAT>"  # ReLU: 0..255
+        assert f"ap_ufixed<8,{integer_bits},AP_RND,AP_SAT,0>" in defines
+
+
+class ResidualRelu6(nn.Module):
+    """Conv-BN-ReLU6, a 1x1 Conv-BN branch added to it, ReLU6, global average pooling, Linear:
+    a residual add and ReLU6 clamps (on a conv and on an add)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6),
+                                  nn.ReLU6())  # fmt: skip
+        self.branch = nn.Sequential(nn.Conv2d(6, 6, 1, bias=False), nn.BatchNorm2d(6))
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        y = nn.functional.relu6(y + self.branch(y))
+        return self.fc(nn.functional.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+def _residual_relu6_model() -> IntegerModel:
+    """:class:`ResidualRelu6` at 5 bits with random BatchNorm scales (negative ones too),
+    calibrated on inputs large enough that both ReLU6 cut at 6 below their type's top."""
+    from inq.quant.lower import Lowering
+
+    torch.manual_seed(0)
+    net = ResidualRelu6().eval()
+    with torch.no_grad():
+        for bn in (net.conv[1], net.branch[1]):
+            bn.running_var.uniform_(0.5, 1.5)
+            bn.weight.uniform_(-1.5, 1.5)
+    lowering = Lowering(packed_model(net), act_bits=8)
+    gen = torch.Generator().manual_seed(2)
+    lowering.calibrate([4 * torch.randn(16, 3, 8, 8, generator=gen) for _ in range(2)])
+    return lowering.integer_model({"model": {}, "data": {}, "act_bits": 8, "input_bits": 8})
+
+
+@pytest.mark.slow
+def test_a_residual_block_with_relu6_clamps_is_exact_too(tmp_path: Path) -> None:
+    model = _residual_relu6_model()
+    kinds = {op.op for op in model.ops if op.attrs.get("hi") not in (None, 127, 255, 2**31 - 1)}
+    assert kinds == {"conv", "add"}  # both ReLU6 cut below their type's top
+    hls_model, layers = export_hls4ml(model, tmp_path / "prj", (3, 8, 8))
+    assert {layer.name for layer in layers} >= {"add", "sub", "sub_1"}
+    x = 4 * torch.randn(512, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+    assert np.array_equal(run_csim(hls_model, x.numpy()), _expected(model, x))
+
+
+def test_exact_types_hold_their_values() -> None:
+    assert exact_type(np.array([0.5, -0.25, 0.0])) == "fixed<3,1>"
+    assert exact_type(np.array([-2.0, 1.0])) == "fixed<2,2>"  # -2 needs no extra bit
+    assert exact_type(np.array([0.0])) == "ufixed<1,1>"
+    scale = np.ldexp(np.array([2116310661, 1462002175], np.float64), -33)
+    assert exact_type(scale) == "ufixed<31,-2>"  # 31-bit multipliers, exactly
+
+
+def test_ops_without_an_exact_form_are_refused_naming_the_layer() -> None:
+    _, mobilenet = mobilenet_integer_model()
+    with pytest.raises(ValueError, match=r"a grouped or dilated conv has no hls4ml form"):
+        hls_shadow(mobilenet)
+    scaled = copy.deepcopy(residual_integer_model())
+    scaled.ops[1].attrs["scale"] = 0.3  # as calibrate --float-scales makes it
+    with pytest.raises(ValueError, match=r"^conv: activation scale 0\.3 is not a power of two"):
+        hls_shadow(scaled)
+
+
+@pytest.fixture
+def int_file(tmp_path: Path) -> Path:
+    path = tmp_path / "r.int.safetensors"
+    model = residual_integer_model()
+    model.info["data"] = {"name": "synthetic", "in_channels": 2, "image_size": 4, "num_classes": 3}
+    save_integer(path, model)
+    return path
+
+
+def test_cli_refuses_bad_requests_in_one_line_and_loses_nothing(int_file, tmp_path, capsys,
+                                                                monkeypatch) -> None:  # fmt: skip
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "keep.txt").write_text("mine")
+    for args, message in (
+        ([], "--hls4ml needs -o DIR (the project's directory)"),
+        (["--qonnx", "-o", str(tmp_path / "a.onnx")], "--qonnx and --hls4ml: choose one"),
+        (["-o", str(busy)], f"{busy} is not empty; choose another -o, or --force to replace it"),
+        (["-o", str(int_file)], f"-o {int_file}: a file; the hls4ml project is a directory"),
+    ):
+        assert main(["export", str(int_file), "--hls4ml", *args]) == 1
+        assert capsys.readouterr().err == f"inq export: error: {message}\n"
+    monkeypatch.setitem(__import__("sys").modules, "hls4ml", None)
+    assert main(["export", str(int_file), "--hls4ml", "-o", str(tmp_path / "x")]) == 1
+    assert "pip install 'inq[fpga]'" in capsys.readouterr().err
+    assert (busy / "keep.txt").read_text() == "mine" and not (tmp_path / "x").exists()
+
+
+def test_a_compile_failure_names_the_first_error_and_restores_the_old_project(
+    int_file: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "g++"  # a compiler that fails the way g++ does
+    fake.write_text("#!/bin/sh\necho 'myproject.cpp:1:1: error: no compiler here' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    old = tmp_path / "prj"
+    old.mkdir()
+    (old / "keep.txt").write_text("mine")
+    argv = ["export", str(int_file), "--hls4ml", "-o", str(old), "--force"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert re.fullmatch(
+        r"inq export: error: the generated project does not compile: myproject\.cpp:1:1: error: "
+        r"no compiler here \(log: .*inq_build\.log\)\n", err
+    )  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "prj", "r.int.safetensors"]
+    assert [p.name for p in old.iterdir()] == ["keep.txt"]  # the old project, as it was
+
+
+@pytest.mark.slow
+def test_inq_export_hls4ml_prints_each_layers_types_and_multiplications(digits) -> None:
+    _, _, layers, project, printed = digits
+    assert f"d.int.safetensors -> {project}: hls4ml project (Vitis, io_parallel)" in printed
+    for layer in layers:
+        if "weight" in layer.types:
+            row = rf"^{layer.name} +{layer.op} +{re.escape(layer.types['weight'])} +"
+            assert re.search(row + rf".* 0/{layer.constants}$", printed, re.M)
+    assert "weights multiplied by a non-power-of-two constant: 0;" in printed
+    assert (project / "build_prj.tcl").exists() and list((project / "firmware").glob("*.so"))
