@@ -54,8 +54,8 @@ from inq.data import (
 from inq.evaluation import evaluate
 from inq.export_hls4ml import BACKEND as HLS_BACKEND
 from inq.export_hls4ml import export_hls4ml
-from inq.export_onnx import OnnxModel, export_onnx, export_qdq
-from inq.export_qonnx import export_qonnx
+from inq.export_onnx import OnnxModel, export_onnx, export_qdq, load_onnx
+from inq.export_qonnx import QonnxModel, export_qonnx, is_qonnx
 from inq.fileio import LOCK_NAME, lock_dir
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.levels import describe_n1
@@ -82,7 +82,7 @@ from inq.runfiles import (
     command_file,
     load_model,
 )
-from inq.verify import verify_file
+from inq.verify import VerifyReport, verify_file, verify_qonnx
 
 __all__ = ["COMMANDS", "Command", "main"]
 
@@ -293,6 +293,7 @@ def _export_qonnx(args: argparse.Namespace) -> int:
     with writing(output, header.path, args.force, ONNX):
         int_model = open_artefact(header)
         data, _ = command_data(int_model.info.get("data", {}), args.data)
+        int_model.info["data"] = data  # the file records the data it was made for
         stats = export_qonnx(int_model, output, input_shape(data))
     print(
         f"{header.path} -> {output}: QONNX, {stats['nodes']} nodes ({stats['quant_nodes']} "
@@ -333,13 +334,18 @@ def _export_hls4ml(args: argparse.Namespace) -> int:
 
 
 def _verify_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a masked checkpoint, a packed file or an integer model")
+    p.add_argument("file", help="a masked checkpoint, a packed file, an integer model or a QONNX "
+                   "file (inq export --qonnx)")  # fmt: skip
 
 
 def _verify(args: argparse.Namespace) -> int:
-    header = command_file(args.file, "verify", (MASKED_CHECKPOINT, PACKED_FILE, INTEGER_MODEL))
+    header = command_file(
+        args.file, "verify", (MASKED_CHECKPOINT, PACKED_FILE, INTEGER_MODEL, ONNX_MODEL)
+    )
     if header.kind == INTEGER_MODEL:
         return _verify_integer(args.file, open_artefact(header, validate=False))
+    if header.kind == ONNX_MODEL:
+        return _verify_qonnx(args.file)
     report = verify_file(header)
     print(f"{args.file} ({report.kind})")
     print(report.table())
@@ -377,6 +383,44 @@ def _verify_integer(path: str, model: IntegerModel) -> int:
         "accumulator or int64 product can overflow; the contents match their sha256 digest"
     )
     return 0
+
+
+def _verify_qonnx(path: str) -> int:
+    """``inq verify`` of a QONNX file: a table of its Conv/Gemm weights against their recorded
+    level sets (:func:`inq.verify.verify_qonnx`), one line on stderr per problem, then a
+    summary; 1 on any problem."""
+    proto = load_onnx(path)
+    if not is_qonnx(proto):
+        raise ValueError(
+            f"{path} is an ONNX model; inq verify takes a QONNX model (inq export --qonnx) "
+            "among ONNX files, and this one has no QONNX node"
+        )
+    report = verify_qonnx(proto, path)
+    print(f"{path} (QONNX model)")
+    print(report.table())
+    problems = _qonnx_problems(report)
+    for problem in problems:
+        print(f"inq verify: {path}: {problem}", file=sys.stderr)
+    layers = len(report.layers)
+    if problems:
+        failed = sum(layer.problem is not None for layer in report.layers)
+        print(f"inq verify: {path}: {len(problems)} problem(s); {failed} of {layers} weight "
+              "layers fail", file=sys.stderr)  # fmt: skip
+        return 1
+    print(
+        f"OK: {layers} Conv/Gemm weights lie in their recorded level sets (0 or a signed power "
+        "of two), on their Quant nodes' grids"
+    )
+    return 0
+
+
+def _qonnx_problems(report: VerifyReport) -> list[str]:
+    """One line per problem of a QONNX report, each naming its node (or metadata key)."""
+    problems = [f"node {layer.key!r}: {layer.problem}" for layer in report.layers if layer.problem]
+    problems += [f"{key!r}: {problem}" for key, problem in report.other_problems]
+    if not report.layers:
+        problems.append("no Conv/Gemm node: nothing to verify")
+    return problems
 
 
 # ---------------------------------------------------------------------------------- info
@@ -473,7 +517,8 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "file",
         help="a packed file (inq export), an integer model (inq calibrate), an ONNX model (inq "
-        "export --onnx; run in ONNX Runtime on the CPU), a masked checkpoint or a run directory "
+        "export --onnx; run in ONNX Runtime on the CPU), a QONNX model (inq export --qonnx; run "
+        "in qonnx's executor, pip install 'inq[fpga]'), a masked checkpoint or a run directory "
         "(its packed file)",
     )
     _data_args(p)
@@ -511,9 +556,10 @@ def _eval(args: argparse.Namespace) -> int:
     )
     read = args.file
     if header.kind == ONNX_MODEL:
-        model: torch.nn.Module = OnnxModel(args.file)
-        description, recorded = model.model, model.data
-        what, device = "ONNX Runtime, CPU", torch.device("cpu")
+        onnx_model, what = _onnx_model(args.file)
+        description, recorded = onnx_model.model, onnx_model.data
+        model: torch.nn.Module = onnx_model
+        device = torch.device("cpu")
     elif header.kind == INTEGER_MODEL:
         int_model = open_artefact(header)
         description, recorded = int_model.info.get("model", {}), int_model.info.get("data", {})
@@ -525,6 +571,10 @@ def _eval(args: argparse.Namespace) -> int:
         model = from_packed(packed)
         what = "float activations"
     cfg, resplit = command_data(recorded, args.data, args.resplit)
+    if isinstance(model, QonnxModel) and not any(
+        word.startswith("eval_batch_size=") for word in args.data
+    ):
+        cfg["eval_batch_size"] = model.batch  # few large executor calls
     for key in ("in_channels", "num_classes"):
         if key in description and description[key] != cfg[key]:
             raise ValueError(
@@ -546,6 +596,15 @@ def _eval(args: argparse.Namespace) -> int:
         f"{100 * correct / total:.2f}% ({correct}/{total}), loss {metrics['loss']:.4f}"
     )
     return 0
+
+
+def _onnx_model(path: str) -> tuple[OnnxModel | QonnxModel, str]:
+    """The ONNX file at ``path`` as a module to evaluate, and where it runs: a QONNX file
+    (:func:`inq.export_qonnx.is_qonnx`) in qonnx's executor, any other in ONNX Runtime."""
+    proto = load_onnx(path)
+    if is_qonnx(proto):
+        return QonnxModel(proto, path), "QONNX, qonnx's executor, CPU"
+    return OnnxModel(path, proto), "ONNX Runtime, CPU"
 
 
 def command_data(

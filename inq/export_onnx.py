@@ -77,6 +77,7 @@ __all__ = [
     "export_qdq",
     "first_line",
     "is_onnx",
+    "load_onnx",
     "qdq_weight",
 ]
 
@@ -488,16 +489,17 @@ class OnnxModel(nn.Module):
     """An ONNX file run by ONNX Runtime on the CPU, as a module: float input, float logits.
 
     ``model`` and ``data`` are the descriptions the file records (``{}`` if it records none).
+    ``proto``: the file's ``ModelProto`` where the caller has loaded it (:func:`load_onnx`).
 
     Raises:
         ValueError: if the file cannot be read or the onnx extra is missing.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], proto: Any = None) -> None:
         super().__init__()
-        onnx, ort = _modules()
+        _, ort = _modules()
+        proto = load_onnx(path) if proto is None else proto
         try:
-            proto = onnx.load(str(path), load_external_data=False)
             self.session = ort.InferenceSession(
                 proto.SerializeToString(), providers=["CPUExecutionProvider"]
             )
@@ -537,6 +539,19 @@ class OnnxModel(nn.Module):
             )
         out = self.session.run(None, {self.input: x.detach().cpu().float().numpy()})[0]
         return torch.from_numpy(out)
+
+
+def load_onnx(path: str | os.PathLike[str]) -> Any:
+    """The ``ModelProto`` of the ONNX file at ``path`` (external data not loaded).
+
+    Raises:
+        ValueError: if the file cannot be read as ONNX or the onnx extra is missing.
+    """
+    onnx, _ = _modules()
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as err:  # onnx raises its own kinds
+        raise ValueError(f"{path}: cannot load as ONNX ({err})") from None
 
 
 def is_onnx(path: str | os.PathLike[str]) -> bool:

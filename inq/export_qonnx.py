@@ -18,6 +18,14 @@ tool reads each activation's fixed-point type from the graph. The arithmetic bet
   sum;
 - ``relu``, ``clamp``, ``maxpool``, ``flatten``, ``pad``: the ONNX op on the real values (exact).
 
+The file records, in its ``metadata_props``, the model and data descriptions (``inq_model``,
+``inq_data``, as the plain ONNX export does: ``inq eval`` evaluates it on that data) and each
+conv/linear layer's level set under ``inq_levels/<Conv or Gemm node>``: ``{"op", "bits",
+"n1", "frac"}`` (``n1`` an int, or one per output channel). Its weights are stored as
+``w * 2**-n1`` (each channel's ``2**n1`` is in its requantization multiplier), so every stored
+weight is 0 or ``±2**e`` with ``1 - 2**(bits-2) <= e <= 0``, and an integer on its ``Quant``
+node's grid ``2**-frac``: what ``inq verify`` checks (:func:`qonnx_levels`).
+
 Refused, in one line naming the layer: activation scales that are not powers of two
 (``--float-scales``: ``q * scale`` would round in float32), a level set reaching below the
 layer's ``frac`` (those terms are floored one by one in the integer model), an accumulator
@@ -30,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -39,13 +48,27 @@ import numpy as np
 import torch
 
 from inq.codes import decode_weight
+from inq.data import data_record
 from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
 
-__all__ = ["QONNX_DOMAIN", "export_qonnx", "qonnx_graph", "run_qonnx"]
+__all__ = [
+    "LEVELS_KEY",
+    "QONNX_DOMAIN",
+    "QonnxModel",
+    "export_qonnx",
+    "is_qonnx",
+    "qonnx_graph",
+    "qonnx_levels",
+    "run_qonnx",
+]
 
 QONNX_DOMAIN = "qonnx.custom_op.general"
+LEVELS_KEY = "inq_levels/"  # + a Conv/Gemm node's name: its layer's level set (JSON)
 EXACT_FLOAT32 = 1 << 24  # every integer below it is a float32
 INT64_LIMIT = 1 << 62  # the requantization's dividend stays below 2**63 with its offset
+EVAL_BATCH = 1000  # images per executor call when evaluating (each call has a fixed cost) ...
+EVAL_MEMORY = 2 << 30  # ... fewer where the executor would hold more than this (it keeps every
+# intermediate tensor of a call)
 
 
 def export_qonnx(
@@ -78,7 +101,8 @@ def _modules() -> tuple[Any, Any, Any]:
         from qonnx.util.cleanup import cleanup_model
     except ImportError as err:
         raise ValueError(
-            f"QONNX needs the fpga extra: pip install 'inq[fpga]' ({err.name} is missing)"
+            f"QONNX needs the fpga extra: pip install 'inq[fpga]' "
+            f"({str(err.name).split('.')[0]} is missing)"  # the package, not its submodule
         ) from None
     return onnx, ModelWrapper, cleanup_model
 
@@ -110,8 +134,40 @@ def qonnx_graph(model: IntegerModel, batch: int = 1, shape: Sequence[int] | None
         opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(QONNX_DOMAIN, 1)],
         producer_name="inq",
     )
+    info = model.info
+    records = {
+        "inq_model": info.get("model") or {},
+        "inq_data": data_record(info.get("data") or {}),
+        **{LEVELS_KEY + node: levels for node, levels in graph.levels.items()},
+    }
+    proto.metadata_props.extend(
+        onnx.StringStringEntryProto(key=key, value=json.dumps(value))
+        for key, value in records.items()
+    )
     onnx.checker.check_model(proto)
     return proto
+
+
+def is_qonnx(proto: Any) -> bool:
+    """Whether the ONNX ``ModelProto`` is a QONNX graph: it imports the QONNX operator domain or
+    has a node of it (a plain ONNX runtime cannot run it)."""
+    return any(o.domain == QONNX_DOMAIN for o in proto.opset_import) or any(
+        node.domain == QONNX_DOMAIN for node in proto.graph.node
+    )
+
+
+def qonnx_levels(proto: Any) -> dict[str, Any]:
+    """The level sets a QONNX file of :func:`export_qonnx` records: Conv/Gemm node name ->
+    ``{"op", "bits", "n1", "frac"}`` as read (each value's JSON, or the text that is not
+    JSON, left for the caller to refuse)."""
+    levels: dict[str, Any] = {}
+    for prop in proto.metadata_props:
+        if prop.key.startswith(LEVELS_KEY):
+            try:
+                levels[prop.key.removeprefix(LEVELS_KEY)] = json.loads(prop.value)
+            except ValueError:
+                levels[prop.key.removeprefix(LEVELS_KEY)] = prop.value
+    return levels
 
 
 def run_qonnx(proto: Any, x: np.ndarray) -> np.ndarray:
@@ -135,6 +191,60 @@ def run_qonnx(proto: Any, x: np.ndarray) -> np.ndarray:
     return out
 
 
+class QonnxModel(torch.nn.Module):
+    """A QONNX file run by ``qonnx``'s executor (:func:`run_qonnx`) on the CPU, as a module:
+    float input, the graph's float64 logits. One executor call per batch (it starts a session
+    per node each call): give it large batches. ``model`` and ``data`` are the descriptions the
+    file records (``{}`` if it records none).
+
+    Raises:
+        ValueError: without ``qonnx`` (the message names the ``fpga`` extra), or if the file
+            records a description that is not JSON.
+    """
+
+    def __init__(self, proto: Any, path: str | os.PathLike[str]) -> None:
+        super().__init__()
+        _modules()  # the fpga extra, before any work
+        self.proto = proto
+        props = {p.key: p.value for p in proto.metadata_props}
+        try:
+            self.model: dict[str, Any] = json.loads(props.get("inq_model", "{}"))
+            self.data: dict[str, Any] = json.loads(props.get("inq_data", "{}"))
+        except ValueError as err:
+            raise ValueError(f"{path}: its inq_model or inq_data is not JSON ({err})") from None
+        dims = proto.graph.input[0].type.tensor_type.shape.dim
+        self.input_shape = [d.dim_value or None for d in dims][1:]  # one input's (C, H, W)
+        self.batch = max(1, min(EVAL_BATCH, EVAL_MEMORY // _bytes_per_input(proto)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of ``x`` (float64).
+
+        Raises:
+            ValueError: if one input of ``x`` does not have the graph's fixed shape.
+        """
+        if list(x.shape[1:]) != self.input_shape:
+            raise ValueError(
+                f"the QONNX model takes inputs of shape {['N', *self.input_shape]}, the data "
+                f"gives {list(x.shape)}"
+            )
+        return torch.from_numpy(run_qonnx(self.proto, x.detach().cpu().float().numpy()))
+
+
+def _bytes_per_input(proto: Any) -> int:
+    """A bound on the bytes the executor holds per input image: every tensor of the graph (shapes
+    inferred at batch 1) at 8 bytes a value."""
+    from qonnx.core.modelwrapper import ModelWrapper
+    from qonnx.transformation.infer_shapes import InferShapes
+    from qonnx.util.cleanup import cleanup_model
+
+    wrapper = cleanup_model(ModelWrapper(proto)).transform(InferShapes())
+    graph = wrapper.graph
+    names = [v.name for v in (*graph.input, *graph.value_info, *graph.output)]
+    return 8 * sum(
+        math.prod(d or 1 for d in wrapper.get_tensor_shape(name) or []) for name in names
+    )
+
+
 class _Graph:
     """Nodes and initializers, one integer op at a time. ``ints`` maps each op to the int64
     tensor of its integers, ``reals`` to the float32 tensor of its real values (``q * scale``
@@ -149,6 +259,7 @@ class _Graph:
         self.ints: dict[str, str] = {}
         self.reals: dict[str, str] = {}
         self.ops: dict[str, IntOp] = {}
+        self.levels: dict[str, dict[str, Any]] = {}  # Conv/Gemm node -> its layer's level set
         self._names: set[str] = set()
 
     def name(self, stem: str) -> str:
@@ -261,6 +372,7 @@ class _Graph:
             acc = self.node("Conv", [x, weight], f"{op.name}_conv", strides=a["stride"],
                             pads=a["padding"] * 2, dilations=a["dilation"],
                             group=a["groups"])  # fmt: skip
+        self.levels[acc] = {"op": op.name, "bits": a["bits"], "n1": a["n1"], "frac": a["frac"]}
         unit = np.float32(x_op.attrs["scale"] * step)  # a power of two: the division is exact
         acc = self.node("Div", [acc, self.const("unit", unit)], f"{op.name}_units")
         acc = self.node("Cast", [acc], f"{op.name}_acc", to=TensorProto.INT64)

@@ -159,17 +159,17 @@ class ResidualNet(nn.Module):
         return self.fc(self.pool(y).flatten(1))
 
 
-def residual_integer_model(seed: int = 0) -> IntegerModel:
+def residual_integer_model(seed: int = 0, **levels: str) -> IntegerModel:
     """The integer model of a 5-bit :class:`ResidualNet` whose BatchNorm has negative scales
     (so some conv multipliers are negative), calibrated on random inputs ``[N, 2, 4, 4]``, with
-    the descriptions ``inq calibrate`` records."""
+    the descriptions ``inq calibrate`` records; ``levels`` as :func:`quantize` takes them."""
     from inq.quant.lower import Lowering
 
     torch.manual_seed(seed)
     net = ResidualNet()
     with torch.no_grad():
         net.bn.weight.copy_(torch.tensor([1.0, -0.5, 0.7, -1.2]))
-    lowering = Lowering(packed_model(net), act_bits=8)
+    lowering = Lowering(packed_model(net, **levels), act_bits=8)
     lowering.calibrate([torch.randn(8, 2, 4, 4)])
     info = {"model": {"name": "residual"}, "data": {}, "act_bits": 8, "input_bits": 8,
             "calibration": "max", "pow2_scales": True, "calibration_batches": 1,

@@ -128,6 +128,7 @@ def test_each_command_reads_each_header_once(capsys, tmp_path: Path, header_read
     run.mkdir()
     shutil.copy(digits_masked(tmp_path), run / runfiles.MASKED)
     packed, integer = tmp_path / "d.inq.safetensors", tmp_path / "d.int.safetensors"
+    qonnx = tmp_path / "d.qonnx.onnx"
     commands = [
         (["export", run, "-o", packed], [runfiles.MASKED]),
         (["calibrate", run, "--batches", "1", "-o", integer], [runfiles.MASKED]),
@@ -140,6 +141,9 @@ def test_each_command_reads_each_header_once(capsys, tmp_path: Path, header_read
         (["verify", packed], [packed.name]),
         (["verify", run / runfiles.MASKED], [runfiles.MASKED]),
         (["verify", integer], [integer.name]),
+        (["export", integer, "--qonnx", "-o", qonnx], [integer.name]),
+        (["eval", qonnx], [qonnx.name]),  # the attempt to read it as safetensors
+        (["verify", qonnx], [qonnx.name]),
     ]
     for argv, names in commands:
         header_reads.clear()

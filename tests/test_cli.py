@@ -565,7 +565,8 @@ def test_every_command_says_what_it_was_given_and_what_it_takes(capsys, tmp_path
         (
             ["verify", run_dir],
             f"{run_dir} is a run directory; inq verify takes a masked "
-            f"checkpoint, packed file or integer model; pass one of its files: {masked}",
+            f"checkpoint, packed file, integer model or ONNX model; pass one of its files: "
+            f"{masked}",
         ),
         (["verify", onnx_file], f"{onnx_file} is an ONNX model; inq verify takes"),
         (

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +28,7 @@ from onnx import numpy_helper
 
 from inq.cli import main
 from inq.data import build_datasets
-from inq.export_qonnx import export_qonnx, qonnx_graph, run_qonnx
+from inq.export_qonnx import LEVELS_KEY, export_qonnx, qonnx_graph, run_qonnx
 from inq.masked import load_masked
 from inq.packed import packed_from_masked
 from inq.quant.integer import IntegerModel, save_integer
@@ -109,3 +111,128 @@ def test_bad_requests_are_refused_in_one_line(digits, tmp_path: Path, capsys) ->
     with pytest.raises(ValueError, match=r"scale 0\.3 is not a power of two"):
         export_qonnx(scaled, tmp_path / "s.onnx")
     assert not (tmp_path / "s.onnx").exists()
+
+
+# --- inq eval and inq verify of a QONNX file -----------------------------------------------------
+
+
+def _export(int_file: Path, out: Path) -> onnx.ModelProto:
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["export", str(int_file), "--qonnx", "-o", str(out), "--force"]) == 0
+    return onnx.load(out)
+
+
+def test_inq_eval_of_a_qonnx_file_prints_the_integer_models_accuracy(
+    digits, tmp_path: Path, capsys
+) -> None:
+    """The data set comes from the file (no --data): the QONNX file records it as the integer
+    model does; accuracy and loss are the integer model's, to the last digit."""
+    model, int_file = digits
+    out = tmp_path / "d.qonnx.onnx"
+    proto = _export(int_file, out)
+    props = {p.key: json.loads(p.value) for p in proto.metadata_props}
+    recorded = model.info["data"]  # the file's record, with the defaults filled in
+    assert {key: props["inq_data"][key] for key in recorded} == recorded
+    assert props["inq_model"] == model.info["model"]
+    x, y = build_datasets(DIGITS_DATA)[1].tensors
+    correct = int((torch.from_numpy(_expected(model, x)).argmax(1) == y).sum())
+    assert main(["eval", str(out)]) == 0
+    qonnx_line = capsys.readouterr().out
+    assert qonnx_line.startswith(f"{out} (QONNX, qonnx's executor, CPU) on digits (450 samples)")
+    assert f"accuracy {100 * correct / 450:.2f}% ({correct}/450)" in qonnx_line
+    assert main(["eval", str(int_file), "--device", "cpu"]) == 0
+    int_line = capsys.readouterr().out
+    assert qonnx_line.split("): ")[-1] == int_line.split("): ")[-1]  # accuracy and loss
+
+
+def _tampered(proto: onnx.ModelProto, path: Path, value: float) -> str:
+    """``proto`` with one weight of its last Gemm set to ``value``, saved at ``path``; returns
+    the Gemm node's name."""
+    proto = copy.deepcopy(proto)
+    made_by = {out: node for node in proto.graph.node for out in node.output}
+    gemm = next(node for node in proto.graph.node if node.op_type == "Gemm")
+    init = next(t for t in proto.graph.initializer if t.name == made_by[gemm.input[1]].input[0])
+    weight = numpy_helper.to_array(init).copy()
+    weight.flat[3] = value
+    init.CopyFrom(numpy_helper.from_array(weight, init.name))
+    onnx.save(proto, path)
+    return gemm.name
+
+
+def test_inq_verify_passes_an_export_and_names_the_node_of_a_tampered_weight(
+    digits, tmp_path: Path, capsys
+) -> None:
+    """Every weight 0 or ±2**e within its layer's level set: an exported file passes; one weight
+    made 3 * 2**-2, a power of two above 2**n1 or below 2**n2 fails, naming the Gemm node."""
+    model, int_file = digits
+    out = tmp_path / "d.qonnx.onnx"
+    proto = _export(int_file, out)
+    assert main(["verify", str(out)]) == 0
+    printed = capsys.readouterr().out
+    layers = sum(op.op in ("conv", "linear") for op in model.ops)
+    assert printed.splitlines()[-1].startswith(f"OK: {layers} Conv/Gemm weights lie in their")
+    bits = next(op.attrs["bits"] for op in model.ops if op.op == "linear")
+    lowest = 1 - (1 << (bits - 2))  # the stored level set: 0, ±2**lowest .. ±1 (w * 2**-n1)
+    for value in (3 * 2.0**-2, 2.0, -(2.0 ** (lowest - 1))):
+        node = _tampered(proto, tmp_path / "t.onnx", value)
+        assert main(["verify", str(tmp_path / "t.onnx")]) == 1, value
+        printed, err = capsys.readouterr()
+        problem, summary = err.splitlines()  # one line per problem, then the summary
+        start = f"inq verify: {tmp_path / 't.onnx'}: "
+        assert problem.startswith(f"{start}node '{node}': 1 weight(s) off the {bits}-bit level "
+                                  "set"), err  # fmt: skip
+        assert summary == f"{start}1 problem(s); 1 of {layers} weight layers fail"
+        assert [line.split()[0] for line in printed.splitlines() if "FAIL" in line] == [node]
+    frac = next(op.attrs["frac"] for op in model.ops if op.op == "linear")
+    for value in (2.0 ** max(lowest, -frac), -1.0, 0.0):  # in the level set: still passes
+        _tampered(proto, tmp_path / "t.onnx", value)
+        assert main(["verify", str(tmp_path / "t.onnx")]) == 0, value
+    capsys.readouterr()
+
+
+def test_verify_wants_each_layers_recorded_level_set(tmp_path: Path, capsys) -> None:
+    """Per-channel level sets verify too (the export is exact with them); a file without its
+    level sets, or with one of a wrong shape, fails naming the node; a plain ONNX file is not
+    verified."""
+    model = residual_integer_model(granularity="channel")
+    assert any(isinstance(op.attrs.get("n1"), list) for op in model.ops)
+    proto = qonnx_graph(model, shape=(2, 4, 4))
+    x = 2 * torch.randn(64, 2, 4, 4, generator=torch.Generator().manual_seed(2))
+    assert np.array_equal(run_qonnx(proto, x.numpy()), _expected(model, x))
+    onnx.save(proto, tmp_path / "r.onnx")
+    assert main(["verify", str(tmp_path / "r.onnx")]) == 0
+    levels = [p for p in proto.metadata_props if p.key.startswith(LEVELS_KEY)]
+    assert len(levels) == sum(op.op in ("conv", "linear") for op in model.ops)
+    node = levels[0].key.removeprefix(LEVELS_KEY)
+    for edit, problem in (
+        (lambda p: p.metadata_props.remove(p.metadata_props[2]), "no level set recorded for it"),
+        (lambda p: setattr(p.metadata_props[2], "value", json.dumps({"bits": 5, "n1": [0],
+                                                                     "frac": 3})),
+         "its recorded level set is not bits, n1, frac"),
+    ):  # fmt: skip
+        broken = copy.deepcopy(proto)
+        assert broken.metadata_props[2].key == LEVELS_KEY + node
+        edit(broken)
+        onnx.save(broken, tmp_path / "b.onnx")
+        capsys.readouterr()
+        assert main(["verify", str(tmp_path / "b.onnx")]) == 1
+        assert f"node '{node}': {problem}" in capsys.readouterr().err
+    plain = tmp_path / "plain.onnx"
+    onnx.save(onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [])), plain)
+    assert main(["verify", str(plain)]) == 1
+    assert capsys.readouterr().err.startswith(
+        f"inq verify: error: {plain} is an ONNX model; inq verify takes a QONNX model"
+    )
+
+
+def test_without_the_fpga_extra_eval_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    onnx.save(qonnx_graph(residual_integer_model(), shape=(2, 4, 4)), tmp_path / "r.onnx")
+    for name in [m for m in sys.modules if m.startswith("qonnx.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "qonnx", None)  # import qonnx fails: not installed
+    assert main(["eval", str(tmp_path / "r.onnx"), "--data", "digits"]) == 1
+    assert capsys.readouterr().err == (
+        "inq eval: error: QONNX needs the fpga extra: pip install 'inq[fpga]' (qonnx is missing)\n"
+    )
