@@ -135,8 +135,9 @@ class ResidualRelu6(nn.Module):
 
 
 def _residual_relu6_model() -> IntegerModel:
-    """:class:`ResidualRelu6` at 5 bits with random BatchNorm scales (negative ones too),
-    calibrated on inputs large enough that both ReLU6 cut at 6 below their type's top."""
+    """:class:`ResidualRelu6` at 3 bits with a level set per output channel (``mse`` n1) and
+    random BatchNorm scales (negative ones too), calibrated on inputs large enough that both
+    ReLU6 cut at 6 below their type's top."""
     from inq.quant.lower import Lowering
 
     torch.manual_seed(0)
@@ -145,15 +146,16 @@ def _residual_relu6_model() -> IntegerModel:
         for bn in (net.conv[1], net.branch[1]):
             bn.running_var.uniform_(0.5, 1.5)
             bn.weight.uniform_(-1.5, 1.5)
-    lowering = Lowering(packed_model(net), act_bits=8)
+    lowering = Lowering(packed_model(net, 3, granularity="channel", n1_rule="mse"), act_bits=8)
     gen = torch.Generator().manual_seed(2)
     lowering.calibrate([4 * torch.randn(16, 3, 8, 8, generator=gen) for _ in range(2)])
     return lowering.integer_model({"model": {}, "data": {}, "act_bits": 8, "input_bits": 8})
 
 
 @pytest.mark.slow
-def test_a_residual_block_with_relu6_clamps_is_exact_too(tmp_path: Path) -> None:
+def test_a_residual_block_with_relu6_clamps_and_channel_level_sets_is_exact(tmp_path) -> None:
     model = _residual_relu6_model()
+    assert all(isinstance(op.attrs["n1"], list) for op in model.ops if op.op == "conv")
     kinds = {op.op for op in model.ops if op.attrs.get("hi") not in (None, 127, 255, 2**31 - 1)}
     assert kinds == {"conv", "add"}  # both ReLU6 cut below their type's top
     hls_model, layers = export_hls4ml(model, tmp_path / "prj", (3, 8, 8))
