@@ -505,12 +505,7 @@ class OnnxModel(nn.Module):
             )
         except Exception as err:  # onnx and onnxruntime raise their own kinds
             raise ValueError(f"{path}: cannot load as ONNX ({err})") from None
-        props = {p.key: p.value for p in proto.metadata_props}
-        try:
-            self.model: dict[str, Any] = json.loads(props.get("inq_model", "{}"))
-            self.data: dict[str, Any] = json.loads(props.get("inq_data", "{}"))
-        except ValueError as err:
-            raise ValueError(f"{path}: its inq_model or inq_data is not JSON ({err})") from None
+        self.model, self.data = recorded_descriptions(proto, path)
         self.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
                           None)  # fmt: skip
         self.nodes, self.initializers = len(proto.graph.node), len(proto.graph.initializer)
@@ -539,6 +534,22 @@ class OnnxModel(nn.Module):
             )
         out = self.session.run(None, {self.input: x.detach().cpu().float().numpy()})[0]
         return torch.from_numpy(out)
+
+
+def recorded_descriptions(
+    proto: Any, path: str | os.PathLike[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model and data descriptions an inq export records in ``proto``'s ``metadata_props``
+    (``inq_model``, ``inq_data``; empty where absent).
+
+    Raises:
+        ValueError: a description that is not JSON, naming ``path``.
+    """
+    props = {p.key: p.value for p in proto.metadata_props}
+    try:
+        return json.loads(props.get("inq_model", "{}")), json.loads(props.get("inq_data", "{}"))
+    except ValueError as err:
+        raise ValueError(f"{path}: its inq_model or inq_data is not JSON ({err})") from None
 
 
 def load_onnx(path: str | os.PathLike[str]) -> Any:

@@ -49,6 +49,7 @@ import torch
 
 from inq.codes import decode_weight
 from inq.data import data_record
+from inq.export_onnx import recorded_descriptions
 from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
 
 __all__ = [
@@ -206,12 +207,7 @@ class QonnxModel(torch.nn.Module):
         super().__init__()
         _modules()  # the fpga extra, before any work
         self.proto = proto
-        props = {p.key: p.value for p in proto.metadata_props}
-        try:
-            self.model: dict[str, Any] = json.loads(props.get("inq_model", "{}"))
-            self.data: dict[str, Any] = json.loads(props.get("inq_data", "{}"))
-        except ValueError as err:
-            raise ValueError(f"{path}: its inq_model or inq_data is not JSON ({err})") from None
+        self.model, self.data = recorded_descriptions(proto, path)
         dims = proto.graph.input[0].type.tensor_type.shape.dim
         self.input_shape = [d.dim_value or None for d in dims][1:]  # one input's (C, H, W)
         self.batch = max(1, min(EVAL_BATCH, EVAL_MEMORY // _bytes_per_input(proto)))
