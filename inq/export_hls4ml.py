@@ -435,18 +435,23 @@ def _clear(out: Path, force: bool) -> Path | None:
     ``None`` when there was nothing there.
 
     Raises:
-        ValueError: ``out`` is a file, or a directory that is not empty and no ``force``.
+        ValueError: ``out`` is a file, a directory that is not empty and no ``force``, or
+            a place where no directory can be made.
     """
     if out.exists() and not out.is_dir():
         raise ValueError(f"-o {out}: a file; the hls4ml project is a directory")
-    if not out.exists() or not any(out.iterdir()):
-        out.mkdir(parents=True, exist_ok=True)
-        return None
-    if not force:
+    if out.is_dir() and any(out.iterdir()) and not force:
         raise ValueError(f"{out} is not empty; choose another -o, or --force to replace it")
-    aside = out.with_name(f".{out.name}.replaced-{os.getpid()}")
-    out.rename(aside)
-    out.mkdir()
+    aside = None
+    try:
+        if out.is_dir() and any(out.iterdir()):
+            aside = out.with_name(f".{out.name}.replaced-{os.getpid()}")
+            out.rename(aside)
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        if aside is not None and not out.exists():
+            aside.rename(out)
+        raise ValueError(f"-o {out}: cannot write the project there ({err.strerror})") from None
     return aside
 
 
