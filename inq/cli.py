@@ -135,6 +135,10 @@ def _export_args(p: argparse.ArgumentParser) -> None:
         "pip install 'inq[fpga]') and compile its C simulation with g++: it computes the integer "
         "model bit for bit",
     )
+    p.add_argument("--io", choices=("parallel", "stream"), default="parallel",
+                   help="with --hls4ml: hls4ml's io_type (parallel: every layer unrolled; stream: "
+                   "line buffers, for images larger than digits' 8x8: compiles in minutes "
+                   "where parallel does not)")  # fmt: skip
     p.add_argument("--data", nargs="*", default=[], metavar="NAME|KEY=VALUE",
                    help="with --onnx/--qonnx/--hls4ml, for a file that records no data: the input "
                    "size")  # fmt: skip
@@ -311,9 +315,10 @@ def _export_hls4ml(args: argparse.Namespace) -> int:
     output = Path(args.output)
     int_model = open_artefact(header)
     data, _ = command_data(int_model.info.get("data", {}), args.data)
+    io_type = f"io_{args.io}"
     _, layers = export_hls4ml(int_model, output, input_shape(data), args.force, lambda: print(
-        f"{header.path} -> {output}: hls4ml project ({HLS_BACKEND}, io_parallel); compiling its "
-        "C simulation with g++ ...", flush=True))  # fmt: skip
+        f"{header.path} -> {output}: hls4ml project ({HLS_BACKEND}, {io_type}); compiling its "
+        "C simulation with g++ ...", flush=True), io_type)  # fmt: skip
     print(f"{'layer':<12} {'op':<6} {'weight':<12} {'accum':<14} {'scale':<14} {'result':<20} "
           "non-pow2")  # fmt: skip
     for layer in layers:

@@ -54,10 +54,19 @@ from torch import nn
 from inq.codes import decode_weight
 from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
 
-__all__ = ["BACKEND", "HlsLayer", "exact_type", "export_hls4ml", "hls_shadow", "run_csim"]
+__all__ = [
+    "BACKEND",
+    "IO_TYPES",
+    "HlsLayer",
+    "exact_type",
+    "export_hls4ml",
+    "hls_shadow",
+    "run_csim",
+]
 
 BACKEND = "Vitis"  # hls4ml's backend for Vitis HLS (its C simulation needs only g++)
 BUILD_LOG = "inq_build.log"
+IO_TYPES = ("io_parallel", "io_stream")
 
 
 @dataclass
@@ -83,9 +92,9 @@ def exact_type(values: np.ndarray, rounding: str = "") -> str:
         >>> exact_type(np.array([3.0, 0.125]))
         'ufixed<5,2>'
     """
-    finite = values[values != 0].astype(np.float64)
-    lsb = min((_lowest_bit(float(v)) for v in finite.flat), default=0)
-    ints = np.ldexp(values.astype(np.float64), -lsb)
+    nonzero = values[values != 0].astype(np.float64)
+    lsb = min((_lowest_bit(float(v)) for v in nonzero.flat), default=0)
+    ints = np.ldexp(values.astype(np.float64), -lsb)  # exact: a power-of-two scaling
     return _fixed(lsb, int(ints.min()), int(ints.max()), rounding)
 
 
@@ -103,9 +112,9 @@ def _fixed(lsb: int, lo: int, hi: int, rounding: str = "") -> str:
     return f"{kind}<{bits},{bits + lsb}{',' + rounding if rounding else ''}>"
 
 
-def _type_range(lo: int, hi: int) -> tuple[int, int, bool]:
+def _type_range(lo: int, hi: int) -> tuple[int, bool, bool]:
     """The bits of the narrowest (un)signed type holding ``lo..hi``, and whether that type's
-    whole range is ``lo..hi`` (so its saturation is the op's clamp)."""
+    whole range is ``lo..hi`` (so its saturation is the op's clamp), and whether it is signed."""
     if lo < 0:
         bits = max((-lo - 1).bit_length(), hi.bit_length()) + 1
         return bits, lo == -(1 << (bits - 1)) and hi == (1 << (bits - 1)) - 1, True
@@ -378,10 +387,15 @@ def export_hls4ml(
     shape: Sequence[int] | None = None,
     force: bool = False,
     before_compile: Callable[[], None] | None = None,
+    io_type: str = "io_parallel",
 ) -> tuple[Any, list[HlsLayer]]:
-    """Write ``model`` as an hls4ml project in ``out_dir`` (backend :data:`BACKEND`,
-    ``io_parallel``) and compile its C simulation with g++; returns the compiled hls4ml model
-    (``predict`` runs the C++) and its layers with the types ``inq`` set.
+    """Write ``model`` as an hls4ml project in ``out_dir`` (backend :data:`BACKEND`) and
+    compile its C simulation with g++; returns the compiled hls4ml model (``predict`` runs the
+    C++) and its layers with the types ``inq`` set.
+
+    ``io_type`` is hls4ml's: ``io_parallel`` (every layer unrolled, the lowest latency; its C++
+    grows with the image: fine for digits, too big to compile quickly for 28x28 maps) or
+    ``io_stream`` (line buffers; the same arithmetic and types, so equally exact).
 
     ``out_dir`` must be absent or empty, or ``force`` set: then the old directory is moved
     aside and restored if anything fails, so a failed export loses nothing.
@@ -393,6 +407,8 @@ def export_hls4ml(
             empty, a compile failure (the compiler's first error line and the log's path).
     """
     hls4ml = _hls4ml()
+    if io_type not in IO_TYPES:
+        raise ValueError(f"io_type {io_type!r}: use one of {', '.join(IO_TYPES)}")
     out = Path(out_dir)
     shadow, input_type, layers = hls_shadow(model)  # refusals come before any writing
     dims = _input_dims(model, shape)
@@ -400,7 +416,7 @@ def export_hls4ml(
     if before_compile is not None:
         before_compile()
     try:
-        hls_model = _convert(hls4ml, shadow, dims, input_type, layers, out)
+        hls_model = _convert(hls4ml, shadow, dims, input_type, layers, out, io_type)
         _check_written(hls_model, layers, out)
         _check_csim(model, hls_model, dims)
     except BaseException:
@@ -456,7 +472,7 @@ def _clear(out: Path, force: bool) -> Path | None:
 
 
 def _convert(hls4ml: Any, shadow: _Shadow, dims: list[int], input_type: str,
-             layers: list[HlsLayer], out: Path) -> Any:  # fmt: skip
+             layers: list[HlsLayer], out: Path, io_type: str) -> Any:  # fmt: skip
     """hls4ml's converter on ``shadow`` with every type set, then ``compile()``; its printing
     goes to ``out/inq_build.log``."""
     log = out / BUILD_LOG
@@ -473,7 +489,7 @@ def _convert(hls4ml: Any, shadow: _Shadow, dims: list[int], input_type: str,
                 raise ValueError(f"hls4ml made no layer {layer.name} (of op {layer.op})")
             names[layer.name]["Precision"].update(layer.types)
         hls_model = hls4ml.converters.convert_from_pytorch_model(
-            shadow, output_dir=str(out), backend=BACKEND, io_type="io_parallel",
+            shadow, output_dir=str(out), backend=BACKEND, io_type=io_type,
             hls_config=config,
         )  # fmt: skip
         try:

@@ -153,12 +153,15 @@ def _residual_relu6_model() -> IntegerModel:
 
 
 @pytest.mark.slow
-def test_a_residual_block_with_relu6_clamps_and_channel_level_sets_is_exact(tmp_path) -> None:
+@pytest.mark.parametrize("io_type", ["io_parallel", "io_stream"])
+def test_a_residual_block_with_relu6_clamps_and_channel_level_sets_is_exact(
+    io_type: str, tmp_path: Path
+) -> None:
     model = _residual_relu6_model()
     assert all(isinstance(op.attrs["n1"], list) for op in model.ops if op.op == "conv")
     kinds = {op.op for op in model.ops if op.attrs.get("hi") not in (None, 127, 255, 2**31 - 1)}
     assert kinds == {"conv", "add"}  # both ReLU6 cut below their type's top
-    hls_model, layers = export_hls4ml(model, tmp_path / "prj", (3, 8, 8))
+    hls_model, layers = export_hls4ml(model, tmp_path / "prj", (3, 8, 8), io_type=io_type)
     assert {layer.name for layer in layers} >= {"add", "sub", "sub_1"}
     x = 4 * torch.randn(512, 3, 8, 8, generator=torch.Generator().manual_seed(5))
     assert np.array_equal(run_csim(hls_model, x.numpy()), _expected(model, x))
