@@ -9,11 +9,16 @@ tool reads each activation's fixed-point type from the graph. The arithmetic bet
   model quantizes its input;
 - ``conv``/``linear``: the power-of-two weights as float32 initializers ``w * 2**-frac`` behind a
   ``Quant`` node (``scale = 2**-frac``: each weight an integer of the layer's width there), a
-  float32 ``Conv``/``Gemm`` (exact: the accumulator of every layer is checked below ``2**24``,
-  the integers float32 holds), then the integer requantization in int64 ops,
+  float32 ``Conv``/``Gemm`` (exact: its accumulator bound is checked below ``2**24``, the
+  integers float32 holds), then the integer requantization in int64 ops,
   ``(acc + bias) * multiplier + 2**(shift-1)`` floor-divided by ``2**shift`` (``Div`` of a
   dividend made non-negative by an offset, so its truncation is a floor), clipped to
-  ``[lo, hi]``: the integer model's arithmetic, not a float approximation of it;
+  ``[lo, hi]``: the integer model's arithmetic, not a float approximation of it. Where one
+  ``Conv`` cannot be exact the weights go in exponent bands summed in int64: the integer
+  weights in as few bands of consecutive exponents as keep each band's bound below ``2**24``
+  (wide 8-bit layers), and the terms the integer model floors one by one (a level set reaching
+  below the layer's ``frac``, capped by its int32 accumulator), ``floor(±x / 2**d)`` per
+  ``d``, as ``Floor`` of the input times ``±2**-d`` (exact) convolved with that band's 0/1 taps;
 - ``add``, ``avgpool``: the same int64 requantization of ``x * m_x + y * m_y`` or of the window
   sum;
 - ``relu``, ``clamp``, ``maxpool``, ``flatten``, ``pad``: the ONNX op on the real values (exact).
@@ -21,15 +26,17 @@ tool reads each activation's fixed-point type from the graph. The arithmetic bet
 The file records, in its ``metadata_props``, the model and data descriptions (``inq_model``,
 ``inq_data``, as the plain ONNX export does: ``inq eval`` evaluates it on that data) and each
 conv/linear layer's level set under ``inq_levels/<Conv or Gemm node>``: ``{"op", "bits",
-"n1", "frac"}`` (``n1`` an int, or one per output channel). Its weights are stored as
-``w * 2**-n1`` (each channel's ``2**n1`` is in its requantization multiplier), so every stored
-weight is 0 or ``±2**e`` with ``1 - 2**(bits-2) <= e <= 0``, and an integer on its ``Quant``
-node's grid ``2**-frac``: what ``inq verify`` checks (:func:`qonnx_levels`).
+"n1", "frac"}`` (``n1`` an int, or one per output channel; a layer in bands has one entry
+per band, ``frac`` the band's grid, and a floored band ``"floor": d`` and ``"sign"``). Its
+weights are stored as ``w * 2**-n1`` (each channel's ``2**n1`` is in its requantization
+multiplier), so every stored weight is 0 or ``±2**e`` with ``1 - 2**(bits-2) <= e <= 0``, and
+an integer on its ``Quant`` node's grid ``2**-frac`` (a floored band's taps are 0 or 1): what
+``inq verify`` checks (:func:`qonnx_levels`).
 
 Refused, in one line naming the layer: activation scales that are not powers of two
-(``--float-scales``: ``q * scale`` would round in float32), a level set reaching below the
-layer's ``frac`` (those terms are floored one by one in the integer model), an accumulator
-bound at or above ``2**24``.
+(``--float-scales``: ``q * scale`` would round in float32), windowed average pooling (no model
+of the README has it; global pooling is exported), a band whose accumulator bound reaches
+``2**24`` (the weights of one exponent alone; no conv of fewer than 65,000 terms).
 
 Example::
 
@@ -136,9 +143,10 @@ def qonnx_graph(model: IntegerModel, batch: int = 1, shape: Sequence[int] | None
         producer_name="inq",
     )
     info = model.info
+    data = info.get("data") or {}
     records = {
         "inq_model": info.get("model") or {},
-        "inq_data": data_record(info.get("data") or {}),
+        "inq_data": data_record(data) if "name" in data else data,  # a data set's, or a shape
         **{LEVELS_KEY + node: levels for node, levels in graph.levels.items()},
     }
     proto.metadata_props.extend(
@@ -337,41 +345,37 @@ class _Graph:
         )  # fmt: skip
 
     def _weight_op(self, op: IntOp, tensors: dict[str, torch.Tensor]) -> None:
-        from onnx import TensorProto
-
+        """Bands of weights summed in int64 (:func:`_integer_groups`, :meth:`_floored_band`),
+        then the bias and the requantization."""
         a = op.attrs
         x_op = self.ops[op.inputs[0]]
         shape = (
             tuple(a["weight_shape"]) if op.op == "conv" else (a["out_features"], a["in_features"])
         )
-        ints = decode_weight(tensors["codes"], a["bits"], a["frac"], shape, torch.float64)
-        if not bool((ints == ints.round()).all()):
-            raise ValueError(
-                f"{op.name}: its level set reaches below the layer's frac ({a['frac']}); the "
-                "integer model floors those terms one by one, which a float Conv cannot; not "
-                "exported"
-            )
-        x_max = max(abs(x_op.attrs["lo"]), abs(x_op.attrs["hi"]))
+        x_lo, x_hi = x_op.attrs["lo"], x_op.attrs["hi"]
+        x_max = max(abs(x_lo), abs(x_hi))
         bound = int(accumulator_bound(tensors["codes"], a["bits"], a["frac"], x_max).max())
-        if bound >= EXACT_FLOAT32:
-            raise ValueError(
-                f"{op.name}: its accumulator may reach {bound}, beyond the 2**24 that float32 "
-                "holds exactly; not exported"
-            )
-        step = 2.0 ** -a["frac"]
-        weight = self.const("w", (ints * step).float().numpy())
-        weight = self._quant(weight, step, int(ints.min()), int(ints.max()), f"{op.name}_w")
-        x = self.reals[op.inputs[0]]
-        if op.op == "linear":
-            acc = self.node("Gemm", [x, weight], f"{op.name}_gemm", transB=1)
-        else:
-            acc = self.node("Conv", [x, weight], f"{op.name}_conv", strides=a["stride"],
-                            pads=a["padding"] * 2, dilations=a["dilation"],
-                            group=a["groups"])  # fmt: skip
-        self.levels[acc] = {"op": op.name, "bits": a["bits"], "n1": a["n1"], "frac": a["frac"]}
-        unit = np.float32(x_op.attrs["scale"] * step)  # a power of two: the division is exact
-        acc = self.node("Div", [acc, self.const("unit", unit)], f"{op.name}_units")
-        acc = self.node("Cast", [acc], f"{op.name}_acc", to=TensorProto.INT64)
+        levels = decode_weight(tensors["codes"], a["bits"], 0, shape, torch.float64).numpy()
+        signs = np.sign(levels).astype(np.int64)
+        offsets = np.where(signs != 0, -np.log2(np.where(signs != 0, np.abs(levels), 1)), 0)
+        offsets = offsets.astype(np.int64)
+        terms = [
+            self._integer_band(op, np.where(band, signs << np.maximum(top - offsets, 0), 0), top)
+            for band, top in _integer_groups(op.name, signs, offsets, a["frac"], x_max)
+        ]
+        # floor(s * x / 2**d) is the same for every d with 2**d > x_max: one band for them
+        shifts = np.minimum(offsets - a["frac"], x_max.bit_length())
+        for d in sorted(set(shifts[(signs != 0) & (shifts > 0)].tolist())):
+            for sign in (1, -1):  # the sign goes in before the floor
+                taps = ((shifts == d) & (signs == sign)).astype(np.int64)
+                low, high = sorted((sign * x_lo >> d, sign * x_hi >> d))
+                if taps.any() and (low, high) != (0, 0):  # all zero: floors to 0 whatever x
+                    terms.append(self._floored_band(op, taps, d, sign, low, high))
+        if not terms:  # an all-zero layer
+            terms.append(self._integer_band(op, np.zeros(shape, np.int64), a["frac"]))
+        acc = terms[0]
+        for term in terms[1:]:
+            acc = self.node("Add", [acc, term], f"{op.name}_bands")
         view = (1, -1) if op.op == "linear" else (1, -1, 1, 1)
         acc = self.node("Add", [acc, self.const("bias", _int64(tensors["bias"], view))],
                         f"{op.name}_bias")  # fmt: skip
@@ -380,6 +384,59 @@ class _Graph:
         if largest + (1 << int(shift.max())) >= INT64_LIMIT:
             raise ValueError(f"{op.name}: its requantization may reach 2**62; not exported")
         self._integers(op, self._requantize(op, acc, multiplier, shift))
+
+    def _layer(self, op: IntOp, x: str, weight: str, stem: str) -> str:
+        """The float32 ``Conv``/``Gemm`` of ``op``'s geometry on ``x`` and ``weight``."""
+        a = op.attrs
+        if op.op == "linear":
+            return self.node("Gemm", [x, weight], f"{stem}_gemm", transB=1)
+        return self.node("Conv", [x, weight], f"{stem}_conv", strides=a["stride"],
+                         pads=a["padding"] * 2, dilations=a["dilation"],
+                         group=a["groups"])  # fmt: skip
+
+    def _integer_band(self, op: IntOp, ints: np.ndarray, top: int) -> str:
+        """The int64 accumulator (units ``2**-frac``) of the integer weights ``ints`` (units
+        ``2**-top``): a float32 layer on the real input (exact: the band's bound is below
+        ``2**24``, :func:`_integer_groups`), divided by its unit, times ``2**(frac - top)``."""
+        from onnx import TensorProto
+
+        x_op, frac = self.ops[op.inputs[0]], op.attrs["frac"]
+        step = 2.0**-top
+        weight = self.const("w", (ints * step).astype(np.float32))
+        weight = self._quant(weight, step, int(ints.min()), int(ints.max()), f"{op.name}_w")
+        acc = self._layer(op, self.reals[op.inputs[0]], weight, op.name)
+        self.levels[acc] = {"op": op.name, "bits": op.attrs["bits"], "n1": op.attrs["n1"],
+                            "frac": top}  # fmt: skip
+        unit = np.float32(x_op.attrs["scale"] * step)  # a power of two: the division is exact
+        acc = self.node("Div", [acc, self.const("unit", unit)], f"{op.name}_units")
+        acc = self.node("Cast", [acc], f"{op.name}_acc", to=TensorProto.INT64)
+        if top == frac:
+            return acc
+        return self.node("Mul", [acc, self.const("up", np.int64(1 << (frac - top)))],
+                         f"{op.name}_up")  # fmt: skip
+
+    def _floored_band(
+        self, op: IntOp, taps: np.ndarray, d: int, sign: int, low: int, high: int
+    ) -> str:
+        """The int64 sum of ``floor(sign * x / 2**d)`` over the 0/1 ``taps``: the terms the
+        integer model floors one by one (offset ``frac + d``), each floored exactly in float32
+        (a power-of-two product), behind a ``Quant`` of its range ``[low, high]``, then a
+        float32 layer with the taps (exact: the band's bound is checked below ``2**24``)."""
+        from onnx import TensorProto
+
+        x_op = self.ops[op.inputs[0]]
+        rows = taps.reshape(taps.shape[0], -1).sum(axis=1)
+        if int(rows.max()) * max(abs(low), abs(high)) >= EXACT_FLOAT32:
+            raise ValueError(f"{op.name}: a floored band's accumulator reaches 2**24; not exported")
+        stem = f"{op.name}_d{d}" + ("n" if sign < 0 else "")
+        factor = np.float32(sign * 2.0**-d / x_op.attrs["scale"])
+        x = self.node("Mul", [self.reals[op.inputs[0]], self.const("f", factor)], f"{stem}_x")
+        x = self._quant(self.node("Floor", [x], f"{stem}_floor"), 1.0, low, high, stem)
+        weight = self._quant(self.const("w", taps.astype(np.float32)), 1.0, 0, 1, f"{stem}_w")
+        acc = self._layer(op, x, weight, stem)
+        self.levels[acc] = {"op": op.name, "bits": op.attrs["bits"], "n1": op.attrs["n1"],
+                            "frac": 0, "floor": d, "sign": sign}  # fmt: skip
+        return self.node("Cast", [acc], f"{stem}_acc", to=TensorProto.INT64)
 
     def _avgpool(self, op: IntOp) -> str:
         a = op.attrs
@@ -427,6 +484,37 @@ class _Graph:
         else:
             raise ValueError(f"{op.name}: op {kind} has no QONNX form here yet")
         self._integers(op, y)
+
+
+def _integer_groups(
+    name: str, signs: np.ndarray, offsets: np.ndarray, frac: int, x_max: int
+) -> list[tuple[np.ndarray, int]]:
+    """The weights at offsets ``<= frac`` (integers in accumulator units) as bands of
+    consecutive offsets, each a mask and its largest offset ``top`` (the band's weights are the
+    integers ``±2**(top - offset)``), as few as keep every band's accumulator bound
+    ``x_max * sum |weight|`` per output row below ``2**24``: one band wherever the layer's
+    bound allows.
+
+    Raises:
+        ValueError: if the weights of one offset alone may reach ``2**24``.
+    """
+    rows = signs.shape[0]
+    groups: list[tuple[list[int], np.ndarray]] = []
+    for offset in sorted(set(offsets[signs != 0].tolist()) & set(range(frac + 1))):
+        count = ((offsets == offset) & (signs != 0)).reshape(rows, -1).sum(axis=1)
+        if int(count.max()) * x_max >= EXACT_FLOAT32:
+            raise ValueError(
+                f"{name}: its accumulator may reach {int(count.max()) * x_max} in one band, "
+                "beyond the 2**24 that float32 holds exactly; not exported"
+            )
+        if groups:
+            members, sums = groups[-1]
+            grown = sums * (1 << (offset - members[-1])) + count * x_max
+            if int(grown.max()) < EXACT_FLOAT32:
+                groups[-1] = ([*members, offset], grown)
+                continue
+        groups.append(([offset], count * x_max))
+    return [(np.isin(offsets, members) & (signs != 0), members[-1]) for members, _ in groups]
 
 
 def _input_dims(model: IntegerModel, batch: int, given: Sequence[int] | None) -> list[int]:

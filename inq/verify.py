@@ -234,11 +234,12 @@ def _qonnx_layer(
     if bad is not None:
         return LayerReport(node.name, 0, None, None, None, bad)
     bits, n1, frac = record["bits"], metadata_n1(record["n1"]), record["frac"]
+    floored = "floor" in record  # a band of terms floored one by one: 0/1 taps on a unit grid
     problems = [
         p
         for p in (
             _quant_problem(quant, values, frac),
-            _stored_level_problem(weight, bits, n1),
+            _taps_problem(weight) if floored else _stored_level_problem(weight, bits, n1),
             _grid_problem(weight, quant, values, frac),
         )
         if p is not None
@@ -290,6 +291,12 @@ def _stored_level_problem(weight: np.ndarray, bits: int, n1: N1) -> str | None:
         f"(stored as w * 2**-n1: 0 or ±2**{lowest}..±1; first: "
         f"{float(weight.flat[index])!r} at flat index {index})"
     )
+
+
+def _taps_problem(weight: np.ndarray) -> str | None:
+    """Why a floored band's taps are not all 0 or 1."""
+    bad = int(((weight != 0) & (weight != 1)).sum())
+    return f"{bad} tap(s) of a floored band not 0 or 1" if bad else None
 
 
 def _grid_problem(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -92,16 +92,35 @@ def digits_masked(folder: Path, data: dict | None = None, name: str = "d") -> Pa
     return path
 
 
-def digits_run(folder: Path, bits: int = 5, epochs: int = 4) -> tuple[Path, nn.Module]:
-    """Train the app's digits CNN briefly, run INQ (two stages), save the masked checkpoint."""
+def digits_run(
+    folder: Path, bits: int = 5, epochs: int = 4, **levels: Any
+) -> tuple[Path, nn.Module]:
+    """Train the app's digits CNN briefly, run INQ (two stages), save the masked checkpoint;
+    ``levels`` go to the scheduler (``layer_bits``, ``n1_rule``, ``granularity``)."""
+    return trained_run(folder, DIGITS_MODEL, DIGITS_DATA, bits, epochs, **levels)
+
+
+def trained_run(
+    folder: Path,
+    model_cfg: dict[str, Any],
+    data: dict[str, Any],
+    bits: int,
+    epochs: int,
+    train_size: int | None = None,
+    lr: float = 2e-2,
+    **levels: Any,
+) -> tuple[Path, nn.Module]:
+    """Train ``model_cfg`` on the first ``train_size`` training images of ``data`` (Adam,
+    batches of 256) for ``epochs``, run INQ (portions 0.5, 1.0, ``epochs // 2`` each) with the
+    scheduler options ``levels``, and save the masked checkpoint in ``folder``."""
     from inq.data import build_datasets
     from inq.models import build_model
 
     torch.manual_seed(0)
-    model = build_model(DIGITS_MODEL)
-    train, _ = build_datasets(DIGITS_DATA)
-    x, y = train.tensors
-    optimizer = torch.optim.Adam(model.parameters(), lr=2e-2)
+    model = build_model(model_cfg)
+    train, _ = build_datasets(data)
+    x, y = (t[:train_size] for t in train.tensors)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
 
     def fit(n: int) -> None:
         model.train()
@@ -115,15 +134,15 @@ def digits_run(folder: Path, bits: int = 5, epochs: int = 4) -> tuple[Path, nn.M
     torch.set_num_threads(1)  # tiny tensors: one thread is fastest, and the cores are shared
     try:
         fit(epochs)
-        sched = INQScheduler(model, bits=bits, portions=(0.5, 1.0))
+        sched = INQScheduler(model, bits=bits, portions=(0.5, 1.0), **levels)
         sched.attach(optimizer)
         while not sched.done:
             sched.step()
             fit(epochs // 2)
     finally:
         torch.set_num_threads(threads)
-    path = folder / "digits.safetensors"
-    save_masked(path, model, sched, DIGITS_MODEL)
+    path = folder / f"{data['name']}.safetensors"
+    save_masked(path, model, sched, model_cfg)
     return path, model.eval()
 
 
