@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from inq.data import FASHION_MNIST_ROOT
 from inq.masked import save_masked
 from inq.scheduler import INQScheduler
 
@@ -297,3 +298,33 @@ def quantize_on(
     finetune = finetune_loader(data, seed=0) if settings.epochs else ()
     record = data_record(data)
     return quantize(packed, calibration, settings, finetune=finetune, data=record, distill=distill)
+
+
+FASHION_DATA = {"name": "fashion_mnist", "root": FASHION_MNIST_ROOT, "num_classes": 10,
+                "in_channels": 1, "image_size": 28, "eval_batch_size": 256}  # fmt: skip
+FASHION_MODEL = {"name": "mnist_cnn", "num_classes": 10, "in_channels": 1}
+FASHION_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                 "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")  # fmt: skip
+
+
+def fashion_integer_model(folder: Path, bits: int, eight_bit_ends: bool = False) -> IntegerModel:
+    """The README's Fashion-MNIST CNN trained briefly (:func:`trained_run`, 1,000 images) at
+    ``bits`` (first and last layer at 8 bits with ``eight_bit_ends``), as an integer model
+    (8-bit activations, 2 calibration batches). Skips the test, naming the package, where the
+    data set is not installed."""
+    import pytest
+
+    from inq.masked import load_masked
+    from inq.packed import packed_from_masked
+    from inq.quant.pipeline import QuantSettings
+
+    root = Path(str(FASHION_DATA["root"]))
+    if not all((root / f).is_file() for f in FASHION_FILES):
+        pytest.skip(f"Fashion-MNIST is not in {root} (needs the package dataset-fashion-mnist: "
+                    "apt-get install dataset-fashion-mnist)")  # fmt: skip
+    levels = {"layer_bits": {"0": 8, "15": 8}} if eight_bit_ends else {}
+    masked, _ = trained_run(folder, FASHION_MODEL, FASHION_DATA, bits, epochs=2,
+                            train_size=1000, lr=2e-3, **levels)  # fmt: skip
+    model, _ = quantize_on(packed_from_masked(load_masked(masked)), FASHION_DATA,
+                           QuantSettings(act_bits=8, batches=2))  # fmt: skip
+    return model

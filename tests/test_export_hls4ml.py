@@ -21,7 +21,9 @@ import pytest
 import torch
 from export_fixtures import (
     DIGITS_DATA,
+    FASHION_DATA,
     digits_run,
+    fashion_integer_model,
     mobilenet_integer_model,
     packed_model,
     quantize_on,
@@ -164,6 +166,20 @@ def test_a_residual_block_with_relu6_clamps_and_channel_level_sets_is_exact(
     hls_model, layers = export_hls4ml(model, tmp_path / "prj", (3, 8, 8), io_type=io_type)
     assert {layer.name for layer in layers} >= {"add", "sub", "sub_1"}
     x = 4 * torch.randn(512, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+    assert np.array_equal(run_csim(hls_model, x.numpy()), _expected(model, x))
+
+
+@pytest.mark.slow
+def test_the_readme_fashion_mnist_cnn_with_8_bit_ends_streams_exactly(tmp_path: Path) -> None:
+    """Per-layer bits (first and last layer 8-bit, the rest 4-bit) on 28x28 maps, where only
+    ``io_stream`` compiles in reasonable time."""
+    model = fashion_integer_model(tmp_path, 4, eight_bit_ends=True)
+    weight_ops = [op for op in model.ops if op.op in ("conv", "linear")]
+    assert [op.attrs["bits"] for op in weight_ops] == [8, 4, 4, 4, 8]
+    hls_model, layers = export_hls4ml(model, tmp_path / "prj", io_type="io_stream")
+    assert all(layer.non_pow2 == 0 for layer in layers if "weight" in layer.types)
+    x, _ = build_datasets(FASHION_DATA)[1].tensors
+    x = x[:100]
     assert np.array_equal(run_csim(hls_model, x.numpy()), _expected(model, x))
 
 

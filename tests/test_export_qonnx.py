@@ -18,26 +18,24 @@ import pytest
 import torch
 from export_fixtures import (
     DIGITS_DATA,
+    FASHION_DATA,
     digits_run,
+    fashion_integer_model,
     mobilenet_inputs,
     mobilenet_integer_model,
     quantize_on,
     residual_integer_model,
-    trained_run,
 )
 from onnx import numpy_helper
 
 from inq.cli import main
-from inq.data import FASHION_MNIST_ROOT, build_datasets
+from inq.data import build_datasets
 from inq.export_qonnx import LEVELS_KEY, export_qonnx, qonnx_graph, run_qonnx
 from inq.masked import load_masked
 from inq.packed import packed_from_masked
 from inq.quant.integer import IntegerModel, save_integer
 from inq.quant.pipeline import QuantSettings
 from inq.verify import verify_qonnx
-
-FASHION_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-                 "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")  # fmt: skip
 
 
 def _expected(model: IntegerModel, x: torch.Tensor) -> np.ndarray:
@@ -319,27 +317,12 @@ def test_terms_below_frac_are_exact_in_exponent_bands(relu: bool) -> None:
     assert not report.other_problems
 
 
-FASHION_DATA = {"name": "fashion_mnist", "root": FASHION_MNIST_ROOT, "num_classes": 10,
-                "in_channels": 1, "image_size": 28, "eval_batch_size": 256}  # fmt: skip
-FASHION_MODEL = {"name": "mnist_cnn", "num_classes": 10, "in_channels": 1}
-
-
 @pytest.fixture(scope="module", params=["2", "4", "5", "4, 8-bit ends"])
 def fashion(request, tmp_path_factory: pytest.TempPathFactory) -> IntegerModel:
-    """The README's Fashion-MNIST CNN trained briefly (1,000 images) at 2, 4 and 5 bits, and
-    at 4 bits with the first and last layer at 8 bits, as an integer model (8-bit
-    activations, 2 calibration batches)."""
-    if not all((Path(FASHION_MNIST_ROOT) / f).is_file() for f in FASHION_FILES):
-        pytest.skip(f"Fashion-MNIST is not in {FASHION_MNIST_ROOT} (needs the package "
-                    "dataset-fashion-mnist: apt-get install dataset-fashion-mnist)")  # fmt: skip
+    """The README's Fashion-MNIST CNN trained briefly at 2, 4 and 5 bits, and at 4 bits with the
+    first and last layer at 8 bits, as an integer model (:func:`fashion_integer_model`)."""
     bits, *ends = request.param.split(",")
-    levels = {"layer_bits": {"0": 8, "15": 8}} if ends else {}
-    folder = tmp_path_factory.mktemp("fashion")
-    masked, _ = trained_run(folder, FASHION_MODEL, FASHION_DATA, int(bits), epochs=2,
-                            train_size=1000, lr=2e-3, **levels)  # fmt: skip
-    model, _ = quantize_on(packed_from_masked(load_masked(masked)), FASHION_DATA,
-                           QuantSettings(act_bits=8, batches=2))  # fmt: skip
-    return model
+    return fashion_integer_model(tmp_path_factory.mktemp("fashion"), int(bits), bool(ends))
 
 
 @pytest.mark.slow
