@@ -177,23 +177,25 @@ class _Shadow(nn.Module):
 _MERGES = {"add": torch.add, "sub": torch.sub}
 
 
-def hls_shadow(model: IntegerModel) -> tuple[_Shadow, str, list[HlsLayer]]:
-    """The float64 shadow of ``model`` for hls4ml's PyTorch converter, its input type, and its
+def hls_shadow(model: IntegerModel, dims: Sequence[int]) -> tuple[_Shadow, str, list[HlsLayer]]:
+    """The float64 shadow of ``model`` (one input of shape ``dims``, e.g. ``(C, H, W)``) for
+    hls4ml's PyTorch converter, its input type, and its
     layers with the types to set (each ``torch.add`` layer named ``add``, ``add_1``, ... as the
     tracer names them, and ``sub`` likewise).
 
     Raises:
         ValueError: an op with no exact hls4ml form, naming it.
     """
-    builder = _Builder(model)
+    builder = _Builder(model, dims)
     for op in model.ops:
         builder.add(op)
     return builder.shadow, builder.input_type, builder.layers
 
 
 class _Builder:
-    def __init__(self, model: IntegerModel) -> None:
+    def __init__(self, model: IntegerModel, dims: Sequence[int]) -> None:
         self.model = model
+        self.dims = tuple(dims)
         self.shadow = _Shadow()
         self.layers: list[HlsLayer] = []
         self.ops: dict[str, IntOp] = {}
@@ -228,12 +230,25 @@ class _Builder:
         elif kind == "relu":
             self._step(op, _layer_name("relu", op), nn.ReLU(), {"result": _activation(op)})
         elif kind == "clamp":
-            self.value[op.name] = self.value[op.inputs[0]]
+            self._clamp(op)
         else:
             raise ValueError(f"{op.name}: op {kind} has no hls4ml form here")
         bits, whole, signed = _type_range(a.get("lo", 0), a.get("hi", 1))
         if kind in ("conv", "linear", "add", "avgpool", "relu", "clamp") and not whole:
             self._cut(op, _type_top(bits, signed))
+
+    def _clamp(self, op: IntOp) -> None:
+        """A clamp no op folded: a ReLU where it cuts a signed input at 0 (then, as for any
+        op, :meth:`_cut` where ``hi`` is below its type's top)."""
+        lo, below = op.attrs["lo"], self.ops[op.inputs[0]].attrs["lo"]
+        if lo == 0 and below < 0:
+            self._step(op, _layer_name("relu", op), nn.ReLU(), {"result": _activation(op)})
+        elif lo == below:
+            self.value[op.name] = self.value[op.inputs[0]]
+        else:
+            raise ValueError(
+                f"{op.name}: a clamp to {lo}..{op.attrs['hi']} has no hls4ml form here"
+            )
 
     def _module(self, name: str, module: nn.Module, inputs: Sequence[str]) -> str:
         """``module`` on the shadow values ``inputs``; its output is the value ``name``."""
@@ -365,7 +380,7 @@ class _Builder:
             op = self.ops[op.inputs[0]]
         if op.op == "conv":
             return int(op.attrs["weight_shape"][0])
-        return int(op.attrs["out_features"]) if op.op == "linear" else 0
+        return int(op.attrs["out_features"]) if op.op == "linear" else self.dims[0]
 
 
 def _layer_name(stem: str, op: IntOp) -> str:
@@ -410,8 +425,8 @@ def export_hls4ml(
     if io_type not in IO_TYPES:
         raise ValueError(f"io_type {io_type!r}: use one of {', '.join(IO_TYPES)}")
     out = Path(out_dir)
-    shadow, input_type, layers = hls_shadow(model)  # refusals come before any writing
     dims = _input_dims(model, shape)
+    shadow, input_type, layers = hls_shadow(model, dims)  # refusals come before any writing
     aside = _clear(out, force)
     if before_compile is not None:
         before_compile()

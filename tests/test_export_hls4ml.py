@@ -183,6 +183,21 @@ def test_the_readme_fashion_mnist_cnn_with_8_bit_ends_streams_exactly(tmp_path: 
     assert np.array_equal(run_csim(hls_model, x.numpy()), _expected(model, x))
 
 
+@pytest.mark.slow
+def test_a_clamp_no_op_folded_cuts_a_signed_input_at_both_ends(tmp_path: Path) -> None:
+    from inq.quant.integer import IntOp
+
+    ops = [IntOp("x", "input", [], {"scale": 2**-5, "lo": -128, "hi": 127}),
+           IntOp("c", "clamp", ["x"], {"scale": 2**-5, "lo": 0, "hi": 96})]  # fmt: skip
+    model = IntegerModel(ops, {})
+    hls_model, layers = export_hls4ml(model, tmp_path / "prj", (2, 3, 3))
+    assert [layer.name for layer in layers] == ["relu_c", "over_c", "cut_c", "sub"]
+    x = 3 * torch.randn(256, 2, 3, 3, generator=torch.Generator().manual_seed(0))
+    expected = _expected(model, x)
+    assert expected.min() == 0 and expected.max() == 96 * 2**-5  # both ends cut
+    assert np.array_equal(run_csim(hls_model, x.numpy()), expected)
+
+
 def test_exact_types_hold_their_values() -> None:
     assert exact_type(np.array([0.5, -0.25, 0.0])) == "fixed<3,1>"
     assert exact_type(np.array([-2.0, 1.0])) == "fixed<2,2>"  # -2 needs no extra bit
@@ -194,11 +209,11 @@ def test_exact_types_hold_their_values() -> None:
 def test_ops_without_an_exact_form_are_refused_naming_the_layer() -> None:
     _, mobilenet = mobilenet_integer_model()
     with pytest.raises(ValueError, match=r"a grouped or dilated conv has no hls4ml form"):
-        hls_shadow(mobilenet)
+        hls_shadow(mobilenet, (3, 16, 16))
     scaled = copy.deepcopy(residual_integer_model())
     scaled.ops[1].attrs["scale"] = 0.3  # as calibrate --float-scales makes it
     with pytest.raises(ValueError, match=r"^conv: activation scale 0\.3 is not a power of two"):
-        hls_shadow(scaled)
+        hls_shadow(scaled, (2, 4, 4))
 
 
 @pytest.fixture
