@@ -6,7 +6,9 @@
 
 1. step-time ratio: training a CIFAR ResNet-20 with an attached INQScheduler (60 % frozen) vs
    plain training, same data and optimizer; steps interleaved, medians, and images/s of each.
-   Goal <= 1.03.
+   Goal <= 1.03. Beside it, the ATen ops (the kernels a GPU would launch; views included) that
+   the attached scheduler adds to one training step of MLPs of 1, 4, 16 and 64 linear layers:
+   the launch overhead a CPU can count (issue 36: goal <= 2 per step, or <= 2 per layer).
 2. time of one ``INQScheduler.step()`` (partition + snap) on torchvision ResNet-50 (25.6 M
    parameters, random init), per stage. Goal <= 2 s.
 3. extra training memory per targeted weight, ResNet-50: the scheduler's own tensors; the peak
@@ -35,6 +37,7 @@ from pathlib import Path
 import torch
 import torchvision
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import inq
 from inq.models import build_model
@@ -91,6 +94,47 @@ def step_time_ratio(
         "ratio": q / p,
         "frozen_fraction": sched.quantized_fraction(),
     }
+
+
+class _OpCount(TorchDispatchMode):
+    """Counts the ATen ops dispatched inside it: the device kernels a step would launch on a
+    GPU, which a CPU can count (issue 36's proxy for launch overhead)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _ops_of_step(model: nn.Module, optimizer: torch.optim.Optimizer, x, y) -> int:
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    with _OpCount() as counter:
+        _train_step(model, optimizer, scaler, x, y)
+    return counter.ops
+
+
+def scheduler_ops_per_step(layer_counts: tuple[int, ...] = (1, 4, 16, 64)) -> dict[str, float]:
+    """ATen ops one training step dispatches with an attached ``INQScheduler`` (60 % frozen)
+    minus those without it, for MLPs of ``L`` linear layers (``L`` in ``layer_counts``): how the
+    scheduler's kernel launches grow with the number of target layers."""
+    figures: dict[str, float] = {}
+    for layers in layer_counts:
+        torch.manual_seed(0)
+        plain = nn.Sequential(*[nn.Linear(32, 32) for _ in range(layers)])
+        quantized = copy.deepcopy(plain)
+        plain_opt, inq_opt = _sgd(plain), _sgd(quantized)
+        sched = inq.INQScheduler(quantized, bits=5)
+        sched.attach(inq_opt)
+        sched.step(), sched.step()  # 30 %, 60 % frozen
+        x, y = torch.randn(8, 32), torch.randint(0, 32, (8,))
+        _ops_of_step(plain, plain_opt, x, y), _ops_of_step(quantized, inq_opt, x, y)  # warm-up
+        added = _ops_of_step(quantized, inq_opt, x, y) - _ops_of_step(plain, plain_opt, x, y)
+        figures[f"added_ops_{layers}_layers"] = added
+        figures[f"added_ops_per_layer_{layers}_layers"] = added / layers
+    return figures
 
 
 def partition_step_seconds() -> dict[str, float]:
@@ -211,6 +255,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}")
     figures = {
         "step_time_ratio": step_time_ratio(args.steps, args.batch, args.device, args.amp),
+        "scheduler_ops_per_step": scheduler_ops_per_step(),
     }
     if args.only is None:
         figures["partition_step"] = partition_step_seconds()
