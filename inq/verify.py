@@ -283,14 +283,8 @@ def _stored_level_problem(weight: np.ndarray, bits: int, n1: N1) -> str | None:
     with np.errstate(invalid="ignore"):
         mantissa, exponent = np.frexp(np.abs(weight))  # |w| = mantissa * 2**exponent
         ok = (weight == 0) | ((mantissa == 0.5) & (exponent - 1 >= lowest) & (exponent - 1 <= 0))
-    if bool(ok.all()):
-        return None
-    index = int(np.flatnonzero(~ok)[0])
-    return (
-        f"{int((~ok).sum())} weight(s) off the {bits}-bit level set of n1={describe_n1(n1)} "
-        f"(stored as w * 2**-n1: 0 or ±2**{lowest}..±1; first: "
-        f"{float(weight.flat[index])!r} at flat index {index})"
-    )
+    return _off(ok, weight, f"the {bits}-bit level set of n1={describe_n1(n1)}",
+                f"stored as w * 2**-n1: 0 or ±2**{lowest}..±1")  # fmt: skip
 
 
 def _taps_problem(weight: np.ndarray) -> str | None:
@@ -310,12 +304,18 @@ def _grid_problem(
     hi = 2.0 ** (width - int(signed)) - 1 - (narrow if not signed else 0)
     ints = np.ldexp(weight, frac)
     ok = np.isfinite(ints) & (ints == np.round(ints)) & (ints >= lo) & (ints <= hi)
+    return _off(ok, weight, "its Quant node's grid", f"integers {lo:g}..{hi:g} times 2**-{frac}")
+
+
+def _off(ok: np.ndarray, weight: np.ndarray, where: str, detail: str) -> str | None:
+    """``"N weight(s) off <where> (<detail>; first: <value> at flat index <i>)"`` for the
+    weights where ``ok`` is false, or None if there are none."""
     if bool(ok.all()):
         return None
     index = int(np.flatnonzero(~ok)[0])
     return (
-        f"{int((~ok).sum())} weight(s) off its Quant node's grid (integers {lo:g}..{hi:g} times "
-        f"2**-{frac}; first: {float(weight.flat[index])!r} at flat index {index})"
+        f"{int((~ok).sum())} weight(s) off {where} ({detail}; first: "
+        f"{float(weight.flat[index])!r} at flat index {index})"
     )
 
 
