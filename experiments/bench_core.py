@@ -6,9 +6,10 @@
 
 1. step-time ratio: training a CIFAR ResNet-20 with an attached INQScheduler (60 % frozen) vs
    plain training, same data and optimizer; steps interleaved, medians, and images/s of each.
-   Goal <= 1.03. Beside it, the ATen ops (the kernels a GPU would launch; views included) that
-   the attached scheduler adds to one training step of MLPs of 1, 4, 16 and 64 linear layers:
-   the launch overhead a CPU can count (issue 36: goal <= 2 per step, or <= 2 per layer).
+   Goal <= 1.03; with and without ``cache_values``. Beside it, the kernels (the ATen ops that
+   touch tensor data, nested ones included, read from the profiler) that the attached scheduler
+   adds to one training step of MLPs of 1, 4, 16 and 64 linear layers: the launch overhead a
+   CPU can count (issue 36: goal <= 2 per step, or <= 2 per layer).
 2. time of one ``INQScheduler.step()`` (partition + snap) on torchvision ResNet-50 (25.6 M
    parameters, random init), per stage. Goal <= 2 s.
 3. extra training memory per targeted weight, ResNet-50: the scheduler's own tensors; the peak
@@ -37,7 +38,7 @@ from pathlib import Path
 import torch
 import torchvision
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.profiler import ProfilerActivity
 
 import inq
 from inq.models import build_model
@@ -67,73 +68,102 @@ def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler, x, y
 def step_time_ratio(
     steps: int, batch: int, device: str = "cpu", amp: bool = False
 ) -> dict[str, float]:
+    """Median step time of plain training and of training with an attached scheduler (60 %
+    frozen), without and with ``cache_values``; the three arms interleaved."""
     torch.manual_seed(0)
     dev = torch.device(device)
     plain = build_model({"name": "resnet20", "num_classes": 10, "in_channels": 3}).to(dev)
-    quantized = copy.deepcopy(plain)
-    plain_opt, inq_opt = _sgd(plain), _sgd(quantized)
-    sched = inq.INQScheduler(quantized, bits=5)
-    sched.attach(inq_opt)
-    sched.step(), sched.step()  # 30 %, 60 % frozen
-    scalers = [torch.amp.GradScaler(dev.type, enabled=amp) for _ in range(2)]
+    arms = {"plain": plain, "inq": copy.deepcopy(plain), "inq_cached": copy.deepcopy(plain)}
+    optimizers = {name: _sgd(model) for name, model in arms.items()}
+    for name in ("inq", "inq_cached"):
+        sched = inq.INQScheduler(arms[name], bits=5, cache_values=name == "inq_cached")
+        sched.attach(optimizers[name])
+        sched.step(), sched.step()  # 30 %, 60 % frozen
+    scalers = {name: torch.amp.GradScaler(dev.type, enabled=amp) for name in arms}
     x = torch.randn(batch, 3, 32, 32, device=dev)
     y = torch.randint(0, 10, (batch,), device=dev)
-    for _ in range(3):  # warm-up
-        _train_step(plain, plain_opt, scalers[0], x, y)
-        _train_step(quantized, inq_opt, scalers[1], x, y)
-    plain_t, inq_t = [], []
-    for _ in range(steps):  # interleaved, so drift in machine load hits both alike
-        plain_t.append(_train_step(plain, plain_opt, scalers[0], x, y))
-        inq_t.append(_train_step(quantized, inq_opt, scalers[1], x, y))
-    p, q = statistics.median(plain_t), statistics.median(inq_t)
-    return {
-        "plain_step_ms": 1e3 * p,
-        "inq_step_ms": 1e3 * q,
-        "plain_images_per_s": batch / p,
-        "inq_images_per_s": batch / q,
-        "ratio": q / p,
-        "frozen_fraction": sched.quantized_fraction(),
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for step in range(3 + steps):  # 3 warm-up steps; interleaved, so load drift hits all alike
+        for name, model in arms.items():
+            seconds = _train_step(model, optimizers[name], scalers[name], x, y)
+            if step >= 3:
+                times[name].append(seconds)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    figures = {f"{name}_step_ms": 1e3 * t for name, t in median.items()}
+    figures |= {f"{name}_images_per_s": batch / t for name, t in median.items()}
+    figures["ratio"] = median["inq"] / median["plain"]
+    figures["ratio_cached"] = median["inq_cached"] / median["plain"]
+    figures["frozen_fraction"] = sched.quantized_fraction()
+    return figures
+
+
+# ATen ops that launch no kernel of their own: allocation, views and metadata, and the
+# conversions whose copy, if any, is a child op counted on its own
+_NO_KERNEL = frozenset(
+    {
+        *("empty", "empty_strided", "empty_like", "resize_", "set_", "scalar_tensor"),
+        *("view", "as_strided", "_reshape_alias", "reshape", "_unsafe_view", "view_as"),
+        *("expand", "expand_as", "t", "transpose", "permute", "unsqueeze", "squeeze"),
+        *("slice", "select", "unbind", "split", "flatten", "detach", "alias", "lift_fresh"),
+        *("resolve_conj", "resolve_neg", "to", "_to_copy", "contiguous", "clone"),
     }
+)
 
 
-class _OpCount(TorchDispatchMode):
-    """Counts the ATen ops dispatched inside it: the device kernels a step would launch on a
-    GPU, which a CPU can count (issue 36's proxy for launch overhead)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
+def _launches_kernel(event) -> bool:
+    """An ATen op that touches tensor data (not only 0-dim scalars, which a GPU run wraps on
+    the host) and is no allocation, view or conversion wrapper."""
+    name = event.name.removeprefix("aten::")
+    return (
+        event.name.startswith("aten::")
+        and name not in _NO_KERNEL
+        and any(len(shape) > 0 for shape in event.input_shapes)
+    )
 
 
-def _ops_of_step(model: nn.Module, optimizer: torch.optim.Optimizer, x, y) -> int:
+def _kernels(event) -> int:
+    """The kernels under a profiler event: the lowest kernel-launching ops of its subtree. An op
+    whose children launch kernels counts through them only (out-of-place ``masked_fill`` as its
+    copy and ``masked_fill_``; on the CPU ``addmm`` as its bias copy): exact for the
+    scheduler's elementwise ops, an undercount of some of the model's, which cancel out in
+    the difference with plain training."""
+    below = sum(_kernels(child) for child in event.cpu_children)
+    return below or int(_launches_kernel(event))
+
+
+def _kernels_of_step(model: nn.Module, optimizer: torch.optim.Optimizer, x, y) -> int:
+    """The device kernels one training step would launch: every ATen op the profiler records,
+    nested ones included (a ``TorchDispatchMode`` sees only the outermost, missing e.g. the
+    copy inside an out-of-place ``masked_fill``)."""
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    with _OpCount() as counter:
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         _train_step(model, optimizer, scaler, x, y)
-    return counter.ops
+    return sum(_kernels(event) for event in prof.events() if event.cpu_parent is None)
 
 
-def scheduler_ops_per_step(layer_counts: tuple[int, ...] = (1, 4, 16, 64)) -> dict[str, float]:
-    """ATen ops one training step dispatches with an attached ``INQScheduler`` (60 % frozen)
-    minus those without it, for MLPs of ``L`` linear layers (``L`` in ``layer_counts``): how the
-    scheduler's kernel launches grow with the number of target layers."""
+def scheduler_kernels_per_step(layer_counts: tuple[int, ...] = (1, 4, 16, 64)) -> dict[str, float]:
+    """Kernels one training step launches with an attached ``INQScheduler`` (60 % frozen) minus
+    those without it, for MLPs of ``L`` linear layers (``L`` in ``layer_counts``), with and
+    without ``cache_values``: how the scheduler's launches grow with the number of layers."""
     figures: dict[str, float] = {}
     for layers in layer_counts:
         torch.manual_seed(0)
         plain = nn.Sequential(*[nn.Linear(32, 32) for _ in range(layers)])
-        quantized = copy.deepcopy(plain)
-        plain_opt, inq_opt = _sgd(plain), _sgd(quantized)
-        sched = inq.INQScheduler(quantized, bits=5)
-        sched.attach(inq_opt)
-        sched.step(), sched.step()  # 30 %, 60 % frozen
+        plain_opt = _sgd(plain)
         x, y = torch.randn(8, 32), torch.randint(0, 32, (8,))
-        _ops_of_step(plain, plain_opt, x, y), _ops_of_step(quantized, inq_opt, x, y)  # warm-up
-        added = _ops_of_step(quantized, inq_opt, x, y) - _ops_of_step(plain, plain_opt, x, y)
-        figures[f"added_ops_{layers}_layers"] = added
-        figures[f"added_ops_per_layer_{layers}_layers"] = added / layers
+        for label, cache in (("", False), ("cached_", True)):
+            quantized = copy.deepcopy(plain)
+            inq_opt = _sgd(quantized)
+            sched = inq.INQScheduler(quantized, bits=5, cache_values=cache)
+            sched.attach(inq_opt)
+            sched.step(), sched.step()  # 30 %, 60 % frozen
+            for _ in range(2):  # warm-up: optimizer state, caches
+                _kernels_of_step(plain, plain_opt, x, y), _kernels_of_step(quantized, inq_opt, x, y)
+            added = _kernels_of_step(quantized, inq_opt, x, y) - _kernels_of_step(
+                plain, plain_opt, x, y
+            )
+            figures[f"{label}added_kernels_{layers}_layers"] = added
+            figures[f"{label}added_kernels_per_layer_{layers}_layers"] = added / layers
     return figures
 
 
@@ -255,7 +285,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}")
     figures = {
         "step_time_ratio": step_time_ratio(args.steps, args.batch, args.device, args.amp),
-        "scheduler_ops_per_step": scheduler_ops_per_step(),
+        "scheduler_kernels_per_step": scheduler_kernels_per_step(),
     }
     if args.only is None:
         figures["partition_step"] = partition_step_seconds()

@@ -445,6 +445,54 @@ def test_enforce_restores_frozen_weights_written_by_other_means() -> None:
     assert torch.equal(model.weight.detach()[~sched.layers[0].mask], floats)
 
 
+def test_the_value_cache_follows_every_change_of_the_state() -> None:
+    """``cache_values`` on and off side by side give the same bits through pruning, each stage,
+    training, a ``load_state_dict`` back to an earlier stage and a dtype change; the cache is
+    rebuilt at each change of the state and only then."""
+    models = [digits_net(seed=4) for _ in range(2)]
+    scheds = [INQScheduler(models[0], bits=4), INQScheduler(models[1], bits=4, cache_values=True)]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05, weight_decay=0.05) for m in models]
+    for sched, optimizer in zip(scheds, optimizers, strict=True):
+        sched.attach(optimizer)
+    cached = scheds[1].layers[0]
+
+    def train_both_and_compare(when: str) -> None:
+        for model, optimizer in zip(models, optimizers, strict=True):
+            train_one_stage(model, optimizer, digits_batches()[:2])
+        theirs = models[1].state_dict()
+        for key, mine in models[0].state_dict().items():
+            assert torch.equal(mine, theirs[key]), f"{key} differs {when}"
+
+    saved = None
+    for when, change in [
+        ("prune", lambda s: s.prune(0.2)),
+        ("stage 1", lambda s: s.step()),
+        ("stage 2", lambda s: s.step()),
+    ]:
+        mask = cached.mask
+        assert cached.mask is mask  # no change, no rebuild
+        for sched in scheds:
+            change(sched)
+        assert cached.mask is not mask, f"the cache was not rebuilt at {when}"
+        train_both_and_compare(f"after {when}")
+        saved = saved or scheds[0].state_dict()  # after pruning: stage 0
+    for sched in scheds:
+        sched.step()
+        sched.load_state_dict(saved)  # back to the pruned model at stage 0
+    assert cached.count == cached.pruned and torch.equal(cached.mask, cached.codes == 0)
+    train_both_and_compare("after load_state_dict")
+    for model, sched in zip(models, scheds, strict=True):
+        model.double()
+        with torch.no_grad():
+            for layer in sched.layers:
+                layer.weight.add_(0.01)
+        sched.enforce()
+    assert cached._stage_cache().values.dtype == torch.float64
+    for mine, theirs in zip(*(s.layers for s in scheds), strict=True):
+        assert torch.equal(mine.weight, theirs.weight)
+        assert bool((theirs.weight.detach()[theirs.mask] == 0).all())
+
+
 def test_remove_hooks_stops_freezing() -> None:
     model = nn.Linear(6, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.5)
@@ -522,13 +570,14 @@ OPTIMIZERS: dict[str, tuple[OptimizerFactory, set[str]]] = {
 STEPS_PER_STAGE = 8
 
 
+@pytest.mark.parametrize("cache_values", [False, True])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_frozen_weights_stay_exact_under_every_optimizer(name: str) -> None:
+def test_frozen_weights_stay_exact_under_every_optimizer(name: str, cache_values: bool) -> None:
     make_optimizer, state_keys = OPTIMIZERS[name]
     model = digits_net(seed=0)
     optimizer = make_optimizer(model.parameters())
     settings_before = optimizer_settings(optimizer)
-    sched = INQScheduler(model, bits=5)
+    sched = INQScheduler(model, bits=5, cache_values=cache_values)
     sched.attach(optimizer)
     batches = digits_batches()
     losses = []
@@ -558,12 +607,16 @@ def test_frozen_weights_stay_exact_under_every_optimizer(name: str) -> None:
     assert optimizer_settings(optimizer) == settings_before, "the optimizer was modified"
 
 
+@pytest.mark.parametrize("cache_values", [False, True])
 @pytest.mark.parametrize("name", ["sgd_weight_decay", "adamw"])
-def test_frozen_weights_stay_exact_with_autocast_and_grad_scaler(name: str) -> None:
+def test_frozen_weights_stay_exact_with_autocast_and_grad_scaler(
+    name: str, cache_values: bool
+) -> None:
     make_optimizer, _ = OPTIMIZERS[name]
     model = digits_net(seed=1)
     optimizer = make_optimizer(model.parameters())
-    sched = INQScheduler(model, bits=4, portions=(0.5, 0.75, 0.875, 1.0))
+    portions = (0.5, 0.75, 0.875, 1.0)
+    sched = INQScheduler(model, bits=4, portions=portions, cache_values=cache_values)
     sched.attach(optimizer)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
     batches = digits_batches()
@@ -597,11 +650,14 @@ def test_frozen_weights_stay_exact_with_autocast_and_grad_scaler(name: str) -> N
     assert skipped == len(sched.portions)
 
 
+@pytest.mark.parametrize("cache_values", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_frozen_weights_stay_exact_in_low_precision_models(dtype: torch.dtype) -> None:
+def test_frozen_weights_stay_exact_in_low_precision_models(
+    dtype: torch.dtype, cache_values: bool
+) -> None:
     model = digits_net(seed=3).to(dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.05)
-    sched = INQScheduler(model, bits=6)
+    sched = INQScheduler(model, bits=6, cache_values=cache_values)
     sched.attach(optimizer)
     for stage in range(len(sched.portions)):
         sched.step()
@@ -733,14 +789,19 @@ def assert_same_run(
         ("random", {"n1_rule": "mse", "granularity": "channel"}),
     ],
 )
-def test_resume_from_state_dicts_is_bit_exact(strategy: str, levels: dict[str, str]) -> None:
-    model, optimizer, sched = make_run(seed=0, strategy=strategy, **levels)
+@pytest.mark.parametrize("caches", [(False, False), (False, True), (True, False)])
+def test_resume_from_state_dicts_is_bit_exact(
+    strategy: str, levels: dict[str, str], caches: tuple[bool, bool]
+) -> None:
+    """Also across ``cache_values``: the cache is no state, and it changes no bit."""
+    model, optimizer, sched = make_run(0, strategy, cache_values=caches[0], **levels)
     for _ in range(2):
         sched.step()
         train_one_stage(model, optimizer, digits_batches()[:3])
     saved = checkpoint(model, optimizer, sched)
     finish(model, optimizer, sched)  # the original run goes on
-    assert_same_run(model, sched, *resume_and_finish(saved, strategy, **levels))
+    resumed = resume_and_finish(saved, strategy, cache_values=caches[1], **levels)
+    assert_same_run(model, sched, *resumed)
 
 
 def test_load_state_dict_writes_frozen_values_and_keeps_n1() -> None:
