@@ -2,7 +2,7 @@
 phase's fine-tuning included) and :func:`inq.quant.pipeline.quantize`'s fine-tuning both take
 their optimizer steps here.
 
-The step: forward (in float16 autocast with ``amp``), the loss (cross-entropy, or with
+The step: forward (in float16 or bfloat16 autocast with ``amp``), the loss (cross-entropy, or with
 :class:`Distill` the distillation loss of :mod:`inq.distill`), backward through the grad scaler,
 optional gradient clipping, the optimizer step (where an attached
 :class:`~inq.scheduler.INQScheduler` writes the frozen weights back) and the scaler's update.
@@ -57,13 +57,14 @@ def fit_step(
     *,
     distill: Distill | None = None,
     scaler: torch.amp.GradScaler | None = None,
-    amp: bool = False,
+    amp: bool | torch.dtype = False,
     grad_clip: tuple[Iterable[nn.Parameter], float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One optimizer step of ``net`` on the batch ``(x, y)``; returns the loss, the logits and,
     when distilling, the distillation term (:func:`inq.distill.kd_loss`; else None).
 
-    ``scaler`` scales the loss (float16 ``amp``; None: no scaling); ``grad_clip`` is
+    ``amp`` is the autocast dtype (``True``: float16; ``False``: none); ``scaler`` scales the
+    loss (float16 ``amp``; None: no scaling; bfloat16 needs none); ``grad_clip`` is
     ``(parameters, max global norm)``. The teacher is not wrapped in DDP: it needs no
     communication between processes.
 
@@ -75,7 +76,8 @@ def fit_step(
         ((4, 2), True)
     """
     kd = None
-    with torch.autocast(x.device.type, torch.float16, enabled=amp):
+    dtype = torch.float16 if isinstance(amp, bool) else amp
+    with torch.autocast(x.device.type, dtype, enabled=amp is not False):
         logits = net(x)
         if distill is None or distill.weight == 0:
             loss = F.cross_entropy(logits, y)

@@ -83,3 +83,24 @@ def test_a_bad_distillation_is_refused() -> None:
         Distill(nn.Identity(), 1.5, 4.0)
     with pytest.raises(ValueError, match="temperature be > 0"):
         Distill(nn.Identity(), 0.5, 0.0)
+
+
+def test_a_bfloat16_step_of_a_channels_last_conv_net_keeps_frozen_weights_exact() -> None:
+    torch.manual_seed(2)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 3))
+    net = net.to(memory_format=torch.channels_last)
+    sched = INQScheduler(net, bits=5, portions=(0.5, 1.0), cache_values=True)
+    sched.step()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    sched.attach(optimizer)
+    frozen = {layer.name: layer.weight.detach().clone() for layer in sched.layers}
+    x = torch.randn(4, 3, 6, 6).to(memory_format=torch.channels_last)
+    y = torch.tensor([0, 1, 2, 0])
+    for _ in range(3):
+        loss, logits, _ = fit_step(net, optimizer, x, y, amp=torch.bfloat16)
+        assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+        for layer in sched.layers:  # after every step, whatever the autocast dtype
+            mask = layer.codes != FLOAT_CODE
+            assert torch.equal(layer.weight.detach()[mask], frozen[layer.name][mask])
+            assert not torch.equal(layer.weight.detach()[~mask], frozen[layer.name][~mask])
+    assert net[0].weight.is_contiguous(memory_format=torch.channels_last)

@@ -165,6 +165,7 @@ def test_bad_input_ends_in_one_message_naming_the_key(
         (["prune.layers=[head:0.9]"], "prune.layers: pattern 'head' matches no"),
         (["inq.exclude=[*]"], "inq.exclude: exclude ['*'] leaves no layer"),
         (["trainer.amp=true"], "trainer.amp: float16 autocast runs on a CUDA"),
+        (["trainer.amp=fp16"], "trainer.amp: float16 autocast runs on a CUDA"),
         (  # refused before any training: Hardswish has no integer form here
             [
                 "data=synthetic",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,30 @@ def test_resume_is_bit_identical_with_per_channel_mse_level_sets(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["n1_rule"], summary["granularity"]) == ("mse", "channel")
     assert 0.0 < summary["zero_fraction"] < 1.0
+
+
+SPEED_OPTIONS = ("trainer.compile=true", "trainer.channels_last=true", "trainer.amp=bf16")
+
+
+@pytest.mark.slow
+def test_a_compiled_bf16_channels_last_run_resumes_bit_identically(tmp_path: Path) -> None:
+    """torch.compile (inductor, on the CPU), NHWC and bfloat16 autocast together: a run killed
+    mid-stage and resumed ends where the uninterrupted run does; neither recompiles at a stage
+    change (one graph, forward and backward, per process)."""
+    settings = (*RESUMABLE, *SPEED_OPTIONS)
+    inq_train(*settings, f"hydra.run.dir={tmp_path / 'reference'}")
+    run_dir = tmp_path / "run"
+    proc = inq_train(*settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:13"}, check=False)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    inq_train(*settings, f"trainer.resume={run_dir}", f"hydra.run.dir={run_dir}")
+    reference = load_file(tmp_path / "reference" / "model_masked.safetensors")
+    resumed = load_file(run_dir / "model_masked.safetensors")
+    assert resumed.keys() == reference.keys()
+    for key, tensor in reference.items():
+        assert torch.equal(resumed[key], tensor), key
+    for log in (tmp_path / "reference" / "app.log", run_dir / "app.log"):
+        counts = re.findall(r"torch\.compile: (\d+) graphs compiled", log.read_text())
+        assert len(counts) >= 4 and set(counts) == {"1"}, (log, counts)  # float and stages
 
 
 def test_checkpoint_loads_weights_only_and_names_bad_files(tmp_path: Path) -> None:

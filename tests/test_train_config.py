@@ -167,6 +167,7 @@ def test_a_value_of_the_wrong_type_is_refused(conf) -> None:
         ("quant.calibration=mse", "quant.calibration"),
         ("model.checkpoint=x.pt trainer.float_epochs=5", "trainer.float_epochs"),
         ("trainer.resume=", "trainer.resume"),
+        ("trainer.amp=int8", "trainer.amp"),
         ("inq.method=oneshot inq.distill.weight=0.5", "inq.distill.weight"),
         *([("trainer.device=cuda", "trainer.device")] if not torch.cuda.is_available() else []),
     ],
@@ -188,6 +189,8 @@ def test_validate_names_the_bad_key(conf, override: str, key: str) -> None:
         ["inq.method=oneshot", "inq.distill.weight=0.5", "quant.act_bits=8", "quant.epochs=1"],
         ["inq.method=oneshot", "inq.distill.weight=0.5", "prune.sparsity=0.5"],
         ["lr.milestones=[0.25,0.5,0.75]"],
+        ["trainer.amp=bf16", "trainer.compile=true", "trainer.channels_last=true"],
+        ["trainer.amp=fp16", "inq.cache_values=true"],  # fp16: refused off CUDA by the Trainer
     ],
 )
 def test_meaningful_neighbours_of_the_refused_settings_pass(conf, overrides: list[str]) -> None:

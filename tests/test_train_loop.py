@@ -9,7 +9,6 @@ import pty
 import struct
 import subprocess
 import termios
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,12 +26,16 @@ from inq.train.progress import Progress
 from inq.train.rundir import RunStopped
 
 
-@pytest.fixture
-def cfg() -> Iterator[Config]:
+def tiny(*overrides: str) -> Config:
     """A tiny run: one float epoch, then two INQ stages of one epoch; 8 steps per epoch."""
     register()
     with initialize_config_module("inq.conf", version_base="1.3"):
-        yield validate(compose("config", overrides=[*TINY, "inq.portions=[0.5,1.0]"]))
+        return validate(compose("config", [*TINY, "inq.portions=[0.5,1.0]", *overrides]))
+
+
+@pytest.fixture
+def cfg() -> Config:
+    return tiny()
 
 
 def _float_phase(trainer: Trainer) -> None:
@@ -70,8 +73,18 @@ def test_a_phase_is_trained_recorded_and_checkpointed(cfg: Config, tmp_path: Pat
     assert saved["history"] == trainer.history
 
 
-def test_a_train_step_keeps_the_quantized_weights_exact(cfg: Config, tmp_path: Path) -> None:
-    trainer = Trainer(cfg, tmp_path, setup("cpu"), saved=None)
+@pytest.mark.parametrize(
+    "options",
+    [
+        (),
+        ("trainer.amp=bf16", "trainer.channels_last=true"),
+        ("inq.cache_values=true", "trainer.compile=true"),  # compiled on the CPU: inductor
+    ],
+)
+def test_a_train_step_keeps_the_quantized_weights_exact(
+    options: tuple[str, ...], tmp_path: Path
+) -> None:
+    trainer = Trainer(tiny(*options), tmp_path, setup("cpu"), saved=None)
     phase = trainer.phases[1]
     trainer.quantize(phase.stage)  # stage 1 straight from the initial weights
     trainer.restart_schedule(phase)
@@ -89,6 +102,32 @@ def test_a_train_step_keeps_the_quantized_weights_exact(cfg: Config, tmp_path: P
         assert torch.equal(weight[frozen], layer.frozen_values()[frozen])
         assert torch.equal(weight[frozen], before[layer.name][frozen])
         assert not torch.equal(weight[~frozen], before[layer.name][~frozen])  # these trained
+    nhwc = "trainer.channels_last=true" in options
+    conv = trainer.sched.layers[1].weight  # 16 input channels: one layout or the other
+    assert conv.dim() == 4 and conv.is_contiguous(memory_format=torch.channels_last) == nhwc
+    assert trainer.sched.layers[0].cache_values == ("inq.cache_values=true" in options)
+    assert logits.dtype == (torch.bfloat16 if "trainer.amp=bf16" in options else torch.float32)
+
+
+def test_a_model_torch_cannot_compile_is_refused_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_backend(graph: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> None:
+        raise RuntimeError("no kernel for this op")
+
+    monkeypatch.setattr("inq.train.build.COMPILE_BACKEND", broken_backend)
+    trainer = Trainer(tiny("trainer.compile=true"), tmp_path, setup("cpu"), saved=None)
+    trainer.restart_schedule(trainer.phases[0])
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with pytest.raises(ConfigError) as err:
+        trainer.train_step(torch.randn(4, 1, 8, 8), torch.arange(4))
+    trainer.tb.close()
+    assert str(err.value).startswith(
+        "trainer.compile: torch.compile cannot compile digits_cnn: backend='broken_backend' "
+        "raised: RuntimeError: no kernel for this op; run without it"
+    )
+    for key, value in trainer.model.state_dict().items():  # the failed step changed nothing
+        assert torch.equal(value, before[key]), key
 
 
 def test_a_restored_trainer_goes_on_bit_identically(cfg: Config, tmp_path: Path) -> None:

@@ -38,6 +38,9 @@ __all__ = [
     "build_optimizer",
     "build_scheduler",
     "check_amp",
+    "compile_failure",
+    "compiled",
+    "compiled_graphs",
     "prune_targets",
     "seed_everything",
 ]
@@ -115,15 +118,57 @@ def build_lr_schedule(
 
 
 def check_amp(cfg: Config, device: torch.device) -> None:
-    """Refuse ``trainer.amp`` off a CUDA device.
+    """Refuse float16 ``trainer.amp`` off a CUDA device, and bf16 on a GPU without bfloat16.
 
     Raises:
         ConfigError: naming ``trainer.amp``.
     """
-    if cfg.trainer.amp and device.type != "cuda":
+    dtype = cfg.trainer.amp_dtype
+    if dtype == torch.float16 and device.type != "cuda":
         raise ConfigError(
-            "trainer.amp", f"float16 autocast runs on a CUDA GPU only; this run is on {device}"
+            "trainer.amp",
+            f"float16 autocast runs on a CUDA GPU only; this run is on {device} (bf16 runs here)",
         )
+    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(
+            "trainer.amp",
+            f"{torch.cuda.get_device_name(device)} has no bfloat16; use trainer.amp=fp16",
+        )
+
+
+# torch.compile's backend (a test seam: a backend that fails stands for a model torch cannot
+# compile)
+COMPILE_BACKEND: Any = "inductor"
+
+
+def compiled(cfg: Config, net: nn.Module) -> nn.Module:
+    """``net`` under ``torch.compile`` if ``trainer.compile`` asks for it (compiling happens at
+    its first call: :func:`compile_failure` names the key when that fails), else ``net``."""
+    if not cfg.trainer.compile:
+        return net
+    compiled_net: nn.Module = torch.compile(net, backend=COMPILE_BACKEND)  # type: ignore[assignment]
+    return compiled_net
+
+
+def compile_failure(err: Exception, model_name: str) -> ConfigError | None:
+    """The :class:`ConfigError` naming ``trainer.compile`` for an error torch.compile raised,
+    or None for any other error."""
+    from torch._dynamo.exc import TorchDynamoException  # inductor's errors derive from it
+
+    if not isinstance(err, TorchDynamoException):
+        return None
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    why = " ".join(lines[:2]) or type(err).__name__  # e.g. "backend='x' raised: Error: ..."
+    return ConfigError(
+        "trainer.compile", f"torch.compile cannot compile {model_name}: {why}; run without it"
+    )
+
+
+def compiled_graphs() -> int:
+    """The graphs torch.compile has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def build_loaders(
@@ -142,6 +187,8 @@ def build_model(
     """The model, refused early if ``quant.act_bits`` asks for an integer form it has not;
     a ``fresh`` run (not a resumed one) starts from ``model.checkpoint`` if there is one."""
     model = models.build_model(model_info).to(device)
+    if cfg.trainer.channels_last:  # before the scheduler, whose codes take the weights' layout
+        model = model.to(memory_format=torch.channels_last)
     if cfg.quant.act_bits is not None:  # before any training is spent on it
         try:
             check_expressible(model)
@@ -174,10 +221,15 @@ def build_scheduler(model: nn.Module, cfg: Config) -> INQScheduler:
             n1_rule=inq.n1_rule.name,
             granularity=inq.granularity.name,
             layer_bits=inq.bits_by_glob,
+            cache_values=_on_cuda(model) if inq.cache_values is None else inq.cache_values,
         )
     except TargetError as err:
         key = "model.name" if err.argument == "model" else f"inq.{err.argument}"
         raise ConfigError(key, str(err)) from None
+
+
+def _on_cuda(model: nn.Module) -> bool:
+    return any(p.is_cuda for p in model.parameters())
 
 
 def prune_targets(sched: INQScheduler, prune: PruneConfig) -> dict[str, float]:

@@ -71,6 +71,7 @@ RESUMABLE_CHANGES = frozenset(
         "trainer.checkpoint_every",
         "trainer.keep_checkpoints",
         "trainer.log_every",
+        "inq.cache_values",
         "data.root",
         "data.num_workers",
         "data.eval_batch_size",

@@ -37,6 +37,9 @@ from inq.train.build import (
     build_optimizer,
     build_scheduler,
     check_amp,
+    compile_failure,
+    compiled,
+    compiled_graphs,
     prune_targets,
     seed_everything,
 )
@@ -80,8 +83,11 @@ class Trainer:
         self._steps_per_epoch = batches_per_epoch(self._train_loader)
         self.phases = plan_phases(cfg)  # the weight phases
         self.integer = integer_phase(cfg)  # after the exports; None without quant.act_bits
-        self._amp = bool(cfg.trainer.amp)
-        self._scaler = torch.amp.GradScaler(env.device.type, enabled=self._amp)
+        self._amp = cfg.trainer.amp_dtype  # None: no autocast; float16 scales the loss
+        self._scaler = torch.amp.GradScaler(env.device.type, enabled=self._amp == torch.float16)
+        self._input_format = (
+            torch.channels_last if cfg.trainer.channels_last else torch.preserve_format
+        )
         self._reset_state()
         if saved is not None:
             self._restore(saved)
@@ -94,7 +100,7 @@ class Trainer:
         self.teacher: nn.Module | None = None
         self._saved: dict[str, Any] | None = None  # a checkpoint taken inside the integer phase
         self._trained: nn.Module = self.model  # what the phase trains
-        self._net = wrap_ddp(self.env, self.model)
+        self._net = compiled(self.cfg, wrap_ddp(self.env, self.model))
         self._optimizer: torch.optim.Optimizer | None = None
         self._params = ""
         self._lr_sched: LambdaLR | None = None
@@ -153,7 +159,7 @@ class Trainer:
         ``phase``: a fresh schedule, or the saved state of a run killed in its middle (then
         False).
         """
-        self._trained, self._net = module, wrap_ddp(self.env, module)
+        self._trained, self._net = module, compiled(self.cfg, wrap_ddp(self.env, module))
         saved, self._saved = self._saved, None
         if saved is None:
             self.restart_schedule(phase)
@@ -200,7 +206,9 @@ class Trainer:
             self._train_loader, desc, self._steps_per_epoch, self.progress.batch
         )
         for x, y in batches:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            form = self._input_format if x.dim() == 4 else torch.preserve_format
+            x = x.to(device, non_blocking=True, memory_format=form)
+            y = y.to(device, non_blocking=True)
             loss, logits, lr, kd = self.train_step(x, y)
             window.add(loss, logits, y, kd)
             step = self.progress.step
@@ -233,16 +241,22 @@ class Trainer:
         """
         assert self._optimizer is not None and self._lr_sched is not None
         d, clip = self.cfg.inq.distill, self.cfg.trainer.grad_clip
-        loss, logits, kd = fit_step(
-            self._net,
-            self._optimizer,
-            x,
-            y,
-            distill=Distill(self.teacher, d.weight, d.temperature) if self.teacher else None,
-            scaler=self._scaler,
-            amp=self._amp,
-            grad_clip=(self._trained.parameters(), clip) if clip else None,
-        )
+        try:
+            loss, logits, kd = fit_step(
+                self._net,
+                self._optimizer,
+                x,
+                y,
+                distill=Distill(self.teacher, d.weight, d.temperature) if self.teacher else None,
+                scaler=self._scaler,
+                amp=self._amp or False,
+                grad_clip=(self._trained.parameters(), clip) if clip else None,
+            )
+        except Exception as err:  # torch.compile compiles at the first step of a module
+            name = self.cfg.model.name
+            if not self.cfg.trainer.compile or (refusal := compile_failure(err, name)) is None:
+                raise
+            raise refusal from None
         lr = float(self._lr_sched.get_last_lr()[0])
         self._lr_sched.step()
         self.progress.batch += 1
@@ -254,7 +268,8 @@ class Trainer:
         at the current step."""
         self._evals += 1
         count = self._evals
-        with torch.autocast(self.env.device.type, torch.float16, enabled=self._amp):
+        dtype = self._amp or torch.float16
+        with torch.autocast(self.env.device.type, dtype, enabled=self._amp is not None):
             metrics = evaluate(
                 self._trained,
                 self.val_loader,
@@ -285,6 +300,8 @@ class Trainer:
             }
         self.history.setdefault(phase.name, {}).update(metrics)
         self.timings[phase.name] = self.phase_seconds()
+        if self.cfg.trainer.compile:  # a stage change recompiles nothing: no new graph here
+            log.info("torch.compile: %d graphs compiled by this process", compiled_graphs())
         self.progress = Progress(phase=self.progress.phase + 1, step=self.progress.step)
         self._clock = time.perf_counter()
         check_identical(self.model, self.sched)
