@@ -20,6 +20,35 @@ from inq.train.distributed import check_identical, setup
 
 
 @pytest.mark.slow
+def test_two_compiled_gloo_processes_prune_distill_and_stay_identical(tmp_path: Path) -> None:
+    """trainer.compile under DDP (which wraps the compiled model), with the scheduler's value
+    cache, pruning and a teacher (not compiled): one graph per process for the whole run, ranks
+    identical at every stage."""
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        str(INQ_TRAIN), *TINY, "trainer.compile=true", "inq.cache_values=true",
+        f"hydra.run.dir={run_dir}",
+        "prune.sparsity=0.5", "prune.steps=1", "prune.epochs=1", "inq.distill.weight=0.5",
+    ]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=os.environ)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ranks diverged" not in proc.stderr
+    log = (run_dir / "app.log").read_text()
+    phases = ["float", "prune1", "stage1", "stage2", "stage3", "stage4"]
+    assert log.count("torch.compile: 1 graphs compiled by this process") == len(phases), log
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and list(summary["stages"]) == phases[1:]
+    ckpt = load_masked(run_dir / "model_masked.safetensors")
+    assert len(ckpt.masks) == 4
+    for key, mask in ckpt.masks.items():
+        weight = ckpt.state[key]
+        assert mask.all() and float((weight == 0).double().mean()) >= 0.5  # pruned: still 0
+        magnitudes = weight[weight != 0].abs()
+        assert torch.equal(torch.exp2(torch.log2(magnitudes).round()), magnitudes), key
+
+
+@pytest.mark.slow
 def test_two_gloo_processes_stay_identical(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     command = [

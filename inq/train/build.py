@@ -143,7 +143,10 @@ COMPILE_BACKEND: Any = "inductor"
 
 def compiled(cfg: Config, net: nn.Module) -> nn.Module:
     """``net`` under ``torch.compile`` if ``trainer.compile`` asks for it (compiling happens at
-    its first call: :func:`compile_failure` names the key when that fails), else ``net``."""
+    its first call: :func:`compile_failure` names the key when that fails), else ``net``.
+
+    DDP wraps the compiled model, not the other way round: dynamo skips DDP's own forward, so a
+    compiled DDP module would run eagerly."""
     if not cfg.trainer.compile:
         return net
     compiled_net: nn.Module = torch.compile(net, backend=COMPILE_BACKEND)  # type: ignore[assignment]

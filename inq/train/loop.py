@@ -100,7 +100,7 @@ class Trainer:
         self.teacher: nn.Module | None = None
         self._saved: dict[str, Any] | None = None  # a checkpoint taken inside the integer phase
         self._trained: nn.Module = self.model  # what the phase trains
-        self._net = compiled(self.cfg, wrap_ddp(self.env, self.model))
+        self._net = wrap_ddp(self.env, compiled(self.cfg, self.model))
         self._optimizer: torch.optim.Optimizer | None = None
         self._params = ""
         self._lr_sched: LambdaLR | None = None
@@ -159,7 +159,7 @@ class Trainer:
         ``phase``: a fresh schedule, or the saved state of a run killed in its middle (then
         False).
         """
-        self._trained, self._net = module, compiled(self.cfg, wrap_ddp(self.env, module))
+        self._trained, self._net = module, wrap_ddp(self.env, compiled(self.cfg, module))
         saved, self._saved = self._saved, None
         if saved is None:
             self.restart_schedule(phase)
