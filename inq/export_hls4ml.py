@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from inq.codes import decode_weight
+from inq.pow2 import exact_log2
 from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
 
 __all__ = [
@@ -123,13 +124,13 @@ def _type_range(lo: int, hi: int) -> tuple[int, bool, bool]:
 
 
 def _log2(value: float, op: IntOp) -> int:
-    mantissa, exponent = math.frexp(value)
-    if value <= 0 or mantissa != 0.5:
+    k = exact_log2(value)
+    if k is None:
         raise ValueError(
             f"{op.name}: activation scale {value} is not a power of two; the hls4ml export is "
             "exact for power-of-two scales only (calibrate without --float-scales)"
         )
-    return exponent - 1
+    return k
 
 
 def _activation(op: IntOp) -> str:

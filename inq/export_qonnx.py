@@ -57,6 +57,7 @@ import torch
 from inq.codes import decode_weight
 from inq.data import data_record
 from inq.export_onnx import recorded_descriptions
+from inq.pow2 import exact_log2
 from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
 
 __all__ = [
@@ -291,7 +292,7 @@ class _Graph:
         self.ops[op.name] = op
         a, kind = op.attrs, op.op
         scale = a.get("scale")
-        if scale is not None and not _is_power_of_two(scale):
+        if scale is not None and exact_log2(scale) is None:
             raise ValueError(
                 f"{op.name}: activation scale {scale} is not a power of two; the QONNX export "
                 "is exact for power-of-two scales only (calibrate without --float-scales)"
@@ -536,8 +537,3 @@ def _output_dims(last: IntOp) -> list[str]:
 
 def _int64(tensor: torch.Tensor, view: tuple[int, ...]) -> np.ndarray:
     return tensor.to(torch.int64).reshape(view).numpy()
-
-
-def _is_power_of_two(value: float) -> bool:
-    mantissa, _ = math.frexp(value)
-    return value > 0 and mantissa == 0.5

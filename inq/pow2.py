@@ -42,6 +42,7 @@ __all__ = [
     "check_bits",
     "check_quantizable",
     "check_top_level",
+    "exact_log2",
     "exp2",
     "max_rule_n1",
     "pow2_decode",
@@ -325,6 +326,17 @@ def broadcast_n1(n1: N1, like: torch.Tensor) -> N1:
             f"[{like.shape[0] if like.dim() else 0}], got {list(n1.shape)}"
         )
     return n1.to(device=like.device, dtype=torch.int32).view(-1, *[1] * (like.dim() - 1))
+
+
+def exact_log2(value: float) -> int | None:
+    """``k`` if ``value`` is exactly ``2**k``, else None (zero, a negative, any other number).
+
+    Example:
+        >>> exact_log2(0.125), exact_log2(1.0), exact_log2(0.3), exact_log2(-2.0)
+        (-3, 0, None, None)
+    """
+    mantissa, exponent = math.frexp(value)
+    return exponent - 1 if value > 0 and mantissa == 0.5 else None
 
 
 def exp2(e: torch.Tensor) -> torch.Tensor:
