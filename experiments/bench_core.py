@@ -12,9 +12,10 @@
    CPU can count (issue 36: goal <= 2 per step, or <= 2 per layer).
 2. time of one ``INQScheduler.step()`` (partition + snap) on torchvision ResNet-50 (25.6 M
    parameters, random init), per stage. Goal <= 2 s.
-3. extra training memory per targeted weight, ResNet-50: the scheduler's own tensors; the peak
-   RSS (Linux) of training steps with INQ attached (60 % frozen) minus that without; and the
-   transient peak of ``step()`` over the RSS before it. Each RSS figure twice: with glibc's
+3. extra training memory per targeted weight, ResNet-50: the scheduler's own tensors (without
+   and with ``cache_values``); the peak RSS (Linux) of training steps with INQ attached (60 %
+   frozen) minus that without; and the transient peak of ``step()`` over the RSS before it.
+   Each RSS figure twice: with glibc's
    default malloc, which keeps freed blocks of up to 32 MiB in the heap (RSS counts them), and
    with ``MALLOC_MMAP_THRESHOLD_=65536``, which returns large frees to the OS at once, so RSS
    follows the live tensors. Goal <= 2 bytes.
@@ -216,9 +217,16 @@ def memory_per_weight() -> dict[str, float]:
     model = torchvision.models.resnet50(weights=None)
     sched = inq.INQScheduler(model, bits=5)
     targeted = sum(layer.weight.numel() for layer in sched.layers)
+    cached = inq.INQScheduler(model, bits=5, portions=(0.3, 1.0), cache_values=True)
+    cached.step()  # builds every layer's stage cache
+    cache_bytes = sum(
+        la.codes.nbytes + la._stage_cache().mask.nbytes + la._stage_cache().values.nbytes
+        for la in cached.layers
+    )
     figures = {
         "targeted_weights_M": targeted / 1e6,
         "scheduler_state_bytes_per_weight": sum(la.codes.nbytes for la in sched.layers) / targeted,
+        "cache_values_state_bytes_per_weight": cache_bytes / targeted,
     }
 
     def child(flag: str, env: dict[str, str]) -> dict[str, int]:
