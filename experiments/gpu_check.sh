@@ -10,28 +10,36 @@
 #           equal its CPU reference's) (bench.log, kernel_bench.json);
 #   ncu     Nsight Compute on the batch-1 and a batch-1024 linear kernel: DRAM throughput,
 #           issue slots, pipe utilisation, warp stall reasons (ncu_batch1.txt, ncu_batch1024.txt);
+#   train_speed  images/s of training steps, plain and with INQ attached (60 % frozen, with and
+#           without cache_values), ResNet-20 and ResNet-18, fp16 and bf16, eager then
+#           torch.compile, for 60 s (the groups left then are skipped and listed; the whole
+#           benchmark: python3 experiments/bench_train.py) (train_speed.log, train_speed.json);
 # and, when named in STEPS:
 #   tests   the linear and layout kernel tests on the GPU (test.log);
 #   train   a short inq-train on CUDA (ResNet-20 on synthetic 32x32 data, AMP on, integer phase);
 #   integer that run's integer model on the CUDA kernels against its CPU reference, bit for bit;
-#   ddp     a one-GPU torchrun (NCCL) of the same training;
-#   step    images/s of a training step (ResNet-20, AMP) with and without the INQ scheduler.
+#   ddp     a one-GPU torchrun (NCCL) of the same training.
+# (The former step "step", bench_core.py --only step --device cuda --amp, measured what
+# train_speed's ResNet-20 fp16 eager row measures.)
 # Usage: [STEPS="..."] experiments/gpu_check.sh [LOG_DIR] [extra args for `inq bench kernel`]
-# STEPS default: "imma convtests static bench ncu". Each step stops after STEP_TIMEOUT seconds
-# (default 120: the six default runs stay within a 15-minute GPU slot even if each hits it). Needs
-# torch (CUDA) with triton, torchvision, safetensors, scikit-learn, pytest, hypothesis,
-# hydra-core and tensorboard. Runs from a plain checkout too (python3 -m puts the repository
-# root on the import path). LOG_DIR is taken relative to the directory it is started from.
+# STEPS default: "imma convtests static bench ncu train_speed". Each step stops after
+# STEP_TIMEOUT seconds (default 120), train_speed after min(STEP_TIMEOUT, 90) (it starts groups
+# for 30 s less, which leaves 30 s to the group in flight): the seven default runs take at most
+# 13.5 minutes even if each hits its limit, which with the machine's start fits a 15-minute GPU
+# slot. Needs torch (CUDA) with triton, torchvision, safetensors, scikit-learn, pytest,
+# hypothesis, hydra-core and tensorboard. Runs from a plain checkout too (python3 -m puts the
+# repository root on the import path). LOG_DIR is taken relative to the directory it is started
+# from.
 # Exit status: 0 when every step passed; 1 when one failed (the last line names each failed
-# step with its exit status; 124 is STEP_TIMEOUT); 2 without a CUDA GPU, at once, having run
+# step with its exit status; 124: it ran out of time); 2 without a CUDA GPU, at once, having run
 # and written nothing.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-steps=" ${STEPS:-imma convtests static bench ncu} "
+steps=" ${STEPS:-imma convtests static bench ncu train_speed} "
 wanted() { [[ $steps == *" $1 "* ]]; }
 for name in $steps; do
-  [[ " tests convtests imma static bench ncu train integer ddp step " == *" $name "* ]] || {
-    echo "gpu_check.sh: STEPS names no step $name (steps: tests convtests imma static bench ncu train integer ddp step)" >&2
+  [[ " tests convtests imma static bench ncu train_speed train integer ddp " == *" $name "* ]] || {
+    echo "gpu_check.sh: STEPS names no step $name (steps: tests convtests imma static bench ncu train_speed train integer ddp)" >&2
     exit 2
   }
 done
@@ -61,11 +69,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda,
 'triton', triton.__version__)" | tee -a "$logs/gpu.txt"
 
-step() {  # step NAME LOG COMMAND...: run it, log its output, print its exit status and time
-  local name=$1 log=$2
+step() {  # [limit=S] step NAME LOG COMMAND...: run it (for at most S seconds, default
+  local name=$1 log=$2  # STEP_TIMEOUT), log its output, print its exit status and time
   shift 2
   local start=$(date +%s)
-  timeout "${STEP_TIMEOUT:-120}" "$@" >"$logs/$log" 2>&1
+  timeout "${limit:-${STEP_TIMEOUT:-120}}" "$@" >"$logs/$log" 2>&1
   local rc=$?  # timeout's status: the command's own, or 124 when it ran out of time
   echo "$name: exit $rc after $(($(date +%s) - start)) s (log: $logs/$log)"
   ran=$((ran + 1))
@@ -120,6 +128,14 @@ if wanted ncu; then
   fi
 fi
 
+if wanted train_speed; then  # groups start for 30 s less than its limit, the eager ones first
+  speed_limit=$((${STEP_TIMEOUT:-120} < 90 ? ${STEP_TIMEOUT:-120} : 90))
+  limit=$speed_limit step "training speed, with and without INQ" train_speed.log python3 \
+    experiments/bench_train.py --device cuda --json "$logs/train_speed.json" \
+    --budget-s $((speed_limit > 30 ? speed_limit - 30 : 0))
+  cat "$logs/train_speed.log"
+fi
+
 train=(model=resnet20 data=synthetic data.image_size=32 data.train_size=8192 data.batch_size=128
   trainer.device=cuda trainer.amp=true trainer.float_epochs=3 inq.epochs=1 trainer.progress=false
   quant.act_bits=8 quant.batches=4)
@@ -141,12 +157,6 @@ if wanted ddp; then
   step "torchrun, 1 GPU (NCCL)" ddp.log torchrun --standalone --nproc_per_node=1 \
     -m inq.train.app "${train[@]}" hydra.run.dir="$logs/ddp"
   tail -n 2 "$logs/ddp.log"
-fi
-
-if wanted step; then
-  step "training step, with and without INQ" step.log python3 experiments/bench_core.py \
-    --only step --device cuda --amp --batch 256 --steps 50 --json "$logs/step.json"
-  cat "$logs/step.log"
 fi
 
 if ((${#failed[@]})); then

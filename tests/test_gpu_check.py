@@ -20,18 +20,26 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "experiments" / "gpu_check.sh"
 
-# A python3 for which torch sees a GPU; the static check sleeps past STEP_TIMEOUT, the integer
-# check exits with $INTEGER_RC; everything else is the real interpreter.
+# A python3 for which torch sees a GPU. With $CALLS set, every other call appends its arguments
+# to that file and exits 0 (after $SLEEP seconds); else the static check sleeps past
+# STEP_TIMEOUT, the integer check exits with $INTEGER_RC, and the rest is the real interpreter.
 FAKE_PYTHON = f"""#!/usr/bin/env bash
 case "$*" in
-  "-c import torch; print(torch.cuda.is_available())") echo True ;;
-  *"import torch, triton"*) echo "torch (stand-in)" ;;
+  "-c import torch; print(torch.cuda.is_available())") echo True; exit ;;
+  *"import torch, triton"*) echo "torch (stand-in)"; exit ;;
+esac
+if [[ -n ${{CALLS:-}} ]]; then
+  echo "$*" >>"$CALLS"
+  exec sleep "${{SLEEP:-0}}"
+fi
+case "$*" in
   *"bench kernel --static"*) exec sleep 30 ;;
   *gpu_integer_check.py*) exit "$INTEGER_RC" ;;
   *) exec {sys.executable} "$@" ;;
 esac
 """
 FAKE_NVIDIA_SMI = '#!/bin/sh\necho "name, driver_version"\necho "stand-in GPU, 0"\n'
+FAKE_NCU = '#!/bin/sh\necho "ncu $*" >>"$CALLS"\n'
 
 
 def repo_state() -> str:
@@ -74,7 +82,8 @@ def gpu_check(
 def fake_gpu(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in (("python3", FAKE_PYTHON), ("nvidia-smi", FAKE_NVIDIA_SMI)):
+    fakes = (("python3", FAKE_PYTHON), ("nvidia-smi", FAKE_NVIDIA_SMI), ("ncu", FAKE_NCU))
+    for name, text in fakes:
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     return bin_dir
@@ -98,11 +107,15 @@ def test_without_cuda_it_stops_at_once_with_one_line(tmp_path: Path) -> None:
     assert repo_state() == before
 
 
-def test_unknown_step_is_refused(tmp_path: Path) -> None:
-    proc = gpu_check(cwd=tmp_path, env={"STEPS": "imma imm", "CUDA_VISIBLE_DEVICES": ""})
+@pytest.mark.parametrize("unknown", ["imm", "step"])  # "step": now train_speed's row
+def test_unknown_step_is_refused(tmp_path: Path, unknown: str) -> None:
+    env = {"STEPS": f"imma {unknown}", "CUDA_VISIBLE_DEVICES": ""}
+    proc = gpu_check(cwd=tmp_path, env=env)
     assert proc.returncode == 2
-    assert proc.stderr.startswith("gpu_check.sh: STEPS names no step imm ("), proc.stderr
-    assert len(proc.stderr.splitlines()) == 1
+    assert proc.stderr == (
+        f"gpu_check.sh: STEPS names no step {unknown} (steps: tests convtests imma static bench "
+        "ncu train_speed train integer ddp)\n"
+    )
 
 
 def test_failed_steps_make_it_fail_named_with_their_exit_status(
@@ -136,3 +149,49 @@ def test_all_steps_passed_and_no_log_dir_means_a_temporary_one(
     assert proc.stdout.splitlines()[-1] == f"gpu_check.sh: all 1 steps passed (logs: {logs})"
     assert sorted(p.name for p in logs.iterdir()) == ["gpu.txt", "integer.log"]
     assert repo_state() == before
+
+
+def test_the_default_steps_end_with_the_training_speed_benchmark_in_its_budget(
+    tmp_path: Path, fake_gpu: Path
+) -> None:
+    """STEPS empty is the default: the kernel tests, the static check, the benchmark, both
+    Nsight Compute runs, then bench_train.py on CUDA with 60 s to start groups in (its limit:
+    90 s of the 120 of STEP_TIMEOUT), its figures into LOG_DIR."""
+    before = repo_state()
+    logs, calls = tmp_path / "logs", tmp_path / "calls.txt"
+    proc = gpu_check(str(logs), cwd=REPO, env={"STEPS": "", "CALLS": str(calls)}, path=fake_gpu)
+    assert proc.returncode == 0, proc
+    assert proc.stdout.splitlines()[-1] == f"gpu_check.sh: all 7 steps passed (logs: {logs})"
+    ran = calls.read_text().splitlines()
+    assert [line.split()[0] for line in ran] == ["-m"] * 4 + ["ncu"] * 2 + [
+        "experiments/bench_train.py"
+    ]
+    assert ran[-1] == (
+        f"experiments/bench_train.py --device cuda --json {logs}/train_speed.json --budget-s 60"
+    )
+    speed = (
+        rf"training speed, with and without INQ: exit 0 after \d+ s \(log: {logs}/train_speed.log\)"
+    )
+    assert any(re.fullmatch(speed, line) for line in proc.stdout.splitlines()), proc.stdout
+    assert "train_speed.log" in {p.name for p in logs.iterdir()}
+    assert repo_state() == before
+
+
+def test_the_training_speed_step_keeps_within_a_shorter_step_timeout(
+    tmp_path: Path, fake_gpu: Path
+) -> None:
+    """Below 90 s, STEP_TIMEOUT is train_speed's limit too, and its budget 30 s less (none at
+    all under 30 s); past the limit the step fails with 124."""
+    calls = tmp_path / "calls.txt"
+    env = {"STEPS": "train_speed", "CALLS": str(calls), "STEP_TIMEOUT": "1", "SLEEP": "30"}
+    proc = gpu_check("logs", cwd=tmp_path, env=env, path=fake_gpu)
+    assert proc.returncode == 1, proc
+    assert proc.stdout.splitlines()[-1].startswith(
+        "gpu_check.sh: 1 of 1 steps failed: training speed, with and without INQ (exit 124)"
+    )
+    assert calls.read_text().split()[-2:] == ["--budget-s", "0"]
+    calls.unlink()
+    env |= {"STEP_TIMEOUT": "45", "SLEEP": "0"}
+    proc = gpu_check("logs", cwd=tmp_path, env=env, path=fake_gpu)
+    assert proc.returncode == 0, proc
+    assert calls.read_text().split()[-2:] == ["--budget-s", "15"]
