@@ -7,8 +7,10 @@ the config key to fix.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -38,7 +40,7 @@ __all__ = [
     "build_optimizer",
     "build_scheduler",
     "check_amp",
-    "compile_failure",
+    "compile_errors",
     "compiled",
     "compiled_graphs",
     "prune_targets",
@@ -143,7 +145,7 @@ COMPILE_BACKEND: Any = "inductor"
 
 def compiled(cfg: Config, net: nn.Module) -> nn.Module:
     """``net`` under ``torch.compile`` if ``trainer.compile`` asks for it (compiling happens at
-    its first call: :func:`compile_failure` names the key when that fails), else ``net``.
+    its first call: :func:`compile_errors` names the key when that fails), else ``net``.
 
     DDP wraps the compiled model, not the other way round: dynamo skips DDP's own forward, so a
     compiled DDP module would run eagerly."""
@@ -153,18 +155,23 @@ def compiled(cfg: Config, net: nn.Module) -> nn.Module:
     return compiled_net
 
 
-def compile_failure(err: Exception, model_name: str) -> ConfigError | None:
-    """The :class:`ConfigError` naming ``trainer.compile`` for an error torch.compile raised,
-    or None for any other error."""
+@contextlib.contextmanager
+def compile_errors(cfg: Config) -> Iterator[None]:
+    """Turn an error torch.compile raises (at a compiled model's first call, or a recompile) into
+    one :class:`ConfigError` naming ``trainer.compile``; other errors pass unchanged."""
     from torch._dynamo.exc import TorchDynamoException  # inductor's errors derive from it
 
-    if not isinstance(err, TorchDynamoException):
-        return None
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    why = " ".join(lines[:2]) or type(err).__name__  # e.g. "backend='x' raised: Error: ..."
-    return ConfigError(
-        "trainer.compile", f"torch.compile cannot compile {model_name}: {why}; run without it"
-    )
+    try:
+        yield
+    except TorchDynamoException as err:
+        if not cfg.trainer.compile:
+            raise
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        why = " ".join(lines[:2]) or type(err).__name__  # e.g. "backend='x' raised: Error: ..."
+        raise ConfigError(
+            "trainer.compile",
+            f"torch.compile cannot compile {cfg.model.name}: {why}; run without it",
+        ) from None
 
 
 def compiled_graphs() -> int:

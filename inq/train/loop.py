@@ -37,7 +37,7 @@ from inq.train.build import (
     build_optimizer,
     build_scheduler,
     check_amp,
-    compile_failure,
+    compile_errors,
     compiled,
     compiled_graphs,
     prune_targets,
@@ -85,9 +85,7 @@ class Trainer:
         self.integer = integer_phase(cfg)  # after the exports; None without quant.act_bits
         self._amp = cfg.trainer.amp_dtype  # None: no autocast; float16 scales the loss
         self._scaler = torch.amp.GradScaler(env.device.type, enabled=self._amp == torch.float16)
-        self._input_format = (
-            torch.channels_last if cfg.trainer.channels_last else torch.preserve_format
-        )
+        self._nhwc = cfg.trainer.channels_last
         self._reset_state()
         if saved is not None:
             self._restore(saved)
@@ -206,9 +204,9 @@ class Trainer:
             self._train_loader, desc, self._steps_per_epoch, self.progress.batch
         )
         for x, y in batches:
-            form = self._input_format if x.dim() == 4 else torch.preserve_format
-            x = x.to(device, non_blocking=True, memory_format=form)
-            y = y.to(device, non_blocking=True)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            if self._nhwc and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
             loss, logits, lr, kd = self.train_step(x, y)
             window.add(loss, logits, y, kd)
             step = self.progress.step
@@ -241,7 +239,7 @@ class Trainer:
         """
         assert self._optimizer is not None and self._lr_sched is not None
         d, clip = self.cfg.inq.distill, self.cfg.trainer.grad_clip
-        try:
+        with compile_errors(self.cfg):  # torch.compile compiles at a module's first step
             loss, logits, kd = fit_step(
                 self._net,
                 self._optimizer,
@@ -252,11 +250,6 @@ class Trainer:
                 amp=self._amp or False,
                 grad_clip=(self._trained.parameters(), clip) if clip else None,
             )
-        except Exception as err:  # torch.compile compiles at the first step of a module
-            name = self.cfg.model.name
-            if not self.cfg.trainer.compile or (refusal := compile_failure(err, name)) is None:
-                raise
-            raise refusal from None
         lr = float(self._lr_sched.get_last_lr()[0])
         self._lr_sched.step()
         self.progress.batch += 1
