@@ -112,15 +112,9 @@ def test_killed_four_times_then_resumed_is_bit_identical(
     assert expected in proc.stderr
 
 
-LEVEL_OPTIONS = ("inq.bits=3", "inq.n1_rule=mse", "inq.granularity=channel")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["inq", "ste"])
-def test_resume_is_bit_identical_with_per_channel_mse_level_sets(
-    tmp_path: Path, method: str
-) -> None:
-    settings = (*RESUMABLE, *LEVEL_OPTIONS, f"inq.method={method}")
+def resumed_after_a_kill_at_step_13(tmp_path: Path, settings: tuple[str, ...]) -> Path:
+    """Run ``settings`` whole (``reference/``) and killed at step 13 then resumed (``run/``);
+    assert both export the same masked checkpoint, bit for bit; return the resumed run's dir."""
     inq_train(*settings, f"hydra.run.dir={tmp_path / 'reference'}")
     run_dir = tmp_path / "run"
     proc = inq_train(*settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:13"}, check=False)
@@ -131,6 +125,19 @@ def test_resume_is_bit_identical_with_per_channel_mse_level_sets(
     assert resumed.keys() == reference.keys()
     for key, tensor in reference.items():
         assert torch.equal(resumed[key], tensor), key
+    return run_dir
+
+
+LEVEL_OPTIONS = ("inq.bits=3", "inq.n1_rule=mse", "inq.granularity=channel")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["inq", "ste"])
+def test_resume_is_bit_identical_with_per_channel_mse_level_sets(
+    tmp_path: Path, method: str
+) -> None:
+    settings = (*RESUMABLE, *LEVEL_OPTIONS, f"inq.method={method}")
+    run_dir = resumed_after_a_kill_at_step_13(tmp_path, settings)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["n1_rule"], summary["granularity"]) == ("mse", "channel")
     assert 0.0 < summary["zero_fraction"] < 1.0
@@ -145,16 +152,7 @@ def test_a_compiled_bf16_channels_last_run_resumes_bit_identically(tmp_path: Pat
     mid-stage and resumed ends where the uninterrupted run does; neither recompiles at a stage
     change (one graph, forward and backward, per process)."""
     settings = (*RESUMABLE, *SPEED_OPTIONS)
-    inq_train(*settings, f"hydra.run.dir={tmp_path / 'reference'}")
-    run_dir = tmp_path / "run"
-    proc = inq_train(*settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:13"}, check=False)
-    assert proc.returncode == -9, proc.stderr[-2000:]
-    inq_train(*settings, f"trainer.resume={run_dir}", f"hydra.run.dir={run_dir}")
-    reference = load_file(tmp_path / "reference" / "model_masked.safetensors")
-    resumed = load_file(run_dir / "model_masked.safetensors")
-    assert resumed.keys() == reference.keys()
-    for key, tensor in reference.items():
-        assert torch.equal(resumed[key], tensor), key
+    run_dir = resumed_after_a_kill_at_step_13(tmp_path, settings)
     for log in (tmp_path / "reference" / "app.log", run_dir / "app.log"):
         counts = re.findall(r"torch\.compile: (\d+) graphs compiled", log.read_text())
         assert len(counts) >= 4 and set(counts) == {"1"}, (log, counts)  # float and stages
