@@ -271,7 +271,9 @@ def decode_unchecked(codes: torch.Tensor, n1: N1, bits: int, dtype: torch.dtype)
     n1 per row: the same formula as the table's, element by element (so the same values).
     """
     if isinstance(n1, int):
-        table = decode_table(n1, bits, dtype, codes.device)
+        # under torch.compile (an STE forward) the table's arithmetic is traced, not cached
+        build = decode_table.__wrapped__ if torch.compiler.is_compiling() else decode_table
+        table = build(n1, bits, dtype, codes.device)
         return torch.index_select(table, 0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
     check_bits(bits)
     n1 = broadcast_n1(n1, codes)

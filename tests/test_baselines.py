@@ -159,6 +159,28 @@ def test_finalize_keeps_the_last_forward_values_drops_the_shadows_and_freezes(bi
         ste.finalize()
 
 
+def test_ste_trains_a_compiled_model_without_recompiling_each_step() -> None:
+    """Under torch.compile the STE's snapping compiles once per layer (its n1 and shape are
+    guards), then steps reuse the graphs; finalize gives the level sets' values."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = net()
+    ste = STEQuantizer(model, INQScheduler(model, bits=4, portions=(1.0,)))
+    compiled = torch.compile(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    shadow = model[4].parametrizations.weight.original.detach().clone()
+    train_steps(compiled, optimizer, 2)
+    graphs = counters["stats"]["unique_graphs"]
+    train_steps(compiled, optimizer, 4)
+    assert counters["stats"]["unique_graphs"] == graphs > 0
+    assert not torch.equal(model[4].parametrizations.weight.original, shadow)  # it trained
+    sched = ste.finalize()
+    for layer in sched.layers:
+        assert_in_level_set(layer.weight, layer.n1, 4)
+
+
 def test_ste_export_verifies_as_exact_powers_of_two(tmp_path: Path) -> None:
     model, ste = ste_run(bits=3)
     file = tmp_path / "ste.safetensors"

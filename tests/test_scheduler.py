@@ -493,6 +493,37 @@ def test_the_value_cache_follows_every_change_of_the_state() -> None:
         assert bool((theirs.weight.detach()[theirs.mask] == 0).all())
 
 
+@pytest.mark.parametrize("cache_values", [False, True])
+def test_the_guarantee_holds_in_a_loop_of_ones_own_around_a_compiled_model(
+    cache_values: bool,
+) -> None:
+    """torch.compile (inductor) of the model: the gradient hooks and the write-back after each
+    step work around the compiled graph, and no stage change recompiles it."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = digits_net(seed=5)
+    compiled = torch.compile(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=0.05)
+    sched = INQScheduler(model, bits=5, portions=(0.5, 1.0), cache_values=cache_values)
+    sched.attach(optimizer)
+    graphs = []
+    for stage in range(2):
+        sched.step()
+        snapshot = frozen_snapshot(sched)
+        for images, labels in digits_batches()[:3]:
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(compiled(images), labels).backward()
+            assert_frozen_grads_zero(sched)
+            optimizer.step()
+            assert_frozen_exact(sched, snapshot, f"after a compiled step at stage {stage}")
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs == [1, 1]
+    for layer in sched.layers:
+        assert torch.isin(layer.weight.detach(), inq.pow2_levels(layer.n1, 5)).all()
+
+
 def test_remove_hooks_stops_freezing() -> None:
     model = nn.Linear(6, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.5)

@@ -18,6 +18,7 @@ from train_helpers import INQ_TRAIN, TINY, inq_train
 
 from inq.errors import ConfigError
 from inq.runfiles import LATEST
+from inq.train.build import check_amp
 from inq.train.checkpoint import CHECKPOINT_DIR, load_checkpoint
 from inq.train.config import Config, register, validate
 from inq.train.distributed import setup
@@ -107,6 +108,17 @@ def test_a_train_step_keeps_the_quantized_weights_exact(
     assert conv.dim() == 4 and conv.is_contiguous(memory_format=torch.channels_last) == nhwc
     assert trainer.sched.layers[0].cache_values == ("inq.cache_values=true" in options)
     assert logits.dtype == (torch.bfloat16 if "trainer.amp=bf16" in options else torch.float32)
+
+
+def test_bf16_on_a_gpu_without_bfloat16_is_refused_naming_the_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *_, **__: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Tesla V100-SXM2-16GB")
+    expected = r"^trainer\.amp: Tesla V100-SXM2-16GB has no bfloat16; use trainer\.amp=fp16$"
+    with pytest.raises(ConfigError, match=expected):
+        check_amp(tiny("trainer.amp=bf16"), torch.device("cuda"))
+    check_amp(tiny("trainer.amp=bf16"), torch.device("cpu"))  # CPU autocast takes bfloat16
 
 
 def test_a_model_torch_cannot_compile_is_refused_naming_the_key(
