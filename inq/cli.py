@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import torch
 
@@ -54,7 +55,13 @@ from inq.data import (
 from inq.evaluation import evaluate
 from inq.export_hls4ml import BACKEND as HLS_BACKEND
 from inq.export_hls4ml import export_hls4ml
-from inq.export_onnx import OnnxModel, export_onnx, export_qdq, load_onnx
+from inq.export_onnx import (
+    OnnxModel,
+    export_onnx,
+    export_qdq,
+    load_onnx,
+    recorded_descriptions,
+)
 from inq.export_qonnx import QonnxModel, export_qonnx, is_qonnx
 from inq.fileio import LOCK_NAME, lock_dir
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
@@ -448,7 +455,9 @@ def _info(args: argparse.Namespace) -> int:
         print(integer_table(open_artefact(header), args.file))
         return 0
     if header.kind == ONNX_MODEL:
-        print(onnx_summary(OnnxModel(args.file), args.file))
+        proto = load_onnx(args.file)
+        print(qonnx_summary(proto, args.file) if is_qonnx(proto) else
+              onnx_summary(OnnxModel(args.file, proto), args.file))  # fmt: skip
         return 0
     packed, read = load_model(header)
     stored = header.kind == PACKED_FILE
@@ -502,14 +511,39 @@ def _input_line(data: dict) -> str:
 def onnx_summary(model: OnnxModel, path: str) -> str:
     """What ``inq info`` shows of an ONNX file: opset, size, inputs and outputs, and the model,
     data and input preprocessing it records."""
+    head = f"ONNX opset {model.opset}, {model.nodes} nodes, {model.initializers} initializers"
+    return _graph_summary(path, head, model.signature, model.model, model.data)
+
+
+def qonnx_summary(proto: Any, path: str) -> str:
+    """:func:`onnx_summary` of a QONNX file, read from the graph (ONNX Runtime cannot load its
+    ``Quant`` nodes), with its count of ``Quant`` nodes."""
+    from onnx import TensorProto
+
+    nodes = proto.graph.node
+    quants = sum(node.op_type == "Quant" for node in nodes)
+    head = (f"QONNX model, {len(nodes)} nodes ({quants} Quant), {len(proto.graph.initializer)} "
+            "initializers")  # fmt: skip
+    signature = [
+        (role, value.name, f"tensor({TensorProto.DataType.Name(kind.elem_type).lower()})",
+         [d.dim_param or d.dim_value for d in kind.shape.dim])
+        for role, values in (("input", proto.graph.input), ("output", proto.graph.output))
+        for value in values
+        for kind in [value.type.tensor_type]
+    ]  # fmt: skip
+    return _graph_summary(path, head, signature, *recorded_descriptions(proto, path))
+
+
+def _graph_summary(
+    path: str, head: str, signature: Sequence[tuple[str, str, str, Any]], model: dict, data: dict
+) -> str:
     lines = [
-        f"{path}: ONNX opset {model.opset}, {model.nodes} nodes, {model.initializers} "
-        f"initializers, {os.path.getsize(path)} B",
-        *(f"{role} {name}: {dtype} {dims}" for role, name, dtype, dims in model.signature),
-        f"model {json.dumps(model.model)}",
+        f"{path}: {head}, {os.path.getsize(path)} B",
+        *(f"{role} {name}: {dtype} {dims}" for role, name, dtype, dims in signature),
+        f"model {json.dumps(model)}",
     ]
-    if model.data:
-        lines += [f"data {model.data.get('name')}", _input_line(model.data)]
+    if data:
+        lines += [f"data {data.get('name')}", _input_line(data)]
     else:
         lines.append("no data recorded: inq eval needs --data NAME")
     return "\n".join(lines)

@@ -146,6 +146,12 @@ def test_inq_eval_of_a_qonnx_file_prints_the_integer_models_accuracy(
     assert main(["eval", str(int_file), "--device", "cpu"]) == 0
     int_line = capsys.readouterr().out
     assert qonnx_line.split("): ")[-1] == int_line.split("): ")[-1]  # accuracy and loss
+    assert main(["info", str(out)]) == 0  # read from the graph: ONNX Runtime cannot load it
+    quants = sum(node.op_type == "Quant" for node in proto.graph.node)
+    info = capsys.readouterr().out.splitlines()
+    assert info[0].startswith(f"{out}: QONNX model, {len(proto.graph.node)} nodes ({quants} Quant")
+    assert info[1] == "input x: tensor(float) [1, 1, 8, 8]"
+    assert info[3] == f"model {json.dumps(model.info['model'])}" and info[4] == "data digits"
 
 
 def _tampered(proto: onnx.ModelProto, path: Path, value: float) -> str:
