@@ -12,17 +12,20 @@ descriptions in its ``metadata_props``, so ``inq eval model.onnx`` evaluates it 
 data.
 
 :func:`export_qdq` writes an integer model (:mod:`inq.quant.integer`) as the Q/DQ graph that
-ONNX Runtime and TensorRT fuse into integer kernels. Each conv/linear is a node unit:
+ONNX Runtime fuses into integer kernels. Each conv/linear is a node unit:
 ``DequantizeLinear`` of its input, of int8 weights ``±2**k`` (zero point 0) with one scale per
 output channel carrying the power-of-two exponent and the folded BatchNorm factor
 (:func:`qdq_weight`), and of an int32 bias (scale: input scale times weight scale); the op; a
 ``Relu`` where the model has one; ``QuantizeLinear`` with the next value's scale. Adds and
-average pooling are node units too (QLinearAdd, QLinearAveragePool); max pooling, flatten,
-slicing and zero padding run on the integers. Every value is uint8: zero point 0 where the
-integer model's value is unsigned, 128 where it is int8 (as ONNX Runtime runs int8 activations
-on x86); where a value's range is narrower than uint8's (fewer activation bits, a ReLU6), a
-``Clip`` of the integers follows its ``QuantizeLinear``. The last conv/linear,
-which the integer model keeps in int32, gives float logits.
+average pooling are node units too, of standard ops only (``DequantizeLinear``, ``Add`` or
+``AveragePool``, ``QuantizeLinear``: ONNX Runtime fuses them into its ``QLinearAdd`` and
+``QLinearAveragePool``); max pooling, flatten, slicing and zero padding run on the integers.
+Every value is uint8: zero point 0 where the integer model's value is unsigned, 128 where it is
+int8 (as ONNX Runtime runs int8 activations on x86; TensorRT takes int8 values with zero
+point 0 only, so it cannot take this graph as it is); where a value's range is narrower than
+uint8's (fewer activation bits, a ReLU6), a ``Clip`` of the integers follows its
+``QuantizeLinear``. The last conv/linear, which the integer model keeps in int32, gives float
+logits.
 
 Where a layer's integers exceed ``±64`` (``128`` at 5 bits, wider level sets at 6-8 bits: see
 :attr:`QdqWeight.int8`), its weights are float initializers of the same values, exact
