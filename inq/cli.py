@@ -728,6 +728,20 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
                    help="any activation scale, not only powers of two (requantizations then "
                    "need multipliers)")  # fmt: skip
     p.add_argument(
+        "--symmetric",
+        action="store_true",
+        help="int8 activations with zero point 0 everywhere, TensorRT's form (its Q/DQ export "
+        "has no uint8): ReLU outputs use 0..127 at twice the scale",
+    )
+    p.add_argument(
+        "--symmetric-tolerance",
+        type=float,
+        default=defaults.symmetric_tolerance,
+        help="with --symmetric, refuse if symmetric activations lose more than this share of "
+        "the calibration images' top-1 agreement with the float model, against unsigned ones "
+        f"(default: {defaults.symmetric_tolerance})",
+    )
+    p.add_argument(
         "-o",
         "--output",
         help=f"integer model, *{SAFETENSORS} (default: <source stem>{INT_SUFFIX} beside the "
@@ -744,6 +758,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         pow2_scales=not args.float_scales,
         batches=args.batches,
         epochs=args.epochs,
+        symmetric=args.symmetric,
+        symmetric_tolerance=args.symmetric_tolerance,
     )
     problem = settings.problem()
     if problem is not None:  # before any work
@@ -783,7 +799,8 @@ def integer_table(model: IntegerModel, path: str) -> str:
         f"{path}: {INT_FORMAT}, model {json.dumps(info.get('model', {}))}",
         f"activations {info.get('act_bits')}-bit, input {info.get('input_bits')}-bit "
         f"({info.get('calibration')} calibration, "
-        f"{'power-of-two' if info.get('pow2_scales', True) else 'float'} scales), weights "
+        f"{'power-of-two' if info.get('pow2_scales', True) else 'float'} scales"
+        f"{', symmetric: TensorRT form' if info.get('symmetric') else ''}), weights "
         f"{weight_bits}-bit; output scale {model.output_scale()!r}",
     ]
     width = max(len("op"), *(len(op.name) for op in model.ops))

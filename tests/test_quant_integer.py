@@ -298,7 +298,7 @@ def test_values_may_be_narrower_than_their_dtype_never_wider() -> None:
     )  # fmt: skip
     del model.info["act_bits"]
     assert program_problems(model)[0] == (
-        conv.name, "range 0..256 is not within an activation range of 2 to 8 bits"
+        conv.name, "range 0..256 is not within an activation range of 2-8 bits"
     )  # fmt: skip
 
 

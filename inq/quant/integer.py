@@ -355,6 +355,7 @@ _INFO: dict[str, _Rule] = {
     "pow2_scales": (lambda v: isinstance(v, bool), "true or false"),
     "calibration_batches": _COUNT,
     "finetune_epochs": (lambda v: _is_int(v, 0), "an integer >= 0"),
+    "symmetric": (lambda v: isinstance(v, bool), "true or false"),
 }
 
 # The attributes of each op kind besides scale/lo/hi, and their ranges (cross-checks below).
@@ -471,16 +472,16 @@ def _range_problem(op: IntOp, last: bool, info: dict[str, Any]) -> str | None:
     key = "input_bits" if op.op == "input" else "act_bits"
     recorded = info.get(key)
     widths = [recorded] if _is_bits(recorded) else range(MIN_BITS, MAX_BITS + 1)
-    ranges = [_act_range(b, signed) for b in widths for signed in (True, False)]
+    kinds = (True,) if info.get("symmetric") is True else (True, False)
+    ranges = [_act_range(b, signed) for b in widths for signed in kinds]
     if any(low <= lo and hi <= high for low, high in ranges):
         return None
+    within = " or ".join(f"{low}..{high}" for low, high in ranges[: len(kinds)])
+    symmetric = " (symmetric)" if len(kinds) == 1 else ""
     if _is_bits(recorded):
-        signed, unsigned = _act_range(recorded, True), _act_range(recorded, False)
-        return (
-            f"range {lo}..{hi} is not within {key}={recorded}'s ({signed[0]}..{signed[1]} or "
-            f"{unsigned[0]}..{unsigned[1]})"
-        )
-    return f"range {lo}..{hi} is not within an activation range of {MIN_BITS} to {MAX_BITS} bits"
+        return f"range {lo}..{hi} is not within {key}={recorded}'s{symmetric} ({within})"
+    kind = "a symmetric" if symmetric else "an"
+    return f"range {lo}..{hi} is not within {kind} activation range of {MIN_BITS}-{MAX_BITS} bits"
 
 
 def _act_range(bits: int, signed: bool) -> tuple[int, int]:

@@ -71,6 +71,7 @@ __all__ = [
 ]
 
 MULTIPLIER_BITS = 31
+SAMPLE_IMAGES = 256  # calibration images kept to measure what symmetric activations cost
 
 
 def quantize_multiplier(value: float, bits: int = MULTIPLIER_BITS) -> tuple[int, int]:
@@ -147,11 +148,12 @@ class Lowering:
         calibration: str = "max",
         pow2: bool = True,
         input_bits: int = 8,
+        symmetric: bool = False,
     ) -> None:
         act_range(act_bits, signed=True)  # validates the bits
         act_range(input_bits, signed=True)
         self.act_bits, self.calibration, self.pow2 = act_bits, calibration, pow2
-        self.input_bits = input_bits
+        self.input_bits, self.symmetric = input_bits, symmetric
         model.eval()
         self.graph_module = trace_model(model)
         self.modules = dict(self.graph_module.named_modules())
@@ -163,6 +165,7 @@ class Lowering:
         }
         self.shapes: dict[str, tuple[int, ...]] = {}  # step name -> input shape (per sample)
         self.fake_quants: dict[str, FakeQuant] = {}
+        self.sample: Tensor | None = None  # the first calibration images (symmetric_agreement)
         self._calibrated: dict[str, float] | None = None  # what the observers pick, once
 
     def _is_last(self, step: Step) -> bool:
@@ -193,11 +196,41 @@ class Lowering:
         seen = 0
         with torch.no_grad():
             for x in batches:
+                if not seen:
+                    self.sample = x[:SAMPLE_IMAGES]
                 recorder.run(x)
                 seen += 1
         if not seen:
             raise IntegerModelError("no calibration data: the batches were empty")
         self._calibrated = None
+
+    def signed(self, point: str) -> bool:
+        """Whether a point's integers are signed: all are for symmetric activations (int8
+        with zero point 0, TensorRT's form), else those that can be negative."""
+        return self.symmetric or self.observers[point].signed
+
+    def symmetric_agreement(self) -> tuple[float, float]:
+        """How often the calibrated integer model's top-1 class equals the float model's on
+        the first :data:`SAMPLE_IMAGES` calibration images, with symmetric activations and
+        with unsigned ones where values cannot be negative: ``(symmetric, unsigned)``.
+
+        Raises:
+            IntegerModelError: if the model was not calibrated.
+        """
+        if self.sample is None:
+            raise IntegerModelError("calibrate the model first")
+        with torch.no_grad():
+            reference = self.graph_module(self.sample).argmax(-1)
+        chosen, agreement = self.symmetric, []
+        try:
+            for symmetric in (True, False):
+                self.symmetric, self._calibrated = symmetric, None
+                with torch.no_grad():
+                    top1 = self.integer_model().to(self.sample.device)(self.sample).argmax(-1)
+                agreement.append(float((top1 == reference).float().mean()))
+        finally:
+            self.symmetric, self._calibrated = chosen, None
+        return agreement[0], agreement[1]
 
     # -------------------------------------------------------------------------- fine-tune
 
@@ -215,7 +248,7 @@ class Lowering:
             if node in last:  # a folded clamp needs no narrower range: the graph clamps first
                 name = last[node]
                 bits = self.bits(name)
-                lo, hi = act_range(bits, self.observers[name].signed)
+                lo, hi = act_range(bits, self.signed(name))
                 fq = FakeQuant(self._calibrated_scales()[name], lo, hi, self.pow2)
                 self.fake_quants[name] = fq
                 env[node] = graph.call_module(f"fq_{name}", (env[node],))
@@ -236,7 +269,8 @@ class Lowering:
     def _calibrated_scales(self) -> dict[str, float]:
         if self._calibrated is None:  # the mse search is the costly part: run it once
             self._calibrated = {
-                name: obs.scale(self.bits(name), self.pow2) for name, obs in self.observers.items()
+                name: obs.scale(self.bits(name), self.pow2, self.signed(name))
+                for name, obs in self.observers.items()
             }
         return self._calibrated
 
@@ -268,8 +302,7 @@ class Lowering:
         for step in self.steps:
             ins = [values[i] for i in step.inputs]
             if step.point and step.name in scales:
-                signed = self.observers[step.name].signed
-                lo, hi = act_range(self.bits(step.name), signed)
+                lo, hi = act_range(self.bits(step.name), self.signed(step.name))
                 out = {"scale": scales[step.name], "lo": lo, "hi": hi}
             else:  # an op on one value, or the last conv/linear (its range: _weight_op)
                 out = dict(ins[0].attrs)

@@ -108,15 +108,17 @@ class Observer:
             flat = flat[pick]
         self.samples.append(flat)
 
-    def scale(self, bits: int, pow2: bool) -> float:
-        """The scale this observer's method picks for ``bits``-bit integers.
+    def scale(self, bits: int, pow2: bool, signed: bool | None = None) -> float:
+        """The scale this observer's method picks for ``bits``-bit integers, signed ones if
+        ``signed`` (None: as :attr:`signed`; True for symmetric activations, whose
+        non-negative values then use ``0..2**(b-1) - 1`` at about twice the scale).
 
         Raises:
             ValueError: if no value was ever seen.
         """
         if not self.seen:
             raise ValueError("no calibration data reached this tensor")
-        lo, hi = act_range(bits, self.signed)
+        lo, hi = act_range(bits, self.signed if signed is None else signed)
         peak = max(self.high, 0.0) / hi
         if lo < 0:
             peak = max(peak, -min(self.low, 0.0) / -lo)
@@ -131,8 +133,9 @@ class Observer:
             best = self._least_mse(best, lo, hi, pow2)
         return best
 
-    def clipped(self, scale: float, bits: int) -> float:
-        """The fraction of the values seen (a sample of them) that ``scale`` clips.
+    def clipped(self, scale: float, bits: int, signed: bool | None = None) -> float:
+        """The fraction of the values seen (a sample of them) that ``scale`` clips
+        (``signed`` as in :meth:`scale`).
 
         Example:
             >>> obs = Observer("max", signed=False)
@@ -140,7 +143,7 @@ class Observer:
             >>> obs.clipped(scale=1 / 64, bits=7)  # 127 / 64 < 2 <= 3
             0.5
         """
-        lo, hi = act_range(bits, self.signed)
+        lo, hi = act_range(bits, self.signed if signed is None else signed)
         values = torch.cat(self.samples) / scale
         return float(((values < lo - 0.5) | (values >= hi + 0.5)).float().mean())
 

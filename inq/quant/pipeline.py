@@ -37,6 +37,7 @@ __all__ = [
     "IntegerModelError",
     "QuantSettings",
     "RealOutput",
+    "calibrate",
     "lowered",
     "lowering_of",
     "quantize",
@@ -65,6 +66,11 @@ class QuantSettings:
     batches: int = 8  # calibration batches of data.eval_batch_size training images
     epochs: int = 0  # fine-tuning epochs with fake-quantized activations
     lr: float = 1e-3  # Adam, on the BatchNorm affine parameters and the log2 scales
+    # int8 activations with zero point 0 everywhere (TensorRT's form): ReLU outputs use 0..127
+    # at twice the scale; refused if that changes the top-1 class of more than
+    # symmetric_tolerance of the calibration images beyond what unsigned ones change
+    symmetric: bool = False
+    symmetric_tolerance: float = 0.01
 
     def problem(self) -> tuple[str, str] | None:
         """The first setting out of range, as ``(field, message)``; None if all are fine."""
@@ -79,6 +85,8 @@ class QuantSettings:
                 return name, f"must be >= {least}, got {getattr(self, name)}"
         if not self.lr > 0:
             return "lr", f"must be > 0, got {self.lr}"
+        if not 0 <= self.symmetric_tolerance <= 1:
+            return "symmetric_tolerance", f"from 0 to 1, got {self.symmetric_tolerance}"
         return None
 
 
@@ -128,7 +136,7 @@ def quantize(
         torch.manual_seed(seed)
         lowering = lowering_of(packed, settings, device)
         start = time.perf_counter()
-        lowering.calibrate(x.to(device) for x in calibration)
+        calibrate(lowering, (x.to(device) for x in calibration), settings)
         report: dict[str, Any] = {"calibration_s": time.perf_counter() - start}
         on_epoch(0, scale_values(lowering))
         if settings.epochs:
@@ -162,8 +170,33 @@ def lowering_of(packed: PackedFile, settings: QuantSettings, device: torch.devic
     with torch.random.fork_rng(devices=[]):  # building modules draws: leave the caller's RNG be
         model = from_packed(packed).to(device)
     return Lowering(
-        model, settings.act_bits, settings.calibration, settings.pow2_scales, settings.input_bits
-    )
+        model, settings.act_bits, settings.calibration, settings.pow2_scales, settings.input_bits,
+        settings.symmetric,
+    )  # fmt: skip
+
+
+def calibrate(lowering: Lowering, batches: Iterable[Tensor], settings: QuantSettings) -> None:
+    """Calibrate ``lowering`` on ``batches``; with ``settings.symmetric``, check what symmetric
+    activations cost (:meth:`~inq.quant.lower.Lowering.symmetric_agreement`).
+
+    Raises:
+        IntegerModelError: no calibration data, or symmetric activations change the top-1
+            class of more than ``settings.symmetric_tolerance`` of the calibration images
+            beyond what unsigned ones change.
+    """
+    lowering.calibrate(batches)
+    if not settings.symmetric:
+        return
+    symmetric, unsigned = lowering.symmetric_agreement()
+    if unsigned - symmetric > settings.symmetric_tolerance:
+        count = len(lowering.sample) if lowering.sample is not None else 0
+        raise IntegerModelError(
+            f"symmetric activations (quant.symmetric, --symmetric) agree with the float model's "
+            f"top-1 class on {100 * symmetric:.1f} % of {count} calibration images against "
+            f"{100 * unsigned:.1f} % for unsigned ones, a loss above the bound of "
+            f"{100 * settings.symmetric_tolerance:g} points (quant.symmetric_tolerance); "
+            "calibrate without symmetric activations, or with more activation bits"
+        )
 
 
 def trainable(fq_model: nn.Module) -> list[nn.Parameter]:
@@ -193,6 +226,7 @@ def lowered(
         "pow2_scales": settings.pow2_scales,
         "calibration_batches": settings.batches,
         "finetune_epochs": settings.epochs,
+        "symmetric": settings.symmetric,
         "weight_bits": sorted({layer.bits for layer in packed.layers.values()}),
     }
     return lowering.integer_model(info)
@@ -220,7 +254,11 @@ def scale_values(lowering: Lowering) -> dict[str, float]:
     values = {}
     for name, scale in lowering.scales().items():
         fq = lowering.fake_quants.get(name)
-        clipped = fq.clipped if fq else lowering.observers[name].clipped(scale, lowering.bits(name))
+        clipped = (
+            fq.clipped
+            if fq
+            else lowering.observers[name].clipped(scale, lowering.bits(name), lowering.signed(name))
+        )
         values[f"quant/log2_scale/{name}"] = (
             float(fq.log2_scale.detach()) if fq else math.log2(scale)
         )

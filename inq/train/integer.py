@@ -21,7 +21,14 @@ from inq.evaluation import evaluate
 from inq.packed import PackedFile, load_packed
 from inq.quant.integer import load_integer, save_integer
 from inq.quant.lower import Lowering
-from inq.quant.pipeline import QuantSettings, RealOutput, lowered, lowering_of, scale_values
+from inq.quant.pipeline import (
+    QuantSettings,
+    RealOutput,
+    calibrate,
+    lowered,
+    lowering_of,
+    scale_values,
+)
 from inq.runfiles import INTEGER, PACKED
 from inq.train import checkpoint as ckpt
 from inq.train.distributed import share
@@ -85,7 +92,7 @@ def _calibrated(trainer: Trainer, packed: PackedFile, settings: QuantSettings) -
     device = trainer.env.device
     lowering = lowering_of(packed, settings, device)
     batches = calibration_loader(trainer.data, settings.batches, trainer.cfg.trainer.seed)
-    lowering.calibrate(x.to(device) for x, _ in batches)
+    calibrate(lowering, (x.to(device) for x, _ in batches), settings)
     return lowering
 
 
