@@ -206,7 +206,13 @@ def export_qdq(
         ValueError: if the onnx extra is missing or an op has no ONNX form here.
     """
     onnx, _ = _modules()
-    graph = _QdqGraph(onnx)
+    symmetric = model.info.get("symmetric") is True
+    if symmetric:  # TensorRT's form; its module imports this one
+        from inq.export_tensorrt import SymmetricQdqGraph, readers, trt_problems
+
+        graph: _QdqGraph = SymmetricQdqGraph(onnx, readers(model))
+    else:
+        graph = _QdqGraph(onnx)
     for op in model.ops:
         graph.add(op, model.op_tensors(op.name))
     graph.nodes.append(
@@ -221,8 +227,11 @@ def export_qdq(
         producer_name="inq",
     )
     _output_shape(proto, onnx)
+    if symmetric and (problems := trt_problems(proto)):
+        raise ValueError(f"the TensorRT-form export breaks a TensorRT rule (a bug): {problems[0]}")
     stats = _save(proto, path, onnx, model.info.get("model", {}), model.info.get("data", {}))
-    return {**stats, "int8_layers": graph.layers[0], "float_layers": graph.layers[1]}
+    form = "tensorrt" if symmetric else "uint8"
+    return {**stats, "int8_layers": graph.layers[0], "float_layers": graph.layers[1], "form": form}
 
 
 @dataclass
@@ -369,8 +378,7 @@ class _QdqGraph:
         elif kind in ("conv", "linear", "add"):
             y = self.weight_op(op, tensors) if kind != "add" else self.node(
                 "Add", [self.real(i) for i in ins], op.name)  # fmt: skip
-            if a["lo"] == 0:  # a folded ReLU (redundant before a zero point of 0: fused away)
-                y = self.node("Relu", [y], op.name)
+            y = self.activate(y, op)
             value = self.clip_real(y, op) if _is_real(op) else self.quantize(y, op)
         elif kind == "avgpool":
             x = self.real(ins[0])
@@ -382,9 +390,23 @@ class _QdqGraph:
             value = self.quantize(pooled, op)
         elif kind in ("relu", "clamp"):  # QuantizeLinear saturates at 0, a Clip at the bounds
             value = self.quantize(self.real(ins[0]), op)
-        else:  # exact on the integers: the runtime's integer kernels, no Q/DQ
-            value = self.integer_op(op, self.values[ins[0]])
+        else:
+            value = self.exact_op(op)
         self.values[op.name] = value
+
+    def activate(self, y: str, op: IntOp) -> str:
+        """A folded ReLU on the op's real output (redundant before a zero point of 0: runtimes
+        fuse it away)."""
+        return self.node("Relu", [y], op.name) if op.attrs["lo"] == 0 else y
+
+    def exact_op(self, op: IntOp) -> str:
+        """An op exact on the integers (max pooling, flatten, slicing, zero padding): on the
+        integers, the runtime's integer kernels, no Q/DQ."""
+        return self.integer_op(op, self.values[op.inputs[0]])
+
+    def pad_value(self, op: IntOp) -> np.ndarray:
+        """The integer that stands for 0 in the op's value (its zero point)."""
+        return np.array(_zero_point(op), np.uint8)
 
     def integer_op(self, op: IntOp, x: str) -> str:
         a, kind = op.attrs, op.op
@@ -410,7 +432,7 @@ class _QdqGraph:
             pairs = [a["pad"][i : i + 2] for i in range(0, len(a["pad"]), 2)]  # last dim first
             pairs = [[0, 0]] * (4 - len(pairs)) + pairs[::-1]
             pads = np.array([p[0] for p in pairs] + [p[1] for p in pairs], np.int64)
-            zero = self.const("pad_value", np.array(_zero_point(op), np.uint8))
+            zero = self.const("pad_value", self.pad_value(op))
             return self.node("Pad", [x, self.const("pads", pads), zero], op.name, mode="constant")
         raise ValueError(f"op {op.name!r} ({kind}, {a}) has no ONNX form in the Q/DQ export")
 
@@ -421,37 +443,58 @@ class _QdqGraph:
         of the same values, exact (an integer ``±2**k`` times a float32 scale), and the bias
         the int32 bias times its float32 scale, rounded to float32: runtimes run that layer as
         a float convolution."""
-        a = op.attrs
         in_scale = np.float32(self.ops[op.inputs[0]].attrs["scale"])
-        w = qdq_weight(op, tensors, float(in_scale))
-        scale = w.scale.float()
-        rows = len(scale)
-        self.layers[not w.int8] += 1
-        bias_scale = in_scale * scale.numpy()  # float32, as a runtime computes it
-        if w.int8:
-            weight = self.node("DequantizeLinear", [
-                self.const("w", w.ints.to(torch.int8).numpy()),
-                self.const("w_scale", scale.numpy()),
-                self.const("w_zero", np.zeros(rows, np.int8)),
-            ], f"{op.name}_w", axis=0)  # fmt: skip
+        w = self.qdq_weight(op, tensors, float(in_scale))
+        int8 = self.runs_int8(w)
+        self.layers[not int8] += 1
+        bias_scale = in_scale * w.scale.float().numpy()  # float32, as a runtime computes it
+        if int8:
+            weight = self.int8_weight(op, w)
             bias = self.node("DequantizeLinear", [
                 self.const("b", w.bias.to(torch.int32).numpy()),
                 self.const("b_scale", bias_scale),
-                self.const("b_zero", np.zeros(rows, np.int32)),
+                self.const("b_zero", np.zeros(len(bias_scale), np.int32)),
             ], f"{op.name}_b", axis=0)  # fmt: skip
             x = self.real(op.inputs[0])
         else:
             # an input dequantized by hand keeps ONNX Runtime from re-quantizing the weights (per
             # tensor, to int8), as its WeightBiasQuantization rewrite would between DQ and Q
-            view = (-1, *[1] * (w.ints.dim() - 1))
-            weight = self.const("w", (w.ints.float() * scale.reshape(view)).numpy())
-            bias = self.const("b", (w.bias * torch.from_numpy(bias_scale).double()).float().numpy())
+            weight, bias = self.float_weight(w, bias_scale)
             x = self.real_by_hand(op.inputs[0])
+        return self.layer(op, x, weight, bias)
+
+    def qdq_weight(self, op: IntOp, tensors: dict[str, Tensor], in_scale: float) -> QdqWeight:
+        return qdq_weight(op, tensors, in_scale)
+
+    def runs_int8(self, w: QdqWeight) -> bool:
+        return w.int8
+
+    def int8_weight(self, op: IntOp, w: QdqWeight) -> str:
+        """The int8 weights (zero point 0) dequantized with one scale per output channel."""
+        scale = w.scale.float().numpy()
+        return self.node("DequantizeLinear", [
+            self.const("w", w.ints.to(torch.int8).numpy()),
+            self.const("w_scale", scale),
+            self.const("w_zero", np.zeros(len(scale), np.int8)),
+        ], f"{op.name}_w", axis=0)  # fmt: skip
+
+    def float_weight(self, w: QdqWeight, bias_scale: np.ndarray) -> tuple[str, str]:
+        """Float initializers of the same weights (exact) and of the bias times its scale."""
+        view = (-1, *[1] * (w.ints.dim() - 1))
+        weight = self.const("w", (w.ints.float() * w.scale.float().reshape(view)).numpy())
+        return weight, self.float_bias(w, bias_scale)
+
+    def float_bias(self, w: QdqWeight, bias_scale: np.ndarray) -> str:
+        """The integer bias times its float32 scale, rounded to float32."""
+        return self.const("b", (w.bias * torch.from_numpy(bias_scale).double()).float().numpy())
+
+    def layer(self, op: IntOp, x: str, weight: str, bias: str | None) -> str:
+        """The ``Gemm`` or ``Conv`` node (without a bias where ``bias`` is None)."""
+        a, inputs = op.attrs, [x, weight] if bias is None else [x, weight, bias]
         if op.op == "linear":
-            return self.node("Gemm", [x, weight, bias], op.name, transB=1)
-        return self.node("Conv", [x, weight, bias], op.name, strides=a["stride"],
-                         pads=a["padding"] * 2, dilations=a["dilation"],
-                         group=a["groups"])  # fmt: skip
+            return self.node("Gemm", inputs, op.name, transB=1)
+        return self.node("Conv", inputs, op.name, strides=a["stride"], pads=a["padding"] * 2,
+                         dilations=a["dilation"], group=a["groups"])  # fmt: skip
 
 
 def _output_shape(proto: Any, onnx: Any) -> None:

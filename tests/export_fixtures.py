@@ -179,21 +179,22 @@ class ResidualNet(nn.Module):
         return self.fc(self.pool(y).flatten(1))
 
 
-def residual_integer_model(seed: int = 0, **levels: str) -> IntegerModel:
+def residual_integer_model(seed: int = 0, symmetric: bool = False, **levels: str) -> IntegerModel:
     """The integer model of a 5-bit :class:`ResidualNet` whose BatchNorm has negative scales
     (so some conv multipliers are negative), calibrated on random inputs ``[N, 2, 4, 4]``, with
-    the descriptions ``inq calibrate`` records; ``levels`` as :func:`quantize` takes them."""
+    the descriptions ``inq calibrate`` records (``--symmetric`` with ``symmetric``); ``levels``
+    as :func:`quantize` takes them."""
     from inq.quant.lower import Lowering
 
     torch.manual_seed(seed)
     net = ResidualNet()
     with torch.no_grad():
         net.bn.weight.copy_(torch.tensor([1.0, -0.5, 0.7, -1.2]))
-    lowering = Lowering(packed_model(net, **levels), act_bits=8)
+    lowering = Lowering(packed_model(net, **levels), act_bits=8, symmetric=symmetric)
     lowering.calibrate([torch.randn(8, 2, 4, 4)])
     info = {"model": {"name": "residual"}, "data": {}, "act_bits": 8, "input_bits": 8,
             "calibration": "max", "pow2_scales": True, "calibration_batches": 1,
-            "finetune_epochs": 0, "weight_bits": [5]}  # fmt: skip
+            "finetune_epochs": 0, "weight_bits": [5], "symmetric": symmetric}  # fmt: skip
     return lowering.integer_model(info)
 
 
@@ -268,18 +269,21 @@ def mobilenet_inputs(count: int, seed: int = 0) -> torch.Tensor:
     return 4 * torch.randn(count, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
 
 
-def mobilenet_integer_model(seed: int = 0, bits: int = 5) -> tuple[nn.Module, IntegerModel]:
+def mobilenet_integer_model(
+    seed: int = 0, bits: int = 5, symmetric: bool = False
+) -> tuple[nn.Module, IntegerModel]:
     """The packed :func:`mobilenet_style` model (5-bit) and its integer model, calibrated
-    (``max``) on :func:`mobilenet_inputs`, with the descriptions ``inq calibrate`` records."""
+    (``max``) on :func:`mobilenet_inputs`, with the descriptions ``inq calibrate`` records
+    (``--symmetric`` with ``symmetric``)."""
     from inq.quant.lower import Lowering
 
     model = packed_model(mobilenet_style(seed), bits)
-    lowering = Lowering(model, act_bits=8)
+    lowering = Lowering(model, act_bits=8, symmetric=symmetric)
     lowering.calibrate(mobilenet_inputs(64, seed).split(16))
     info = {"model": {"name": "mobilenet_style", "num_classes": 10, "in_channels": 3},
             "data": SYNTHETIC_DATA, "act_bits": 8, "input_bits": 8, "calibration": "max",
             "pow2_scales": True, "calibration_batches": 4, "finetune_epochs": 0,
-            "weight_bits": [bits]}  # fmt: skip
+            "weight_bits": [bits], "symmetric": symmetric}  # fmt: skip
     return model, lowering.integer_model(info)
 
 
