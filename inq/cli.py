@@ -277,9 +277,14 @@ def _export_onnx(args: argparse.Namespace) -> int:
             int_model.info["data"] = data
             stats = export_qdq(int_model, output, input_shape(data))
             read = source
+            form = (
+                "TensorRT form: int8, zero point 0, checked against TensorRT's parser rules"
+                if stats["form"] == "tensorrt"
+                else "uint8 form; for TensorRT calibrate with --symmetric"
+            )
             what = (
-                f"Q/DQ graph of the integer model, {stats['int8_layers']} conv/linear layers "
-                f"with int8 weights, {stats['float_layers']} with exact float weights"
+                f"Q/DQ graph of the integer model ({form}), {stats['int8_layers']} conv/linear "
+                f"layers with int8 weights, {stats['float_layers']} with exact float weights"
                 + (" (integers beyond ±64)" if stats["float_layers"] else "")
             )
         else:

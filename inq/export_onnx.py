@@ -215,8 +215,9 @@ def export_qdq(
         graph = _QdqGraph(onnx)
     for op in model.ops:
         graph.add(op, model.op_tensors(op.name))
+    named = {"name": OUTPUT_NAME} if symmetric else {}  # TensorRT's form names every node
     graph.nodes.append(
-        onnx.helper.make_node("Identity", [graph.real(model.ops[-1].name)], [OUTPUT_NAME])
+        onnx.helper.make_node("Identity", [graph.real(model.ops[-1].name)], [OUTPUT_NAME], **named)
     )
     shape = ["batch", *input_shape]
     output = onnx.helper.make_tensor_value_info(OUTPUT_NAME, onnx.TensorProto.FLOAT, None)

@@ -250,7 +250,8 @@ def _ops_within_one_step(model: IntegerModel, shape: tuple[int, ...], folder: Pa
         source = ops[op.inputs[0]]
         entry = IntOp(source.name, "input", [], {k: source.attrs[k] for k in ("scale", "lo", "hi")})
         tensors = {f"{op.name}.{k}": v for k, v in model.op_tensors(op.name).items()}
-        alone = IntegerModel([entry, op], tensors)
+        form = {k: v for k, v in model.info.items() if k == "symmetric"}  # TensorRT's or uint8
+        alone = IntegerModel([entry, op], tensors, form)
         x = (values[source.name].double() * source.attrs["scale"]).float()
         export_qdq(alone, folder / "op.onnx", tuple(x.shape[1:]))
         got = OnnxModel(folder / "op.onnx")(x).double() / op.attrs["scale"]

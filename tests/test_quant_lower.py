@@ -158,6 +158,56 @@ def test_resnet_residuals_lower_and_track_the_float_model() -> None:
     _assert_close_to_float(model, int_model, x)
 
 
+def test_symmetric_activations_are_signed_everywhere_at_twice_the_scale() -> None:
+    """ReLU outputs use 0..127 at 2x (or 4x, where max/255 is within 0.4 % below a power of
+    two) the unsigned scale; the input and every other point are int8; the file is sound."""
+    model = _conv_block()
+    x = torch.randn(8, 3, 7, 7, generator=_gen(2)).abs()  # a non-negative input: signed anyway
+    points = {}
+    for symmetric in (False, True):
+        lowering = Lowering(model, act_bits=8, symmetric=symmetric)
+        lowering.calibrate([x])
+        int_model = lowering.integer_model({"act_bits": 8, "symmetric": symmetric})
+        assert program_problems(int_model) == []
+        points[symmetric] = {op.name: op.attrs for op in int_model.ops[:-1]}
+    for name, unsigned in points[False].items():
+        symmetric = points[True][name]
+        assert symmetric["lo"] >= -128 and symmetric["hi"] <= 127, name
+        if unsigned["lo"] == 0 and name != "input":
+            assert symmetric["lo"] == 0 and symmetric["scale"] / unsigned["scale"] in (2, 4)
+    assert points[False]["input"]["lo"] == 0 and points[True]["input"]["lo"] == -128
+
+
+def test_a_symmetric_file_with_an_unsigned_range_is_refused() -> None:
+    lowering = Lowering(_conv_block(), act_bits=8)
+    lowering.calibrate([torch.randn(8, 3, 7, 7, generator=_gen(2))])
+    int_model = lowering.integer_model({"act_bits": 8, "symmetric": True})
+    relu = next(op for op in int_model.ops if op.attrs["lo"] == 0 and op.attrs["hi"] == 255)
+    assert program_problems(int_model)[0] == (
+        relu.name, "range 0..255 is not within act_bits=8's (symmetric) (-128..127)"
+    )  # fmt: skip
+
+
+def test_symmetric_agreement_compares_both_forms_on_the_first_calibration_images() -> None:
+    """At 2 activation bits a ReLU output keeps 0..1 symmetric against 0..3 unsigned: the
+    symmetric model agrees less with the float one; the refusal names the settings."""
+    from inq.quant.pipeline import QuantSettings, calibrate
+
+    torch.manual_seed(0)
+    model = packed_model(ResNetCIFAR(depth=8, num_classes=10, in_channels=3, width=8), bits=5)
+    x = torch.randn(300, 3, 8, 8, generator=_gen(3))
+    lowering = Lowering(model, act_bits=2, symmetric=True)
+    settings = QuantSettings(act_bits=2, symmetric=True)
+    with pytest.raises(IntegerModelError) as err:
+        calibrate(lowering, x.split(150), settings)
+    symmetric, unsigned = lowering.symmetric_agreement()
+    assert lowering.sample is not None and len(lowering.sample) == 150
+    assert unsigned - symmetric > settings.symmetric_tolerance
+    assert f"on {100 * symmetric:.1f} % of 150 calibration images against" in str(err.value)
+    assert "(quant.symmetric_tolerance); calibrate without symmetric" in str(err.value)
+    assert lowering.symmetric and lowering.integer_model().ops[1].attrs["hi"] <= 1
+
+
 def test_construction_refuses_what_the_plan_refuses() -> None:
     """The planning refusals themselves are tested in test_quant_trace.py."""
     with pytest.raises(IntegerModelError, match=r"cannot express module '1' \(Sigmoid\)"):

@@ -165,6 +165,8 @@ def test_a_value_of_the_wrong_type_is_refused(conf) -> None:
         ("lr.gamma=0", "lr.gamma"),
         ("quant.epochs=2", "quant.epochs"),
         ("quant.calibration=mse", "quant.calibration"),
+        ("quant.symmetric=true", "quant.symmetric"),
+        ("quant.act_bits=8 quant.symmetric_tolerance=2", "quant.symmetric_tolerance"),
         ("model.checkpoint=x.pt trainer.float_epochs=5", "trainer.float_epochs"),
         ("trainer.resume=", "trainer.resume"),
         ("trainer.amp=int8", "trainer.amp"),
@@ -294,7 +296,7 @@ def test_a_layer_bits_glob_matching_no_layer_ends_the_run_before_training(
 
 
 @pytest.mark.slow
-def test_a_run_with_layer_bits_records_each_layers_bits_in_its_files(tmp_path: Path) -> None:
+def test_a_run_with_layer_bits_and_symmetric_activations_records_both(tmp_path: Path) -> None:
     import json
 
     from inq.masked import load_masked
@@ -302,7 +304,8 @@ def test_a_run_with_layer_bits_records_each_layers_bits_in_its_files(tmp_path: P
     from inq.quant.integer import load_integer
 
     run_dir = tmp_path / "run"
-    settings = ("inq.bits=4", "inq.layer_bits=[0:8,12:8]", "quant.act_bits=8", "quant.batches=1")
+    settings = ("inq.bits=4", "inq.layer_bits=[0:8,12:8]", "quant.act_bits=8", "quant.batches=1",
+                "quant.symmetric=true")  # fmt: skip
     proc = inq_train(*TINY, *settings, f"hydra.run.dir={run_dir}")
     bits = {"0": 8, "3": 4, "7": 4, "12": 8}
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -313,7 +316,8 @@ def test_a_run_with_layer_bits_records_each_layers_bits_in_its_files(tmp_path: P
     packed = load_packed(run_dir / "model.inq.safetensors")
     assert {key: layer.bits for key, layer in packed.layers.items()} == weights
     integer = load_integer(run_dir / "model.int.safetensors")
-    assert integer.info["weight_bits"] == [4, 8]
+    assert integer.info["weight_bits"] == [4, 8] and integer.info["symmetric"] is True
+    assert all(op.attrs["lo"] < 0 or op.attrs["hi"] <= 127 for op in integer.ops)
     assert [op.attrs["bits"] for op in integer.ops if "bits" in op.attrs] == [8, 4, 4, 8]
     state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["inq"]
     assert {name: layer["bits"] for name, layer in state["layers"].items()} == bits
