@@ -36,6 +36,7 @@ __all__ = [
     "CONV_LINEAR",
     "F32",
     "INT8",
+    "RUNTIMES",
     "LayerPrecision",
     "OpenVinoModel",
     "OpenVinoSession",
@@ -47,6 +48,7 @@ __all__ = [
     "read_onnx",
 ]
 
+RUNTIMES = ("onnxruntime", "openvino")  # the CPU runtimes of an ONNX file, the default first
 CONV_LINEAR = frozenset({"Convolution", "GroupConvolution", "FullyConnected", "MatMul"})
 INT8 = frozenset({"u8", "i8"})  # runtime precisions of a layer that runs in int8
 F32 = {"INFERENCE_PRECISION_HINT": "f32"}  # float layers in float32, also on bf16 CPUs
