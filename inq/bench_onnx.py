@@ -17,16 +17,27 @@ per-channel QInt8 weights and QUInt8 activations, calibrated on a few batches of
 file records (``inq_data``) where that loads here, else on random normal inputs; the output
 says which.
 
+``--runtime openvino`` times the files in OpenVINO's CPU plugin instead, ``--runtime both`` in
+both runtimes side by side: every (file, runtime) is a runner, and all runners take turns run by
+run as above. OpenVINO compiles each file for the timed batch before any run is timed
+(``INFERENCE_NUM_THREADS`` = ``--threads``, ``NUM_STREAMS=1``, ``PERFORMANCE_HINT=LATENCY``,
+``INFERENCE_PRECISION_HINT=f32``, so float layers stay float32 on bf16-capable CPUs). The rows
+are then ``file [runtime]``, and "vs 1st" compares with the first file in the same runtime.
+``--peer`` is made by ONNX Runtime either way; it is timed in every runtime chosen.
+
 For each file it prints which kernels ORT runs the convs and linears in, counted on the optimized
 graph saved at ``ORT_ENABLE_EXTENDED``: the level where the QDQ fusions (``QLinearConv``,
 ``QGemm``, ...) happen. ``ORT_ENABLE_ALL``, which is what is timed, adds only the
 hardware-specific NCHWc layout of float convs (ORT warns that such a saved graph only fits the
-machine it was made on); it turns no integer kernel into a float one or back.
+machine it was made on); it turns no integer kernel into a float one or back. In OpenVINO it
+prints the precision each conv/linear layer runs in (u8/i8: int8 kernels), read from the
+runtime model compiled at the first batch (:func:`inq.openvino_runtime.layer_precisions`).
 
 Example (shell)::
 
     inq bench onnx model.onnx model.qdq.onnx --peer --json experiments/onnx_bench.json
     inq bench onnx model.onnx --batches 1 --threads 1 2 4 --repeats 100
+    inq bench onnx model.onnx model.qdq.onnx --runtime both
 """
 
 from __future__ import annotations
@@ -78,7 +89,8 @@ __all__ = [
 
 ONNX_HELP = (
     "ONNX Runtime CPU latency of ONNX files side by side, optionally with ORT's own int8 "
-    "quantization as a peer: inq bench onnx A.onnx B.onnx [--peer]"
+    "quantization as a peer, and in OpenVINO: inq bench onnx A.onnx B.onnx [--peer] "
+    "[--runtime both]"
 )
 PEER_NAME = "ort quantize_static"
 SEED = 0

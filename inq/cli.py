@@ -862,7 +862,8 @@ COMMANDS: dict[str, Command] = {
         "integer model: calibrate int8 activations, fold BatchNorm", _calibrate_args, _calibrate
     ),
     "bench": Command(
-        "time the GPU kernels (kernel), or ONNX files in ONNX Runtime on the CPU (onnx)",
+        "time the GPU kernels (kernel), or ONNX files in ONNX Runtime or OpenVINO on the CPU "
+        "(onnx)",
         _bench_args,
         _bench,
     ),
