@@ -17,16 +17,27 @@ per-channel QInt8 weights and QUInt8 activations, calibrated on a few batches of
 file records (``inq_data``) where that loads here, else on random normal inputs; the output
 says which.
 
+``--runtime openvino`` times the files in OpenVINO's CPU plugin instead, ``--runtime both`` in
+both runtimes side by side: every (file, runtime) is a runner, and all runners take turns run by
+run as above. OpenVINO compiles each file for the timed batch before any run is timed
+(``INFERENCE_NUM_THREADS`` = ``--threads``, ``NUM_STREAMS=1``, ``PERFORMANCE_HINT=LATENCY``,
+``INFERENCE_PRECISION_HINT=f32``, so float layers stay float32 on bf16-capable CPUs). The rows
+are then ``file [runtime]``, and "vs 1st" compares with the first file in the same runtime.
+``--peer`` is made by ONNX Runtime either way; it is timed in every runtime chosen.
+
 For each file it prints which kernels ORT runs the convs and linears in, counted on the optimized
 graph saved at ``ORT_ENABLE_EXTENDED``: the level where the QDQ fusions (``QLinearConv``,
 ``QGemm``, ...) happen. ``ORT_ENABLE_ALL``, which is what is timed, adds only the
 hardware-specific NCHWc layout of float convs (ORT warns that such a saved graph only fits the
-machine it was made on); it turns no integer kernel into a float one or back.
+machine it was made on); it turns no integer kernel into a float one or back. In OpenVINO it
+prints the precision each conv/linear layer runs in (u8/i8: int8 kernels), read from the
+runtime model compiled at the first batch (:func:`inq.openvino_runtime.layer_precisions`).
 
 Example (shell)::
 
     inq bench onnx model.onnx model.qdq.onnx --peer --json experiments/onnx_bench.json
     inq bench onnx model.onnx --batches 1 --threads 1 2 4 --repeats 100
+    inq bench onnx model.onnx model.qdq.onnx --runtime both
 """
 
 from __future__ import annotations
@@ -51,6 +62,17 @@ import numpy as np
 from inq.data import build_eval_loader, eval_data_config, input_shape
 from inq.export_onnx import first_line
 from inq.fileio import atomic_path
+from inq.openvino_runtime import (
+    F32,
+    RUNTIMES,
+    LayerPrecision,
+    OpenVinoSession,
+    compile_onnx,
+    layer_precisions,
+    openvino_version,
+    precision_line,
+    read_onnx,
+)
 from inq.runfiles import ONNX_MODEL, refuse_kind
 
 __all__ = [
@@ -67,7 +89,8 @@ __all__ = [
 
 ONNX_HELP = (
     "ONNX Runtime CPU latency of ONNX files side by side, optionally with ORT's own int8 "
-    "quantization as a peer: inq bench onnx A.onnx B.onnx [--peer]"
+    "quantization as a peer, and in OpenVINO: inq bench onnx A.onnx B.onnx [--peer] "
+    "[--runtime both]"
 )
 PEER_NAME = "ort quantize_static"
 SEED = 0
@@ -149,6 +172,8 @@ class OnnxFile:
     data: dict[str, Any]
     fixed_batch: int | None = None  # the only batch a graph exported without a dynamic one takes
     ops: OpCounts = field(default_factory=lambda: count_ops([]))
+    openvino: Any = None  # the file read by OpenVINO (an openvino.Model), where it is timed there
+    precisions: list[LayerPrecision] = field(default_factory=list)  # OpenVINO's conv/linear
 
 
 def read_file(path: Path, folder: Path, name: str | None = None) -> OnnxFile:
@@ -335,15 +360,24 @@ class Timing:
     repeats: int
     median_ms: float
     min_ms: float
-    speedup: float  # the first file's median / this one's
+    speedup: float  # the first file's median in the same runtime / this one's
+    runtime: str = RUNTIMES[0]
 
 
 def time_setting(
-    files: Sequence[OnnxFile], batch: int, threads: int, repeats: int | None, warmup: int
+    files: Sequence[OnnxFile],
+    batch: int,
+    threads: int,
+    repeats: int | None,
+    warmup: int,
+    runtimes: Sequence[str] = RUNTIMES[:1],
 ) -> list[Timing]:
-    """Time every file at one (batch, threads) setting, the files interleaved run by run.
+    """Time every file in every runtime (``onnxruntime``, ``openvino``: a file OpenVINO times
+    has been read by :func:`inq.openvino_runtime.read_onnx`) at one (batch, threads) setting,
+    the runners (file x runtime) interleaved run by run. OpenVINO compiles each file for the
+    batch before any run is timed.
 
-    ``repeats=None``: as many runs as fit in :data:`BUDGET_S` seconds for the slowest file
+    ``repeats=None``: as many runs as fit in :data:`BUDGET_S` seconds for the slowest runner
     (judged from its last warm-up run), between :data:`MIN_REPEATS` and :data:`MAX_REPEATS`.
 
     Example::
@@ -352,53 +386,69 @@ def time_setting(
                             warmup=3)
         rows[0].median_ms
     """
-    ort = _ort()
-    level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    runs = []
-    for f in files:
-        try:
-            session = ort.InferenceSession(
-                str(f.path), _options(ort, level, threads), providers=["CPUExecutionProvider"]
-            )
-        except Exception as err:  # onnxruntime raises its own kinds
-            raise ValueError(
-                f"{f.path}: cannot load with all optimizations: {first_line(err)}"
-            ) from None
-        x = np.random.default_rng(SEED).standard_normal((batch, *f.shape), dtype=np.float32)
-        runs.append((session, {f.input: x}))
+    runners = [(f, runtime, _session(f, runtime, batch, threads)) for f in files
+               for runtime in runtimes]  # fmt: skip
+    feeds = [
+        {f.input: np.random.default_rng(SEED).standard_normal((batch, *f.shape), dtype=np.float32)}
+        for f, _, _ in runners
+    ]
     slowest = 0.0
-    for f, (session, feed) in zip(files, runs, strict=True):
+    for (f, _, session), feed in zip(runners, feeds, strict=True):
         took = 0.0
         for _ in range(warmup):
             start = time.perf_counter()
             try:
                 session.run(None, feed)
-            except Exception as err:  # onnxruntime raises its own kinds
+            except Exception as err:  # onnxruntime and openvino raise their own kinds
                 raise ValueError(
                     f"{f.path}: does not run at batch {batch}: {first_line(err)}"
                 ) from None
             took = time.perf_counter() - start
-        slowest = max(slowest, took)  # the last warm-up run of the slowest file
+        slowest = max(slowest, took)  # the last warm-up run of the slowest runner
     if repeats is None:
         repeats = min(MAX_REPEATS, max(MIN_REPEATS, int(BUDGET_S / max(slowest, 1e-9))))
     s = "" if threads == 1 else "s"
+    each = f"{len(files)} files" + (f" in {len(runtimes)} runtimes" if len(runtimes) > 1 else "")
     print(
-        f"batch {batch}, {threads} thread{s}: {len(files)} files, {repeats} runs each, interleaved",
+        f"batch {batch}, {threads} thread{s}: {each}, {repeats} runs each, interleaved",
         file=sys.stderr,
         flush=True,
     )
-    times: list[list[float]] = [[] for _ in files]
+    times: list[list[float]] = [[] for _ in runners]
     for r in range(repeats):
-        for i in [(r + k) % len(runs) for k in range(len(runs))]:
-            session, feed = runs[i]
+        for i in [(r + k) % len(runners) for k in range(len(runners))]:
+            session, feed = runners[i][2], feeds[i]
             start = time.perf_counter()
             session.run(None, feed)
             times[i].append((time.perf_counter() - start) * 1e3)
     medians = [statistics.median(t) for t in times]
+    first: dict[str, float] = {}
+    for (_, runtime, _), m in zip(runners, medians, strict=True):
+        first.setdefault(runtime, m)
     return [
-        Timing(f.name, batch, threads, repeats, m, min(t), medians[0] / m)
-        for f, m, t in zip(files, medians, times, strict=True)
+        Timing(f.name, batch, threads, repeats, m, min(t), first[runtime] / m, runtime)
+        for (f, runtime, _), m, t in zip(runners, medians, times, strict=True)
     ]
+
+
+OPENVINO_CONFIG = {"NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}  # + the threads, f32
+OPENVINO_SETTINGS = {**F32, **OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": "--threads"}
+
+
+def _session(f: OnnxFile, runtime: str, batch: int, threads: int) -> Any:
+    """What times ``f`` in ``runtime``: an ONNX Runtime session with all optimizations, or
+    OpenVINO's model compiled for ``batch`` behind the same ``run``."""
+    if runtime == "openvino":
+        config = {**OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": threads}
+        return OpenVinoSession(compile_onnx(f.openvino, f.path, batch, config))
+    ort = _ort()
+    options = _options(ort, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads)
+    try:
+        return ort.InferenceSession(str(f.path), options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime raises its own kinds
+        raise ValueError(
+            f"{f.path}: cannot load with all optimizations: {first_line(err)}"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------- output
@@ -416,33 +466,46 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
-def format_table(files: Sequence[OnnxFile], timings: Sequence[Timing]) -> str:
-    """Rows: files (their names unique); columns: milliseconds and speed-up over the first file,
-    per setting.
+def row_label(name: str, runtime: str, runtimes: Iterable[str]) -> str:
+    """A file's name, with its runtime beside it where any runtime but ONNX Runtime is timed.
 
     Example:
-        >>> f = [OnnxFile(Path(n), n, "x", (1,), {}) for n in ("a.onnx", "b.onnx")]
+        >>> row_label("a.onnx", "openvino", ["onnxruntime", "openvino"])
+        'a.onnx [openvino]'
+        >>> row_label("a.onnx", "onnxruntime", ["onnxruntime"])
+        'a.onnx'
+    """
+    return name if set(runtimes) <= {RUNTIMES[0]} else f"{name} [{runtime}]"
+
+
+def format_table(timings: Sequence[Timing]) -> str:
+    """Rows: files in runtimes (their names unique), in the order of ``timings``; columns:
+    milliseconds and speed-up over the first file in the same runtime, per setting.
+
+    Example:
         >>> t = [Timing("a.onnx", 1, 1, 5, 2.0, 1.9, 1.0), Timing("b.onnx", 1, 1, 5, 1.0, 1.0, 2.0)]
-        >>> print(format_table(f, t))
+        >>> print(format_table(t))
         file     b=1 t=1 ms   vs 1st
         ----------------------------
         a.onnx        2.000    1.00x
         b.onnx        1.000    2.00x
     """
     settings = list(dict.fromkeys((t.batch, t.threads) for t in timings))
-    by = {(t.file, t.batch, t.threads): t for t in timings}
-    width = max(len("file"), *(len(f.name) for f in files))
-    labels = [f"b={b} t={n} ms" for b, n in settings]
-    head = f"{'file':<{width}}" + "".join(f"{label:>13}{'vs 1st':>9}" for label in labels)
-    rows = [
-        f"{f.name:<{width}}"
+    rows = list(dict.fromkeys((t.file, t.runtime) for t in timings))
+    runtimes = {runtime for _, runtime in rows}
+    by = {((t.file, t.runtime), t.batch, t.threads): t for t in timings}
+    labels = [row_label(name, runtime, runtimes) for name, runtime in rows]
+    width = max(len("file"), *map(len, labels))
+    columns = [f"b={b} t={n} ms" for b, n in settings]
+    head = f"{'file':<{width}}" + "".join(f"{column:>13}{'vs 1st':>9}" for column in columns)
+    lines = [
+        f"{label:<{width}}"
         + "".join(
-            f"{by[f.name, b, n].median_ms:>13.3f}{by[f.name, b, n].speedup:>8.2f}x"
-            for b, n in settings
+            f"{by[row, b, n].median_ms:>13.3f}{by[row, b, n].speedup:>8.2f}x" for b, n in settings
         )
-        for f in files
+        for label, row in zip(labels, rows, strict=True)
     ]
-    return "\n".join([head, "-" * len(head), *rows])
+    return "\n".join([head, "-" * len(head), *lines])
 
 
 # ---------------------------------------------------------------------------------- command
@@ -455,8 +518,8 @@ def add_onnx_arguments(parser: argparse.ArgumentParser) -> None:
         >>> parser = argparse.ArgumentParser(prog="inq bench onnx")
         >>> add_onnx_arguments(parser)
         >>> args = parser.parse_args(["a.onnx", "b.onnx", "--threads", "4"])
-        >>> args.files, args.batches, args.threads, args.repeats
-        (['a.onnx', 'b.onnx'], [1, 32], [4], None)
+        >>> args.files, args.batches, args.threads, args.repeats, args.runtime
+        (['a.onnx', 'b.onnx'], [1, 32], [4], None, 'onnxruntime')
     """
     parser.add_argument(
         "files",
@@ -480,6 +543,13 @@ def add_onnx_arguments(parser: argparse.ArgumentParser) -> None:
         "--peer",
         action="store_true",
         help="add ONNX Runtime's quantize_static (QDQ, per-channel int8) of the first file",
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=[*RUNTIMES, "both"],
+        default=RUNTIMES[0],
+        help="which CPU runtime times the files: onnxruntime (default), openvino (pip install "
+        "'inq[openvino]'), or both side by side",
     )
     parser.add_argument("--json", type=Path, help="write every figure here (and the peer beside)")
 
@@ -506,6 +576,8 @@ def run_onnx(args: argparse.Namespace) -> int:
     if args.json is not None and args.json.is_dir():  # before any work
         raise ValueError(f"--json {args.json}: a directory; name the file to write")
     ort = _ort()
+    runtimes = list(RUNTIMES) if args.runtime == "both" else [args.runtime]
+    ov_version = openvino_version() if "openvino" in runtimes else None  # the extra, before work
     with tempfile.TemporaryDirectory(prefix="inq-bench-onnx-") as tmp:
         folder = Path(tmp)
         graphs = folder / "optimized"
@@ -535,13 +607,24 @@ def run_onnx(args: argparse.Namespace) -> int:
             peer = {"path": str(kept or output), "of": str(files[0].path), "how": how}
             where = "" if kept is None else f", written to {kept}"
             print(f"{PEER_NAME} of {files[0].path}: {how}{where}")
-        width = max(len(f.name) for f in files)
-        for f in files:
-            print(f"{f.name:<{width}}  {f.ops.line()}")
+        if ov_version is not None:
+            for f in files:
+                f.openvino = read_onnx(f.path)
+                f.precisions = layer_precisions(compile_onnx(f.openvino, f.path, args.batches[0]))
+        lines = {
+            row_label(f.name, runtime, runtimes): (
+                f.ops.line() if runtime == RUNTIMES[0] else precision_line(f.precisions)
+            )
+            for f in files
+            for runtime in runtimes
+        }
+        width = max(map(len, lines))
+        for label, line in lines.items():
+            print(f"{label:<{width}}  {line}")
         timings = [
             t
             for batch, threads in itertools.product(args.batches, args.threads)
-            for t in time_setting(files, batch, threads, args.repeats, args.warmup)
+            for t in time_setting(files, batch, threads, args.repeats, args.warmup, runtimes)
         ]
         if peer is not None and kept is not None:
             with atomic_path(kept) as target:
@@ -549,15 +632,24 @@ def run_onnx(args: argparse.Namespace) -> int:
     cpu = cpu_name()
     runs = sorted({t.repeats for t in timings})
     repeats = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]}-{runs[-1]}"
-    print(
-        f"ONNX Runtime {ort.__version__}, {cpu}, CPUExecutionProvider, ORT_ENABLE_ALL, "
-        f"sequential, 1 inter-op thread; median of {repeats} runs after {args.warmup} warm-up, "
-        "files interleaved"
-    )
-    print(format_table(files, timings))
+    timed = f"median of {repeats} runs after {args.warmup} warm-up, files interleaved"
+    if RUNTIMES[0] in runtimes:
+        print(
+            f"ONNX Runtime {ort.__version__}, {cpu}, CPUExecutionProvider, ORT_ENABLE_ALL, "
+            f"sequential, 1 inter-op thread; {timed}"
+        )
+    if ov_version is not None:
+        print(
+            f"OpenVINO {ov_version}, {cpu}, CPU plugin, PERFORMANCE_HINT=LATENCY, NUM_STREAMS=1, "
+            f"INFERENCE_PRECISION_HINT=f32, compiled per batch before timing; {timed}"
+        )
+    if len(runtimes) > 1:
+        print("vs 1st: the speed-up over the first file in the same runtime")
+    print(format_table(timings))
     if args.json is not None:
         payload = {
             "onnxruntime": ort.__version__,
+            "openvino": ov_version,
             "cpu": cpu,
             "settings": {
                 "provider": "CPUExecutionProvider",
@@ -570,11 +662,10 @@ def run_onnx(args: argparse.Namespace) -> int:
                 "warmup": args.warmup,
                 "repeats": args.repeats,
                 "seed": SEED,
+                "runtimes": runtimes,
+                "openvino_config": None if ov_version is None else OPENVINO_SETTINGS,
             },
-            "files": [
-                {"name": f.name, "path": str(f.path), "input": list(f.shape), "ops": asdict(f.ops)}
-                for f in files
-            ],
+            "files": [_file_record(f, ov_version is not None) for f in files],
             "peer": peer,
             "results": [asdict(t) for t in timings],
         }
@@ -583,6 +674,16 @@ def run_onnx(args: argparse.Namespace) -> int:
             target.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}{replaced}")
     return 0
+
+
+def _file_record(f: OnnxFile, openvino: bool) -> dict[str, Any]:
+    """What the JSON says of a file: its ORT ops and, where OpenVINO timed it, the precision
+    of each conv/linear layer there."""
+    record = {"name": f.name, "path": str(f.path), "input": list(f.shape), "ops": asdict(f.ops)}
+    if openvino:
+        record["openvino_precisions"] = precision_line(f.precisions)
+        record["openvino_layers"] = [{**asdict(x), "int8": x.int8} for x in f.precisions]
+    return record
 
 
 def row_names(paths: Sequence[Path]) -> list[str]:

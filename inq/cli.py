@@ -68,6 +68,7 @@ from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.levels import describe_n1
 from inq.masked import MASKED_FORMATS
 from inq.nn import from_packed
+from inq.openvino_runtime import RUNTIMES, OpenVinoModel, openvino_version
 from inq.packed import PackStats, export_packed, pack_stats
 from inq.quant.bench import integer_pair
 from inq.quant.integer import (
@@ -567,6 +568,13 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     )
     _data_args(p)
     p.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default=RUNTIMES[0],
+        help="which runtime runs an ONNX file on the CPU (default: onnxruntime; openvino needs "
+        "pip install 'inq[openvino]')",
+    )
+    p.add_argument(
         "--resplit",
         action="store_true",
         help="allow --data split_seed/val_fraction other than the run's: the images held out "
@@ -599,8 +607,12 @@ def _eval(args: argparse.Namespace) -> int:
         args.file, "eval", (PACKED_FILE, INTEGER_MODEL, ONNX_MODEL, MASKED_CHECKPOINT, RUN)
     )
     read = args.file
+    if args.runtime != RUNTIMES[0] and header.kind != ONNX_MODEL:
+        raise ValueError(
+            f"--runtime {args.runtime} runs ONNX files; {read} is not one ({header.kind})"
+        )
     if header.kind == ONNX_MODEL:
-        onnx_model, what = _onnx_model(args.file)
+        onnx_model, what = _onnx_model(args.file, args.runtime)
         description, recorded = onnx_model.model, onnx_model.data
         model: torch.nn.Module = onnx_model
         device = torch.device("cpu")
@@ -642,9 +654,13 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _onnx_model(path: str) -> tuple[OnnxModel | QonnxModel, str]:
-    """The ONNX file at ``path`` as a module to evaluate, and where it runs: a QONNX file
+def _onnx_model(path: str, runtime: str = "onnxruntime") -> tuple[OnnxModel | QonnxModel, str]:
+    """The ONNX file at ``path`` as a module to evaluate, and where it runs: with ``runtime``
+    ``openvino`` in OpenVINO (a QONNX file refused), else a QONNX file
     (:func:`inq.export_qonnx.is_qonnx`) in qonnx's executor, any other in ONNX Runtime."""
+    if runtime == "openvino":
+        model = OpenVinoModel(path)  # loads the file with load_onnx first
+        return model, f"OpenVINO {openvino_version()}, CPU"
     proto = load_onnx(path)
     if is_qonnx(proto):
         return QonnxModel(proto, path), "QONNX, qonnx's executor, CPU"
@@ -868,7 +884,8 @@ COMMANDS: dict[str, Command] = {
         "integer model: calibrate int8 activations, fold BatchNorm", _calibrate_args, _calibrate
     ),
     "bench": Command(
-        "time the GPU kernels (kernel), or ONNX files in ONNX Runtime on the CPU (onnx)",
+        "time the GPU kernels (kernel), or ONNX files in ONNX Runtime or OpenVINO on the CPU "
+        "(onnx)",
         _bench_args,
         _bench,
     ),

@@ -16,8 +16,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-from inq.bench_onnx import OnnxFile, calibration_inputs, count_ops
+from inq.bench_onnx import PEER_NAME, OnnxFile, calibration_inputs, count_ops
 from inq.cli import main
+from inq.openvino_runtime import RUNTIMES
 
 DATA = {"name": "synthetic", "in_channels": 3, "image_size": 8, "num_classes": 4}
 FAST = ["--repeats", "2", "--batches", "1", "--threads", "1", "--warmup", "1"]
@@ -220,3 +221,53 @@ def test_bench_help_names_both_targets(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["bench"])  # a target is required
     assert "TARGET" in capsys.readouterr().err
+
+
+def test_both_runtimes_side_by_side_with_the_peer(files, tmp_path: Path, capsys) -> None:
+    """--runtime both: a kernel line and a table row per file in each runtime (the peer, made by
+    ONNX Runtime, timed in both too), the speed-ups against the first file in the same runtime;
+    OpenVINO runs every conv/linear of ORT's QDQ files in int8 and of the float file in f32."""
+    float_file, qdq = files
+    out_json = tmp_path / "bench.json"
+    code, out, err = run(capsys, float_file, qdq, "--peer", "--runtime", "both", *FAST,
+                         "--json", out_json)  # fmt: skip
+    assert code == 0, err
+    rows = [(n, r) for n in ("float.onnx", "qdq.onnx", PEER_NAME) for r in RUNTIMES]
+    ov = {n: _ops_line(out, rf"{re.escape(n)} \[openvino\]") for n in ("float.onnx", "qdq.onnx")}
+    assert ov["float.onnx"].endswith("  conv/linear: 0 int8, 3 f32"), ov
+    assert re.search(r"  conv/linear: 3 int8 \(.*\)$", ov["qdq.onnx"]), ov
+    assert "conv/linear: 3 integer" in _ops_line(out, r"qdq\.onnx \[onnxruntime\]")
+    assert re.search(r"^OpenVINO \d+\.\d+.*INFERENCE_PRECISION_HINT=f32", out, flags=re.M)
+    table = out.splitlines()[-7:-1]
+    assert [line.split("  ")[0] for line in table] == [f"{n} [{r}]" for n, r in rows]
+    assert table[0].endswith(" 1.00x") and table[1].endswith(" 1.00x")  # each runtime's 1st
+    assert "batch 1, 1 thread: 3 files in 2 runtimes, 2 runs each, interleaved" in err
+
+    payload = json.loads(out_json.read_text())
+    assert payload["openvino"] == out.split("OpenVINO ")[1].split(",")[0]
+    assert payload["settings"]["runtimes"] == list(RUNTIMES)
+    results = payload["results"]
+    assert [(r["file"], r["runtime"]) for r in results] == rows
+    first = {r["runtime"]: r["median_ms"] for r in results[:2]}
+    for r in results:
+        assert r["speedup"] == first[r["runtime"]] / r["median_ms"] and r["median_ms"] > 0
+    qdq_record = payload["files"][1]
+    assert qdq_record["openvino_precisions"] == ov["qdq.onnx"].split("  ")[-1]
+    layers = qdq_record["openvino_layers"]
+    assert len(layers) == 3 and all(x["int8"] and x["precision"] in ("u8", "i8") for x in layers)
+    assert {x["layer_type"] for x in layers} <= {"Convolution", "FullyConnected", "MatMul"}
+
+
+def test_openvino_alone_and_without_its_extra(files, capsys, monkeypatch) -> None:
+    """--runtime openvino: only OpenVINO's lines and rows; without the module, one message."""
+    code, out, err = run(capsys, files[0], "--runtime", "openvino", *FAST)
+    assert code == 0, err
+    assert "ONNX Runtime " not in out and "conv/linear: 0 integer" not in out
+    assert out.splitlines()[-1].startswith("float.onnx [openvino] ")
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino -> ImportError
+    code, out, err = run(capsys, files[0], "--runtime", "both", *FAST)
+    assert (code, out) == (1, "")
+    assert err == (
+        "inq bench: error: --runtime openvino needs the openvino extra: pip install "
+        "'inq[openvino]' (openvino is missing)\n"
+    )
