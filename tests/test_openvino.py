@@ -100,19 +100,29 @@ def _runtime_layer(layers: list[LayerPrecision], output: str) -> list[LayerPreci
     return [x for x in layers if any(map(fused, x.name.split(",")))]
 
 
-@pytest.mark.parametrize("which", ["mobilenet", "residual"])
+@pytest.mark.parametrize("which", ["mobilenet", "residual", "mobilenet4-tensorrt",
+                                   "residual-tensorrt"])  # fmt: skip
 def test_int8_weight_layers_run_in_u8_or_i8(exports, which: str, tmp_path: Path) -> None:
     """The runtime model: each conv/linear whose weights the Q/DQ export writes as int8
     (export_qdq's int8_layers) runs in u8/i8; the float-weight ones run in f32. The residual
-    model has negative multipliers and a quantized add."""
+    model has negative multipliers and a quantized add; both activation forms (uint8, and
+    TensorRT's int8 with zero point 0 from symmetric calibration)."""
+    symmetric = which.endswith("tensorrt")
+    path = tmp_path / "m.qdq.onnx"
     if which == "mobilenet":
         path, stats = exports["qdq"], exports["stats"]
+    elif which.startswith("mobilenet4"):
+        stats = export_qdq(mobilenet_integer_model(bits=4, symmetric=True)[1], path, SHAPE)
     else:
-        path = tmp_path / "r.qdq.onnx"
-        stats = export_qdq(residual_integer_model(), path, (2, 4, 4))
+        stats = export_qdq(residual_integer_model(symmetric=symmetric), path, (2, 4, 4))
+    assert stats["form"] == ("tensorrt" if symmetric else "uint8")
     weights = _int8_weights(onnx.load(str(path)))
     assert sum(weights.values()) == stats["int8_layers"] >= 2
-    assert len(weights) - stats["int8_layers"] == stats["float_layers"] >= 1
+    assert (
+        len(weights) - stats["int8_layers"]
+        == stats["float_layers"]
+        >= (which != "mobilenet4-tensorrt")
+    )
     layers = layer_precisions(OpenVinoModel(path).compiled)
     assert len(layers) == len(weights)
     for output, int8 in weights.items():
@@ -121,7 +131,8 @@ def test_int8_weight_layers_run_in_u8_or_i8(exports, which: str, tmp_path: Path)
         assert all(x.int8 == int8 for x in found), (output, found)
     assert [x.int8 for x in layers].count(True) == stats["int8_layers"]
     assert precision_line(layers).startswith(f"conv/linear: {stats['int8_layers']} int8 (")
-    assert precision_line(layers).endswith(f", {stats['float_layers']} f32")
+    floats = f", {stats['float_layers']} f32" if stats["float_layers"] else " int8 ("
+    assert floats in precision_line(layers) and precision_line(layers).count("f32") <= 1
 
 
 def _ops_in_openvino(model: IntegerModel, shape: tuple[int, ...], folder: Path) -> list[str]:
@@ -139,9 +150,14 @@ def test_each_op_is_the_integer_models_within_one_step(exports, tmp_path: Path) 
     model, so it is checked per op; the whole Q/DQ model predicts the integer model's class."""
     kinds = _ops_in_openvino(exports["int_model"], SHAPE, tmp_path)
     assert kinds == ["conv"] * 11 + ["avgpool", "linear"]
-    assert _ops_in_openvino(residual_integer_model(), (2, 4, 4), tmp_path) == [
-        "conv", "conv", "avgpool", "linear"
-    ]  # fmt: skip
+    for symmetric in (False, True):
+        assert _ops_in_openvino(residual_integer_model(symmetric=symmetric), (2, 4, 4),
+                                tmp_path) == ["conv", "conv", "avgpool", "linear"]  # fmt: skip
+    _, symmetric_model = mobilenet_integer_model(bits=4, symmetric=True)
+    assert _ops_in_openvino(symmetric_model, SHAPE, tmp_path) == ["conv"] * 11 + [
+        "avgpool",
+        "linear",
+    ]
     x = mobilenet_inputs(32, seed=3)
     got, want = OpenVinoModel(exports["qdq"])(x), RealOutput(exports["int_model"])(x)
     assert float((got.argmax(1) == want.argmax(1)).double().mean()) >= 30 / 32
