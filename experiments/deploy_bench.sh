@@ -5,9 +5,13 @@
 # same model (BatchNorm folded into the weights), inq's float export, inq's Q/DQ export, and ONNX
 # Runtime's own quantize_static of inq's float export (--peer). Synthetic data is enough: speed
 # does not depend on the weights' values. Runs that finished are kept (delete runs/deploy to redo).
-#   experiments/deploy_bench.sh [OUT_DIR]        # ~25 min on 2 cores, most of it timing
+# With `runtimes` (issue 37): the same runs also calibrated with --symmetric (TensorRT's form), and
+# the float, uint8 Q/DQ and TensorRT-form Q/DQ exports timed in ONNX Runtime and OpenVINO side by side.
+#   experiments/deploy_bench.sh [OUT_DIR]            # ~25 min on 2 cores, most of it timing
+#   experiments/deploy_bench.sh [OUT_DIR] runtimes   # the runtimes comparison (~20 min)
 set -euo pipefail
 out=${1:-runs/deploy}
+mode=${2:-onnxruntime}
 mkdir -p "$out"
 
 train() {  # name, then inq-train overrides
@@ -41,6 +45,19 @@ with contextlib.redirect_stdout(io.StringIO()):
                       optimize=True)
 EOF
 }
+
+if [ "$mode" = runtimes ]; then
+    for name in resnet20 resnet18; do
+        run=$out/$name
+        inq calibrate "$run" --symmetric --act-bits 8 -o "$run/model.sym.int.safetensors" --force
+        inq export "$run" --onnx -o "$run/float.onnx" --force
+        inq export "$run/model.int.safetensors" --onnx -o "$run/qdq.onnx" --force
+        inq export "$run/model.sym.int.safetensors" --onnx -o "$run/trt.onnx" --force
+        inq bench onnx "$run/float.onnx" "$run/qdq.onnx" "$run/trt.onnx" --runtime both \
+            --json "$out/$name.runtimes.json" | tee "$out/$name.runtimes.txt"
+    done
+    exit 0
+fi
 
 for name in resnet20 resnet18; do
     run=$out/$name

@@ -315,10 +315,32 @@ def test_calibrate_bad_input_is_one_line(capsys, tmp_path: Path) -> None:
         (["calibrate", masked, "--data", "synthetic", "--input-bits", "1"], "--input-bits 1: "),
         (["calibrate", masked, "--data", "synthetic", "-o", tmp_path], "a directory; name the"),
         (["calibrate", masked, "--data", "synthetic", "--batches", "0"], "--batches 0: must be"),
-    ):
+        (["calibrate", masked, "--data", "synthetic", "--symmetric", "--symmetric-tolerance",
+          "-1"], "--symmetric-tolerance -1.0: from 0 to 1"),
+    ):  # fmt: skip
         code, _, err = run(capsys, *argv)
         assert code == 1 and message in err, (argv, err)
         assert len(err.strip().splitlines()) == 1
+
+
+def test_calibrate_refuses_symmetric_activations_that_lose_too_much(
+    capsys, monkeypatch, tmp_path: Path
+) -> None:
+    """What the symmetric model costs is measured on the calibration images
+    (test_quant_lower.py); beyond the bound, one line and no file."""
+    from inq.quant.lower import Lowering
+
+    masked, _ = digits_run(tmp_path, epochs=1)
+    monkeypatch.setattr(Lowering, "symmetric_agreement", lambda self: (0.9, 0.95))
+    out = tmp_path / "d.int.safetensors"
+    code, _, err = run(capsys, "calibrate", masked, "--data", "digits", "--symmetric", "-o", out)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "agree with the float model's top-1 class on 90.0 % of 256 calibration images " in err
+    assert "against 95.0 % for unsigned ones: 5.0 points lost, more than quant.symmetric_to" in err
+    assert not out.exists()
+    code, _, err = run(capsys, "calibrate", masked, "--data", "digits", "--symmetric",
+                       "--symmetric-tolerance", "0.05", "-o", out)  # fmt: skip
+    assert code == 0 and out.exists(), err
 
 
 def test_no_output_is_replaced_silently(capsys, tmp_path: Path) -> None:

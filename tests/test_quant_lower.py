@@ -204,7 +204,7 @@ def test_symmetric_agreement_compares_both_forms_on_the_first_calibration_images
     assert lowering.sample is not None and len(lowering.sample) == 150
     assert unsigned - symmetric > settings.symmetric_tolerance
     assert f"on {100 * symmetric:.1f} % of 150 calibration images against" in str(err.value)
-    assert "(quant.symmetric_tolerance); calibrate without symmetric" in str(err.value)
+    assert "more than quant.symmetric_tolerance=0.01 (--symmetric-tolerance)" in str(err.value)
     assert lowering.symmetric and lowering.integer_model().ops[1].attrs["hi"] <= 1
 
 

@@ -193,9 +193,10 @@ def calibrate(lowering: Lowering, batches: Iterable[Tensor], settings: QuantSett
         raise IntegerModelError(
             f"symmetric activations (quant.symmetric, --symmetric) agree with the float model's "
             f"top-1 class on {100 * symmetric:.1f} % of {count} calibration images against "
-            f"{100 * unsigned:.1f} % for unsigned ones, a loss above the bound of "
-            f"{100 * settings.symmetric_tolerance:g} points (quant.symmetric_tolerance); "
-            "calibrate without symmetric activations, or with more activation bits"
+            f"{100 * unsigned:.1f} % for unsigned ones: {100 * (unsigned - symmetric):.1f} points "
+            f"lost, more than quant.symmetric_tolerance={settings.symmetric_tolerance:g} "
+            "(--symmetric-tolerance) allows; calibrate without symmetric activations, or with "
+            "more activation bits"
         )
 
 
