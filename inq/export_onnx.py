@@ -552,10 +552,7 @@ class OnnxModel(nn.Module):
             )
         except Exception as err:  # onnx and onnxruntime raise their own kinds
             raise ValueError(f"{path}: cannot load as ONNX ({err})") from None
-        self.model, self.data = recorded_descriptions(proto, path)
-        self.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
-                          None)  # fmt: skip
-        self.nodes, self.initializers = len(proto.graph.node), len(proto.graph.initializer)
+        self.describe(proto, path)
         ends = (("input", self.session.get_inputs()), ("output", self.session.get_outputs()))
         self.signature = [  # (input/output, name, element type, dims: sizes or names)
             (role, v.name, v.type, v.shape) for role, values in ends for v in values
@@ -563,6 +560,14 @@ class OnnxModel(nn.Module):
         graph_input = self.session.get_inputs()[0]
         self.input = graph_input.name
         self.input_shape = [d if isinstance(d, int) else None for d in graph_input.shape]
+
+    def describe(self, proto: Any, path: str | os.PathLike[str]) -> None:
+        """Read what the file says of itself: the recorded ``model`` and ``data``, its
+        ``opset``, and how many ``nodes`` and ``initializers`` it has."""
+        self.model, self.data = recorded_descriptions(proto, path)
+        self.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
+                          None)  # fmt: skip
+        self.nodes, self.initializers = len(proto.graph.node), len(proto.graph.initializer)
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits of ``x``.

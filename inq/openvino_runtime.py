@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from inq.export_onnx import OnnxModel, load_onnx, recorded_descriptions
+from inq.export_onnx import OnnxModel, load_onnx
 from inq.export_qonnx import is_qonnx
 
 __all__ = [
@@ -183,10 +183,7 @@ class OpenVinoModel(OnnxModel):
         proto = load_onnx(path) if proto is None else proto
         self.compiled = compile_onnx(read_onnx(path, proto), path)
         self.session = OpenVinoSession(self.compiled)
-        self.model, self.data = recorded_descriptions(proto, path)
-        self.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
-                          None)  # fmt: skip
-        self.nodes, self.initializers = len(proto.graph.node), len(proto.graph.initializer)
+        self.describe(proto, path)
         ends = (("input", self.compiled.inputs), ("output", self.compiled.outputs))
         self.signature = [  # (input/output, name, element type, dims: sizes, None where free)
             (role, port.get_any_name(), port.get_element_type().get_type_name(), _dims(port))
