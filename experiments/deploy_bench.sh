@@ -49,7 +49,10 @@ EOF
 if [ "$mode" = runtimes ]; then
     for name in resnet20 resnet18; do
         run=$out/$name
-        inq calibrate "$run" --symmetric --act-bits 8 -o "$run/model.sym.int.safetensors" --force
+        # the runs learn nothing from synthetic data (chance accuracy): top-1 agreement says
+        # nothing there, so the symmetric refusal is switched off; speed does not depend on it
+        inq calibrate "$run" --symmetric --symmetric-tolerance 1 --act-bits 8 \
+            -o "$run/model.sym.int.safetensors" --force
         inq export "$run" --onnx -o "$run/float.onnx" --force
         inq export "$run/model.int.safetensors" --onnx -o "$run/qdq.onnx" --force
         inq export "$run/model.sym.int.safetensors" --onnx -o "$run/trt.onnx" --force
