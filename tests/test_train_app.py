@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from train_helpers import TINY, inq_train, refused_run
 
 from inq import INQScheduler, pow2_levels
+from inq.errors import ConfigError
 from inq.masked import load_masked
 from inq.models import build_model
 from inq.packed import load_packed
@@ -267,6 +268,21 @@ def test_progress_is_one_line_per_epoch_without_a_terminal(run_dir: Path) -> Non
     )
     assert len(lines) == 5 and all(re.search(pattern, line) for line in lines), lines
     assert lines[-1].endswith("ETA 0:00")
+
+
+def test_symmetric_activations_that_lose_too_much_name_the_tolerance() -> None:
+    """The integer phase turns calibrate's refusal into the config error of the key to change
+    (what it measures: test_quant_lower.py)."""
+    from inq.quant.pipeline import SymmetricLossError
+    from inq.train.integer import _no_integer_model_if_fails
+
+    def refused() -> None:
+        raise SymmetricLossError("symmetric activations ... 5.0 points lost")
+
+    with pytest.raises(ConfigError) as info:
+        _no_integer_model_if_fails(refused)
+    assert info.value.key == "quant.symmetric_tolerance"
+    assert str(info.value) == "quant.symmetric_tolerance: symmetric activations ... 5.0 points lost"
 
 
 @pytest.mark.slow

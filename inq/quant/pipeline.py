@@ -37,6 +37,7 @@ __all__ = [
     "IntegerModelError",
     "QuantSettings",
     "RealOutput",
+    "SymmetricLossError",
     "calibrate",
     "lowered",
     "lowering_of",
@@ -46,6 +47,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("inq.train")
+
+
+class SymmetricLossError(IntegerModelError):
+    """Symmetric activations lose more top-1 agreement than ``symmetric_tolerance`` allows."""
 
 
 @dataclass
@@ -180,9 +185,10 @@ def calibrate(lowering: Lowering, batches: Iterable[Tensor], settings: QuantSett
     activations cost (:meth:`~inq.quant.lower.Lowering.symmetric_agreement`).
 
     Raises:
-        IntegerModelError: no calibration data, or symmetric activations change the top-1
-            class of more than ``settings.symmetric_tolerance`` of the calibration images
-            beyond what unsigned ones change.
+        IntegerModelError: no calibration data.
+        SymmetricLossError: symmetric activations agree with the float model's top-1 class on
+            more than ``settings.symmetric_tolerance`` fewer calibration images than unsigned
+            ones.
     """
     lowering.calibrate(batches)
     if not settings.symmetric:
@@ -190,7 +196,7 @@ def calibrate(lowering: Lowering, batches: Iterable[Tensor], settings: QuantSett
     symmetric, unsigned = lowering.symmetric_agreement()
     if unsigned - symmetric > settings.symmetric_tolerance:
         count = len(lowering.sample) if lowering.sample is not None else 0
-        raise IntegerModelError(
+        raise SymmetricLossError(
             f"symmetric activations (quant.symmetric, --symmetric) agree with the float model's "
             f"top-1 class on {100 * symmetric:.1f} % of {count} calibration images against "
             f"{100 * unsigned:.1f} % for unsigned ones: {100 * (unsigned - symmetric):.1f} points "

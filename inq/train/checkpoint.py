@@ -83,6 +83,8 @@ RESUMABLE_CHANGES = frozenset(
         "quant.batches",
         "quant.epochs",
         "quant.lr",
+        "quant.symmetric",
+        "quant.symmetric_tolerance",
     }
 )
 

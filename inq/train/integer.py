@@ -24,6 +24,7 @@ from inq.quant.lower import Lowering
 from inq.quant.pipeline import (
     QuantSettings,
     RealOutput,
+    SymmetricLossError,
     calibrate,
     lowered,
     lowering_of,
@@ -48,7 +49,8 @@ def integer_phase(out_dir: Path, trainer: Trainer) -> dict[str, Any]:
     Deterministic on the CPU: a run killed anywhere in it resumes to the same file.
 
     Raises:
-        ConfigError: naming ``quant.act_bits`` if the model has no integer form.
+        ConfigError: naming ``quant.act_bits`` if the model has no integer form, or
+            ``quant.symmetric_tolerance`` if symmetric activations lose too much.
     """
     phase, env, q = trainer.integer, trainer.env, trainer.cfg.quant
     assert phase is not None
@@ -98,9 +100,12 @@ def _calibrated(trainer: Trainer, packed: PackedFile, settings: QuantSettings) -
 
 def _no_integer_model_if_fails(make: Callable[[], T]) -> T:
     """``make()``, a ValueError (IntegerModelError among them: the model, not a bug) turned
-    into the config error of ``quant.act_bits``."""
+    into the config error of ``quant.act_bits`` (of ``quant.symmetric_tolerance`` where
+    symmetric activations lose too much)."""
     try:
         return make()
+    except SymmetricLossError as err:
+        raise ConfigError("quant.symmetric_tolerance", str(err)) from None
     except ValueError as err:
         raise ConfigError("quant.act_bits", f"no integer model: {err}") from None
 
