@@ -21,9 +21,10 @@ average pooling are node units too, of standard ops only (``DequantizeLinear``, 
 ``AveragePool``, ``QuantizeLinear``: ONNX Runtime fuses them into its ``QLinearAdd`` and
 ``QLinearAveragePool``); max pooling, flatten, slicing and zero padding run on the integers.
 Every value is uint8: zero point 0 where the integer model's value is unsigned, 128 where it is
-int8 (as ONNX Runtime runs int8 activations on x86; TensorRT takes int8 values with zero
-point 0 only, so it cannot take this graph as it is); where a value's range is narrower than
-uint8's (fewer activation bits, a ReLU6), a ``Clip`` of the integers follows its
+int8 (as ONNX Runtime runs int8 activations on x86). TensorRT takes int8 values with zero point
+0 only: for an integer model with symmetric activations (``inq calibrate --symmetric``) the
+export writes TensorRT's form instead (:mod:`inq.export_tensorrt`). Where a value's range is
+narrower than uint8's (fewer activation bits, a ReLU6), a ``Clip`` of the integers follows its
 ``QuantizeLinear``. The last conv/linear, which the integer model keeps in int32, gives float
 logits.
 
