@@ -23,7 +23,10 @@ run as above. OpenVINO compiles each file for the timed batch before any run is 
 (``INFERENCE_NUM_THREADS`` = ``--threads``, ``NUM_STREAMS=1``, ``PERFORMANCE_HINT=LATENCY``,
 ``INFERENCE_PRECISION_HINT=f32``, so float layers stay float32 on bf16-capable CPUs). The rows
 are then ``file [runtime]``, and "vs 1st" compares with the first file in the same runtime.
-``--peer`` is made by ONNX Runtime either way; it is timed in every runtime chosen.
+With both runtimes, ONNX Runtime's idle worker threads do not spin
+(``session.intra_op.allow_spinning=0``): spinning after a run would take the cores from the
+OpenVINO run that follows it. ``--peer`` is made by ONNX Runtime either way; it is timed in
+every runtime chosen.
 
 For each file it prints which kernels ORT runs the convs and linears in, counted on the optimized
 graph saved at ``ORT_ENABLE_EXTENDED``: the level where the QDQ fusions (``QLinearConv``,
@@ -386,7 +389,8 @@ def time_setting(
                             warmup=3)
         rows[0].median_ms
     """
-    runners = [(f, runtime, _session(f, runtime, batch, threads)) for f in files
+    spin = len(runtimes) == 1  # ORT's idle threads spin: they would slow OpenVINO's next run
+    runners = [(f, runtime, _session(f, runtime, batch, threads, spin)) for f in files
                for runtime in runtimes]  # fmt: skip
     feeds = [
         {f.input: np.random.default_rng(SEED).standard_normal((batch, *f.shape), dtype=np.float32)}
@@ -432,17 +436,20 @@ def time_setting(
 
 
 OPENVINO_CONFIG = {"NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}  # + the threads, f32
-OPENVINO_SETTINGS = {**F32, **OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": "--threads"}
+OPENVINO_SETTINGS = {**F32, **OPENVINO_CONFIG}  # INFERENCE_NUM_THREADS: each setting's threads
 
 
-def _session(f: OnnxFile, runtime: str, batch: int, threads: int) -> Any:
-    """What times ``f`` in ``runtime``: an ONNX Runtime session with all optimizations, or
-    OpenVINO's model compiled for ``batch`` behind the same ``run``."""
+def _session(f: OnnxFile, runtime: str, batch: int, threads: int, spin: bool = True) -> Any:
+    """What times ``f`` in ``runtime``: an ONNX Runtime session with all optimizations (its
+    idle worker threads spinning unless ``spin`` is False), or OpenVINO's model compiled for
+    ``batch`` behind the same ``run``."""
     if runtime == "openvino":
         config = {**OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": threads}
         return OpenVinoSession(compile_onnx(f.openvino, f.path, batch, config))
     ort = _ort()
     options = _options(ort, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads)
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         return ort.InferenceSession(str(f.path), options, providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime raises its own kinds
@@ -636,7 +643,8 @@ def run_onnx(args: argparse.Namespace) -> int:
     if RUNTIMES[0] in runtimes:
         print(
             f"ONNX Runtime {ort.__version__}, {cpu}, CPUExecutionProvider, ORT_ENABLE_ALL, "
-            f"sequential, 1 inter-op thread; {timed}"
+            f"sequential, 1 inter-op thread{'' if len(runtimes) == 1 else ', no spinning'}; "
+            f"{timed}"
         )
     if ov_version is not None:
         print(

@@ -15,10 +15,11 @@ x86, where it runs int8 values as uint8 + 128 only where a ``QuantizeLinear`` ha
 - a value read by several ops gets one ``QuantizeLinear``/``DequantizeLinear`` per reader, from a
   float fan-out point (its activation, else a ``Clip`` to the float range);
 - biases are float initializers (TensorRT has no int32 ``DequantizeLinear``; ONNX Runtime turns
-  them back into the same int32), the last linear is a ``Gemm`` without bias and an ``Add``;
+  them back into the same int32 where they are within :data:`EXACT_FLOAT_BIAS`, and a layer with
+  a larger bias keeps float weights), the last linear is a ``Gemm`` without bias and an ``Add``;
 - max pooling, flatten, slicing and zero padding act on the dequantized values, then the same
   scale again;
-- a layer whose weights cannot be int8 (:attr:`inq.export_onnx.QdqWeight.int8`) reads its
+- a layer whose weights cannot be int8 (:attr:`inq.qdq_graph.QdqWeight.int8`) reads its
   input through a ``Clip`` to the float range, so that no runtime re-quantizes its float weights.
 
 :func:`trt_problems` checks a file against TensorRT's ONNX parser rules; the export runs it on
@@ -32,7 +33,8 @@ what it writes. The rules come from TensorRT's documentation, cited by key:
 
 No TensorRT is installed where inq is tested: the check proves the documented restrictions hold,
 not that TensorRT fuses every op. A user builds an engine with
-``trtexec --onnx=model.qdq.onnx --stronglyTyped`` (TensorRT 10; ``--int8`` on 8.6).
+``trtexec --onnx=model.qdq.onnx --stronglyTyped`` (TensorRT 10: the file is opset 18, which
+TensorRT 8.6's parser, up to opset 17, does not take).
 
 Example (shell)::
 
@@ -49,7 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from inq.export_onnx import QdqWeight, _is_real, _QdqGraph
+from inq.qdq_graph import QdqGraph, QdqWeight, is_real
 from inq.quant.integer import IntegerModel, IntOp
 
 __all__ = ["TRT_OPS", "SymmetricQdqGraph", "readers", "trt_problems"]
@@ -59,6 +61,8 @@ FLOAT_MAX = float(np.finfo(np.float32).max)
 # exact where |bias| <= 2**21 (the two float32 roundings then move it by less than 1/2)
 EXACT_FLOAT_BIAS = 1 << 21
 
+OPSETS = (9, 20)  # the ONNX opsets TensorRT 10.0's parser takes [ops]
+_FLOATS = frozenset({1, 10, 16})  # TensorProto FLOAT, FLOAT16, BFLOAT16: scale types [qdq]
 # The ops of the form [ops] lists for TensorRT 10 (float types; int8 only through Q/DQ).
 TRT_OPS = frozenset({
     "QuantizeLinear", "DequantizeLinear", "Conv", "Gemm", "MatMul", "Add", "Relu", "Clip",
@@ -74,20 +78,17 @@ def readers(model: IntegerModel) -> Counter[str]:
     return counts
 
 
-class SymmetricQdqGraph(_QdqGraph):
+class SymmetricQdqGraph(QdqGraph):
     """The Q/DQ graph of a symmetric integer model in TensorRT's form (see the module
     docstring); ``counts`` is :func:`readers` of the model. Every node is named after its
     output, so a rule problem can name it."""
+
+    named_nodes = True
 
     def __init__(self, onnx: Any, counts: Counter[str]) -> None:
         super().__init__(onnx)
         self.counts = counts
         self.requantized: set[str] = set()  # values each reader quantizes again
-
-    def node(self, kind: str, inputs: list[str], stem: str, **attrs: Any) -> str:
-        out = self.name(stem)
-        self.nodes.append(self.onnx.helper.make_node(kind, inputs, [out], name=out, **attrs))
-        return out
 
     def scale_zero(self, op: IntOp) -> list[str]:
         return [self.const("scale", np.array(op.attrs["scale"], np.float32)),
@@ -138,7 +139,7 @@ class SymmetricQdqGraph(_QdqGraph):
     def activate(self, y: str, op: IntOp) -> str:
         """Only the int32 last op's ReLU comes before its output; the others' follow the Q/DQ
         pair (:meth:`quantize`)."""
-        return super().activate(y, op) if _is_real(op) else y
+        return super().activate(y, op) if is_real(op) else y
 
     def exact_op(self, op: IntOp) -> str:
         return self.quantize(self.integer_op(op, self.real(op.inputs[0])), op)
@@ -157,27 +158,20 @@ class SymmetricQdqGraph(_QdqGraph):
             w.bias, w.scale = torch.where(dead, 0.0, w.bias), torch.where(dead, 1.0, w.scale)
         return w
 
-    def runs_int8(self, w: QdqWeight) -> bool:
-        return w.int8 and float(w.bias.abs().max()) <= EXACT_FLOAT_BIAS
+    def runs_int8(self, op: IntOp, w: QdqWeight) -> bool:
+        """As the base's; a layer whose float bias ONNX Runtime re-quantizes (one that ends in a
+        ``QuantizeLinear``) also needs it exact in float32 (:data:`EXACT_FLOAT_BIAS`)."""
+        return w.int8 and (is_real(op) or float(w.bias.abs().max()) <= EXACT_FLOAT_BIAS)
 
-    def weight_op(self, op: IntOp, tensors: dict[str, torch.Tensor]) -> str:
-        """As the base's, with a float bias (int8 layers: TensorRT and ONNX Runtime quantize it
-        to the same int32), and the last linear a ``Gemm`` without bias then an ``Add``: ONNX
+    def int8_bias(self, op: IntOp, w: QdqWeight, bias_scale: np.ndarray) -> str:
+        """A float bias: TensorRT has no int32 ``DequantizeLinear``; ONNX Runtime turns it back
+        into the same int32 (:data:`EXACT_FLOAT_BIAS`)."""
+        return self.float_bias(w, bias_scale)
+
+    def int8_layer(self, op: IntOp, x: str, weight: str, bias: str) -> str:
+        """The last linear (int32 logits) is a ``Gemm`` without bias, then an ``Add``: ONNX
         Runtime then runs it as an integer ``QGemm`` with float output."""
-        in_scale = np.float32(self.ops[op.inputs[0]].attrs["scale"])
-        w = self.qdq_weight(op, tensors, float(in_scale))
-        int8 = self.runs_int8(w)
-        self.layers[not int8] += 1
-        bias_scale = in_scale * w.scale.float().numpy()  # float32, as a runtime computes it
-        if not int8:
-            weight, bias = self.float_weight(w, bias_scale)
-            return self.layer(op, self.real_by_hand(op.inputs[0]), weight, bias)
-        weight, x, bias = (
-            self.int8_weight(op, w),
-            self.real(op.inputs[0]),
-            self.float_bias(w, bias_scale),
-        )
-        if op.op == "linear" and _is_real(op):
+        if op.op == "linear" and is_real(op):
             return self.node("Add", [self.layer(op, x, weight, None), bias], f"{op.name}_bias")
         return self.layer(op, x, weight, bias)
 
@@ -195,7 +189,7 @@ def trt_problems(proto: Any) -> list[tuple[str, str]]:
         >>> q = helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"], name="q")
         >>> graph = helper.make_graph([q], "g", [helper.make_tensor_value_info(
         ...     "x", TensorProto.FLOAT, [1])], [], [zero, scale])
-        >>> trt_problems(helper.make_model(graph))[0]
+        >>> trt_problems(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))[0]
         ('q', 'zero point: uint8, not int8 (TensorRT takes int8 Q/DQ only [qdq])')
     """
     from onnx import TensorProto, numpy_helper
@@ -219,6 +213,10 @@ def trt_problems(proto: Any) -> list[tuple[str, str]]:
             return dtype(node.input[2])
         return TensorProto.FLOAT if node is not None else None
 
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or not OPSETS[0] <= opset <= OPSETS[1]:
+        problems.append(("model", f"opset {opset}: TensorRT 10.0's parser takes opsets "
+                                  f"{OPSETS[0]}-{OPSETS[1]} [ops]"))  # fmt: skip
     for value in (*graph.input, *graph.output):
         if value.type.tensor_type.elem_type != TensorProto.FLOAT:
             problems.append((value.name, "graph input/output: not float [ops]"))
@@ -243,7 +241,7 @@ def _node_problems(
         found += _qdq_problems(node, consts, dtype, read_by)
     else:
         for name in node.input[:1] if kind in ("Clip", "Pad", "Slice") else node.input:
-            if name and dtype(name) == TensorProto.INT8 and name not in consts:
+            if name and dtype(name) == TensorProto.INT8:
                 found.append(f"{kind} reads the int8 tensor {name!r}: TensorRT's ops take int8 "
                              "only through DequantizeLinear [ops]")  # fmt: skip
     if kind in ("Conv", "Gemm") and len(node.input) > 2 and node.input[2]:
@@ -257,8 +255,8 @@ def _node_problems(
             found.append(f"{kind}: dilations must be empty or all ones [ops]")
         if len(attrs.get("kernel_shape", [])) not in (2, 3) or len(node.output) > 1:
             found.append(f"{kind}: 2-D or 3-D kernels, no indices output [ops]")
-    if kind in ("Pad", "Slice") and any(name and name not in consts for name in node.input[1:]):
-        found.append(f"{kind}: pads, starts, ends, axes and steps must be initializers [ops]")
+    if kind in ("Pad", "Slice") and len(node.input) > 3 and node.input[3] not in ("", *consts):
+        found.append(f"{kind}: axes must be an initializer [ops]")
     return found
 
 
@@ -277,8 +275,8 @@ def _qdq_problems(
     elif zero_name not in consts or np.any(consts[zero_name] != 0):
         found.append("zero point: not all zero (TensorRT takes symmetric quantization only [qdq])")
     scale = consts.get(scale_name)
-    if scale is None or dtype(scale_name) != TensorProto.FLOAT:
-        found.append("scale: not a float32 initializer [qdq]")
+    if scale is None or dtype(scale_name) not in _FLOATS:
+        found.append("scale: not a float32/float16/bfloat16 initializer [qdq]")
     elif not (np.all(np.isfinite(scale)) and np.all(scale > 0)):
         found.append("scale: must be finite and > 0 [qdq]")
     elif scale.size > 1 and not _weight_axis(node, consts, read_by):
@@ -289,9 +287,9 @@ def _qdq_problems(
         found.append(f"data: {name}, not int8 (DequantizeLinear takes INT8/FP8/INT4) [ops]")
     if kind == "QuantizeLinear":
         users = read_by.get(node.output[0], [])
-        if len(users) != 1 or users[0].op_type != "DequantizeLinear":
+        if not users or any(u.op_type != "DequantizeLinear" for u in users):
             readers = [u.op_type for u in users]
-            found.append(f"output read by {readers}: an int8 tensor must go to exactly one "
+            found.append(f"output read by {readers}: an int8 tensor goes only to "
                          "DequantizeLinear (no op takes int8 otherwise) [ops]")  # fmt: skip
     return found
 

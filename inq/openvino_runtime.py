@@ -77,13 +77,15 @@ def openvino_version() -> str:
     return str(openvino().__version__).split("-")[0]
 
 
-def _cannot_read(path: str | os.PathLike[str], err: BaseException) -> ValueError:
+def _cannot_read(
+    path: str | os.PathLike[str], err: BaseException, what: str = "read it"
+) -> ValueError:
     """One line for an OpenVINO error: its last line that says something (its first lines
     name OpenVINO's source files)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     meaningful = [line for line in lines if not line.startswith(_NOISE)]
     why = (meaningful or lines or [type(err).__name__])[-1]
-    return ValueError(f"{path}: OpenVINO cannot read it ({why})")
+    return ValueError(f"{path}: OpenVINO cannot {what} ({why})")
 
 
 def read_onnx(path: str | os.PathLike[str], proto: Any = None) -> Any:
@@ -139,7 +141,7 @@ def compile_onnx(
             model.reshape({model.input(0): shape})
         return openvino().Core().compile_model(model, "CPU", {**F32, **(config or {})})
     except Exception as err:  # OpenVINO raises RuntimeError and its own kinds
-        raise _cannot_read(path, err) from None
+        raise _cannot_read(path, err, "compile it") from None
 
 
 class OpenVinoSession:

@@ -317,6 +317,8 @@ def test_calibrate_bad_input_is_one_line(capsys, tmp_path: Path) -> None:
         (["calibrate", masked, "--data", "synthetic", "--batches", "0"], "--batches 0: must be"),
         (["calibrate", masked, "--data", "synthetic", "--symmetric", "--symmetric-tolerance",
           "-1"], "--symmetric-tolerance -1.0: from 0 to 1"),
+        (["calibrate", masked, "--data", "synthetic", "--symmetric-tolerance", "0.05"],
+         "--symmetric-tolerance 0.05: has no effect without symmetric activations"),
     ):  # fmt: skip
         code, _, err = run(capsys, *argv)
         assert code == 1 and message in err, (argv, err)

@@ -26,7 +26,7 @@ from test_export_onnx import _accuracy, _layers, _ops_within_one_step
 
 from inq.bench_onnx import read_file
 from inq.cli import main
-from inq.export_onnx import export_qdq
+from inq.export_onnx import OnnxModel, export_qdq
 from inq.export_tensorrt import trt_problems
 from inq.masked import load_masked
 from inq.packed import packed_from_masked
@@ -86,8 +86,6 @@ def test_each_op_is_the_integer_models_within_one_step(digits4, tmp_path: Path) 
 def test_the_export_keeps_the_integer_models_accuracy(digits4) -> None:
     """Within 0.3 points (one digit image of 450 is 0.22)."""
     _, model, path, _ = digits4
-    from inq.export_onnx import OnnxModel
-
     assert abs(_accuracy(OnnxModel(path)) - _accuracy(RealOutput(model))) <= 0.003
 
 
@@ -149,10 +147,11 @@ def test_residual_and_relu6_models_pass_and_stay_within_one_step(tmp_path: Path)
     assert _adds_within_one_step(mobilenet, (3, 16, 16), tmp_path) >= 1
 
 
-def _model(nodes: list, inits: list) -> onnx.ModelProto:
+def _model(nodes: list, inits: list, opset: int = 18) -> onnx.ModelProto:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])
     y = helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.FLOAT, None)
-    return helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits))
+    graph = helper.make_graph(nodes, "g", [x], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def _const(name: str, value: object, dtype: type = np.float32) -> onnx.TensorProto:
@@ -181,7 +180,7 @@ def test_a_valid_graph_passes() -> None:
         (lambda n, i: i.__setitem__(1, _const("z", 3, np.int8)), "q", "not all zero"),
         (lambda n, i: i.__setitem__(0, _const("s", 0.0)), "q", "finite and > 0"),
         (lambda n, i: i.__setitem__(0, _const("s", [0.5, 0.5])), "q", "per-axis"),
-        (lambda n, i: n[2].input.__setitem__(0, "q"), "q", "exactly one DequantizeLinear"),
+        (lambda n, i: n[2].input.__setitem__(0, "q"), "q", "goes only to DequantizeLinear"),
         (lambda n, i: n[2].input.__setitem__(0, "q"), "pool", "reads the int8 tensor 'q'"),
         (lambda n, i: n.__setitem__(2, helper.make_node(
             "MaxPool", ["d"], ["y"], name="pool", kernel_shape=[2, 2], dilations=[2, 2])),
@@ -215,3 +214,12 @@ def test_an_int32_bias_and_an_int8_weight_on_the_wrong_axis_are_named() -> None:
     assert "per-axis" in problems["wdq"]
     assert "data: int32" in problems["bdq"] or "zero point: int32" in problems["bdq"]
     assert "bias 'bd': not a float initializer" in problems["conv"]
+
+
+def test_int8_weights_without_dequantize_and_a_newer_opset_are_named() -> None:
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv")]
+    w = _const("w", np.ones((2, 1, 1, 1)), np.int8)
+    problems = trt_problems(_model(nodes, [w], opset=21))
+    assert ("conv", "Conv reads the int8 tensor 'w': TensorRT's ops take int8 only through "
+            "DequantizeLinear [ops]") in problems  # fmt: skip
+    assert ("model", "opset 21: TensorRT 10.0's parser takes opsets 9-20 [ops]") in problems

@@ -178,7 +178,8 @@ def test_eval_runs_both_exports_in_openvino(exports, capsys) -> None:
             "on synthetic (32 samples): accuracy " in lines["openvino"]  # fmt: skip
         assert "(ONNX Runtime, CPU) on synthetic (32 samples)" in lines["onnxruntime"]
         correct = {r: int(line.split("(")[-1].split("/")[0]) for r, line in lines.items()}
-        assert abs(correct["openvino"] - correct["onnxruntime"]) <= (kind == "qdq"), lines
+        # float32 sums in another order, or a tie rounded another way: a near-tie may flip
+        assert abs(correct["openvino"] - correct["onnxruntime"]) <= 1, lines
 
 
 def _one_node(path: Path, op: str, domain: str) -> None:

@@ -167,6 +167,7 @@ def test_a_value_of_the_wrong_type_is_refused(conf) -> None:
         ("quant.calibration=mse", "quant.calibration"),
         ("quant.symmetric=true", "quant.symmetric"),
         ("quant.act_bits=8 quant.symmetric_tolerance=2", "quant.symmetric_tolerance"),
+        ("quant.act_bits=8 quant.symmetric_tolerance=0.05", "quant.symmetric_tolerance"),
         ("model.checkpoint=x.pt trainer.float_epochs=5", "trainer.float_epochs"),
         ("trainer.resume=", "trainer.resume"),
         ("trainer.amp=int8", "trainer.amp"),

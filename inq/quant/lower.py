@@ -166,7 +166,8 @@ class Lowering:
         self.shapes: dict[str, tuple[int, ...]] = {}  # step name -> input shape (per sample)
         self.fake_quants: dict[str, FakeQuant] = {}
         self.sample: Tensor | None = None  # the first calibration images (symmetric_agreement)
-        self._calibrated: dict[str, float] | None = None  # what the observers pick, once
+        # what the observers pick, once per form (symmetric or not): the mse search is costly
+        self._calibrated: dict[bool, dict[str, float]] = {}
 
     def _is_last(self, step: Step) -> bool:
         return step is self.steps[-1] and step.op in ("conv", "linear")
@@ -193,29 +194,33 @@ class Lowering:
                 return out
 
         recorder = Recorder(self.graph_module)
-        seen = 0
+        seen, kept = 0, []
         with torch.no_grad():
             for x in batches:
-                if not seen:
-                    self.sample = x[:SAMPLE_IMAGES]
+                if sum(map(len, kept)) < SAMPLE_IMAGES:
+                    kept.append(x[: SAMPLE_IMAGES - sum(map(len, kept))])
                 recorder.run(x)
                 seen += 1
         if not seen:
             raise IntegerModelError("no calibration data: the batches were empty")
-        self._calibrated = None
+        self.sample = torch.cat(kept)
+        self._calibrated = {}
 
     def signed(self, point: str) -> bool:
         """Whether a point's integers are signed: all are for symmetric activations (int8
         with zero point 0, TensorRT's form), else those that can be negative."""
         return self.symmetric or self.observers[point].signed
 
-    def symmetric_agreement(self) -> tuple[float, float]:
+    def symmetric_agreement(self) -> tuple[float, float | None]:
         """How often the calibrated integer model's top-1 class equals the float model's on
         the first :data:`SAMPLE_IMAGES` calibration images, with symmetric activations and
-        with unsigned ones where values cannot be negative: ``(symmetric, unsigned)``.
+        with unsigned ones where values cannot be negative: ``(symmetric, unsigned)``;
+        ``unsigned`` is None where that model cannot be made (a folded bias beyond int32 at
+        the finer unsigned scales).
 
         Raises:
-            IntegerModelError: if the model was not calibrated.
+            IntegerModelError: if the model was not calibrated, or its symmetric integer model
+                cannot be made.
         """
         if self.sample is None:
             raise IntegerModelError("calibrate the model first")
@@ -224,12 +229,18 @@ class Lowering:
         chosen, agreement = self.symmetric, []
         try:
             for symmetric in (True, False):
-                self.symmetric, self._calibrated = symmetric, None
+                self.symmetric = symmetric
+                try:
+                    model = self.integer_model().to(self.sample.device)
+                except IntegerModelError:
+                    if symmetric:
+                        raise
+                    return agreement[0], None
                 with torch.no_grad():
-                    top1 = self.integer_model().to(self.sample.device)(self.sample).argmax(-1)
+                    top1 = model(self.sample).argmax(-1)
                 agreement.append(float((top1 == reference).float().mean()))
         finally:
-            self.symmetric, self._calibrated = chosen, None
+            self.symmetric = chosen
         return agreement[0], agreement[1]
 
     # -------------------------------------------------------------------------- fine-tune
@@ -267,12 +278,12 @@ class Lowering:
         return dict(self._calibrated_scales())
 
     def _calibrated_scales(self) -> dict[str, float]:
-        if self._calibrated is None:  # the mse search is the costly part: run it once
-            self._calibrated = {
+        if self.symmetric not in self._calibrated:
+            self._calibrated[self.symmetric] = {
                 name: obs.scale(self.bits(name), self.pow2, self.signed(name))
                 for name, obs in self.observers.items()
             }
-        return self._calibrated
+        return self._calibrated[self.symmetric]
 
     def bits(self, point: str) -> int:
         """The bits of a point's integers: ``input_bits`` for the model input, else
