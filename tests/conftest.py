@@ -6,6 +6,7 @@ before any test imports :mod:`inq.kernels`. With a GPU the kernels compile and r
 """
 
 import os
+import sys
 
 import pytest
 import torch
@@ -13,6 +14,17 @@ from hypothesis import HealthCheck, settings
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# OpenVINO imports absl.logging, whose handler keeps the sys.stderr of its import and closes that
+# stream when logging is reconfigured (Hydra does, in-process) while sys.stderr is another one.
+# Under pytest that stream is pytest's own capture file: closing it breaks every later test of
+# the process ("I/O operation on closed file"). Bound to the process's stderr, it is never closed.
+try:
+    from absl import logging as absl_logging
+except ImportError:  # no openvino extra
+    pass
+else:
+    absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 # "dev" (the default) draws new examples every run; "ci" (HYPOTHESIS_PROFILE=ci, as .ci/run sets
 # it) draws the same ones every run, so a verdict of CI reproduces. No deadline in either: an
