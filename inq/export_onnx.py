@@ -268,30 +268,30 @@ class OnnxModel(nn.Module):
 
     def __init__(self, path: str | os.PathLike[str], proto: Any = None) -> None:
         super().__init__()
-        _, ort = _modules()
         proto = load_onnx(path) if proto is None else proto
-        try:
-            self.session = ort.InferenceSession(
-                proto.SerializeToString(), providers=["CPUExecutionProvider"]
-            )
-        except Exception as err:  # onnx and onnxruntime raise their own kinds
-            raise ValueError(f"{path}: cannot load as ONNX ({err})") from None
-        self.describe(proto, path)
-        ends = (("input", self.session.get_inputs()), ("output", self.session.get_outputs()))
-        self.signature = [  # (input/output, name, element type, dims: sizes or names)
-            (role, v.name, v.type, v.shape) for role, values in ends for v in values
-        ]
-        graph_input = self.session.get_inputs()[0]
-        self.input = graph_input.name
-        self.input_shape = [d if isinstance(d, int) else None for d in graph_input.shape]
-
-    def describe(self, proto: Any, path: str | os.PathLike[str]) -> None:
-        """Read what the file says of itself: the recorded ``model`` and ``data``, its
-        ``opset``, and how many ``nodes`` and ``initializers`` it has."""
+        self.session = self.open(path, proto)
         self.model, self.data = recorded_descriptions(proto, path)
         self.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
                           None)  # fmt: skip
         self.nodes, self.initializers = len(proto.graph.node), len(proto.graph.initializer)
+        self.signature = self.ends()
+        _, self.input, _, dims = self.signature[0]
+        self.input_shape = [d if isinstance(d, int) else None for d in dims]
+
+    def open(self, path: str | os.PathLike[str], proto: Any) -> Any:
+        """The session that runs the file: ONNX Runtime's, on the CPU."""
+        _, ort = _modules()
+        try:
+            model = proto.SerializeToString()
+            return ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnx and onnxruntime raise their own kinds
+            raise ValueError(f"{path}: cannot load as ONNX ({err})") from None
+
+    def ends(self) -> list[tuple[str, str, str, list[Any]]]:
+        """``(input/output, name, element type, dims: sizes, or names where free)`` of each of
+        the graph's inputs, then outputs."""
+        ends = (("input", self.session.get_inputs()), ("output", self.session.get_outputs()))
+        return [(role, v.name, v.type, v.shape) for role, values in ends for v in values]
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits of ``x``.

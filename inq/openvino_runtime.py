@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from torch import nn
 
 from inq.export_onnx import OnnxModel, load_onnx
 from inq.export_qonnx import is_qonnx
@@ -180,20 +179,17 @@ class OpenVinoModel(OnnxModel):
         ValueError: as :func:`read_onnx` and :func:`compile_onnx`.
     """
 
-    def __init__(self, path: str | os.PathLike[str], proto: Any = None) -> None:
-        nn.Module.__init__(self)  # OnnxModel's own would open an ONNX Runtime session
-        proto = load_onnx(path) if proto is None else proto
+    def open(self, path: str | os.PathLike[str], proto: Any) -> Any:
         self.compiled = compile_onnx(read_onnx(path, proto), path)
-        self.session = OpenVinoSession(self.compiled)
-        self.describe(proto, path)
+        return OpenVinoSession(self.compiled)
+
+    def ends(self) -> list[tuple[str, str, str, list[Any]]]:
         ends = (("input", self.compiled.inputs), ("output", self.compiled.outputs))
-        self.signature = [  # (input/output, name, element type, dims: sizes, None where free)
+        return [
             (role, port.get_any_name(), port.get_element_type().get_type_name(), _dims(port))
             for role, ports in ends
             for port in ports
         ]
-        self.input = self.compiled.input(0).get_any_name()
-        self.input_shape = _dims(self.compiled.input(0))
 
 
 def _dims(port: Any) -> list[int | None]:
