@@ -7,12 +7,14 @@ script run from inside ``inq/``, would get one where the reader expects the othe
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import glob
 import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -25,9 +27,12 @@ from safetensors import SafetensorError, safe_open
 __all__ = [
     "DIGEST_KEY",
     "LOCK_NAME",
+    "WRITE_FAILURES",
     "DirBusy",
     "SafetensorsFile",
+    "atomic_dir",
     "atomic_path",
+    "describe_os_error",
     "digest_problem",
     "lock_dir",
     "metadata_int",
@@ -108,12 +113,68 @@ _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
 
 
 def _remove_abandoned(target: Path) -> None:
-    """Delete the temporaries of writes to ``target`` whose process (on this host) is gone."""
-    pattern = re.compile(rf"\.{re.escape(target.name)}\.{re.escape(_HOST)}-(\d+)\.[^.]+\.tmp")
-    for candidate in target.parent.glob(f".{glob.escape(target.name)}.{_HOST}-*.tmp"):
+    """Delete the temporaries (files, or directories of :func:`atomic_dir`) of writes to
+    ``target`` whose process (on this host) is gone; put back a directory such a write had
+    moved aside (:func:`atomic_dir`) if nothing replaced it, else delete it too."""
+    name, host = re.escape(target.name), re.escape(_HOST)
+    pattern = re.compile(rf"\.{name}\.{host}-(\d+)\.(?:[^.]+\.tmp|old)")
+    for candidate in sorted(target.parent.glob(f".{glob.escape(target.name)}.{_HOST}-*")):
         match = pattern.fullmatch(candidate.name)
-        if match and not _alive(int(match.group(1))):
+        if not match or _alive(int(match.group(1))):
+            continue
+        if candidate.suffix == ".old" and not target.exists():
+            candidate.rename(target)  # killed between moving the old one aside and renaming
+        elif candidate.is_dir() and not candidate.is_symlink():
+            shutil.rmtree(candidate)
+        else:
             candidate.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty temporary directory beside ``path``; on success it replaces ``path``
+    (an existing directory is moved aside, the new one renamed in, the old one deleted), so
+    nothing but a whole new directory ever stands under the name; on failure it is deleted and
+    ``path`` is left as it was. A killed writer's temporary directory is deleted by the next
+    write to ``path`` (and an old directory it had moved aside put back, where the new one never
+    came).
+
+    The caller decides whether an existing ``path`` may be replaced.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> target = pathlib.Path(tempfile.mkdtemp()) / "project"
+        >>> with atomic_dir(target) as tmp:
+        ...     _ = (tmp / "a.txt").write_text("done")
+        >>> [p.name for p in target.iterdir()]
+        ['a.txt']
+
+    Raises:
+        OSError: the directory cannot be made or renamed (naming ``path``).
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(target)
+    prefix = f".{target.name}.{_HOST}-{os.getpid()}."
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=target.parent))
+    except OSError as err:
+        raise _naming(err, target) from None
+    try:
+        yield tmp
+        tmp.chmod(0o777 & ~_umask())
+        aside = target.with_name(f"{prefix}old")
+        if target.exists():
+            os.rename(target, aside)
+        try:
+            os.rename(tmp, target)
+        except OSError as err:
+            if aside.exists():
+                os.rename(aside, target)
+            raise _naming(err, target) from None
+        shutil.rmtree(aside, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
@@ -171,6 +232,33 @@ def lock_dir(folder: str | os.PathLike[str]) -> TextIO:
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     return lock
+
+
+WRITE_FAILURES = {  # errno: what a user calls it
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EFBIG: "file too large (a file size limit, ulimit -f)",
+}
+
+
+def describe_os_error(err: OSError) -> str:
+    """One line for a failed write, saying "disk full" or "read-only" where that is the cause
+    (the system's own words once, where they say the same).
+
+    Example:
+        >>> describe_os_error(OSError(errno.ENOSPC, "No space left on device"))
+        'disk full (No space left on device)'
+        >>> describe_os_error(OSError(errno.EROFS, "Read-only file system"))
+        'read-only file system'
+    """
+    cause = WRITE_FAILURES.get(err.errno or 0)
+    detail = err.strerror or str(err)
+    if cause is None or cause.lower() == detail.lower():
+        return cause or detail
+    return f"{cause} ({detail})"
 
 
 def _umask() -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -14,7 +16,9 @@ import torch
 from torch import nn
 
 from inq.fileio import (
+    atomic_dir,
     atomic_path,
+    describe_os_error,
     digest_problem,
     metadata_int,
     read_safetensors,
@@ -182,3 +186,65 @@ def test_the_same_contents_give_the_same_bytes_in_every_process(tmp_path: Path) 
     assert torch.equal(tensors["w"], torch.arange(6.0).reshape(2, 3))
     assert tensors["mask"].dtype == torch.bool and int(tensors["steps"]) == 7
     assert metadata["key11"] == "11" and digest_problem(tensors, metadata) is None
+
+
+def test_write_failures_are_named_once() -> None:
+    """The cause a user calls it, and the system's words only where they add something."""
+    assert describe_os_error(OSError(errno.EROFS, "Read-only file system")) == (
+        "read-only file system"
+    )
+    assert describe_os_error(OSError(errno.EFBIG, "File too large")) == (
+        "file too large (a file size limit, ulimit -f) (File too large)"
+    )
+    assert describe_os_error(OSError(errno.EIO, "Input/output error")) == "Input/output error"
+
+
+def test_a_directory_is_replaced_whole_or_not_at_all(tmp_path: Path) -> None:
+    target = tmp_path / "project"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with pytest.raises(BodyFailed), atomic_dir(target) as tmp:
+        (tmp / "new.txt").write_text("half")
+        raise BodyFailed
+    assert [p.name for p in tmp_path.iterdir()] == ["project"]
+    assert [p.name for p in target.iterdir()] == ["old.txt"]
+    with atomic_dir(target) as tmp:
+        (tmp / "new.txt").write_text("whole")
+        assert [p.name for p in target.iterdir()] == ["old.txt"]  # untouched until the end
+    assert [p.name for p in tmp_path.iterdir()] == ["project"]
+    assert [p.name for p in target.iterdir()] == ["new.txt"]
+
+
+@pytest.mark.parametrize("moment", ["writing", "between the renames"])
+def test_a_killed_directory_writer_leaves_the_old_directory_after_the_next_write(
+    tmp_path: Path, moment: str
+) -> None:
+    """SIGKILL while the new directory is written leaves its temporary; between moving the old
+    one aside and renaming the new one in (os.rename killed), the old one aside. The next
+    write to the same name deletes the first and puts the second back before it starts."""
+    target = tmp_path / "project"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    kill = "os.kill(os.getpid(), signal.SIGKILL)"
+    rename = (
+        f"os.rename = lambda a, b, real=os.rename: real(a, b) if str(a) == sys.argv[1] else {kill}"
+    )
+    script = (
+        "import os, signal, sys; from inq.fileio import atomic_dir\n"
+        + (rename + "\n" if moment != "writing" else "")
+        + "with atomic_dir(sys.argv[1]) as tmp:\n"
+        + f"    (tmp / 'new.txt').write_text('half'); {kill if moment == 'writing' else 'pass'}\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", script, str(target)], check=False)
+    assert killed.returncode == -9
+    left = sorted(re.sub(r"-\d+\..*\.tmp$", "-PID.tmp", p.name) for p in tmp_path.iterdir())
+    host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())  # as inq.fileio names it
+    if moment == "writing":
+        assert left == [f".project.{host}-PID.tmp", "project"]
+    else:
+        assert [re.sub(r"-\d+\.old$", "-PID.old", n) for n in left] == [
+            f".project.{host}-PID.old", f".project.{host}-PID.tmp"]  # fmt: skip
+    with pytest.raises(BodyFailed), atomic_dir(target):
+        raise BodyFailed  # cleans up first, then fails: the old directory stays
+    assert [p.name for p in tmp_path.iterdir()] == ["project"]
+    assert [p.name for p in target.iterdir()] == ["old.txt"]

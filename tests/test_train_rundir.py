@@ -28,7 +28,6 @@ from inq.train.rundir import (
     RunDir,
     RunStopped,
     claimed,
-    describe_os_error,
     holds_run,
     remove_unused,
 )
@@ -263,12 +262,6 @@ def test_a_run_killed_before_its_first_checkpoint_leaves_a_usable_directory(
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert "its .hydra/config.yaml cannot be read" in proc.stderr.splitlines()[-1]
         assert (run_dir / ".hydra" / "config.yaml").read_text() == recording
-
-
-def test_os_errors_are_named() -> None:
-    assert describe_os_error(OSError(errno.EROFS, "Read-only file system")) == (
-        "read-only file system (Read-only file system)"
-    )
 
 
 def _resume(resume: Path | None = None, allow_nonempty_dir: bool = False) -> TrainerConfig:

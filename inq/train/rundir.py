@@ -14,7 +14,6 @@ cut short. :func:`claimed` is all of this for one run, on every rank of a distri
 
 from __future__ import annotations
 
-import errno
 import logging
 import shutil
 import signal
@@ -30,7 +29,14 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from inq.errors import ConfigError
-from inq.fileio import LOCK_NAME, DirBusy, atomic_path, lock_dir
+from inq.fileio import (
+    LOCK_NAME,
+    WRITE_FAILURES,
+    DirBusy,
+    atomic_path,
+    describe_os_error,
+    lock_dir,
+)
 from inq.runfiles import INTEGER, LATEST, MASKED, PACKED, SUMMARY
 from inq.train.checkpoint import CHECKPOINT_DIR, resolve_resume
 from inq.train.config import TrainerConfig, to_dict
@@ -377,28 +383,6 @@ def remove_if_empty(path: Path) -> None:
         path.rmdir()
 
 
-_WRITE_FAILURES = {  # errno: what a user calls it
-    errno.ENOSPC: "disk full",
-    errno.EDQUOT: "disk quota exceeded",
-    errno.EROFS: "read-only file system",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "permission denied",
-    errno.EFBIG: "file too large (a file size limit, ulimit -f)",
-}
-
-
-def describe_os_error(err: OSError) -> str:
-    """One line for a failed write, saying "disk full" or "read-only" where that is the cause.
-
-    Example:
-        >>> describe_os_error(OSError(errno.ENOSPC, "No space left on device"))
-        'disk full (No space left on device)'
-    """
-    cause = _WRITE_FAILURES.get(err.errno or 0)
-    detail = err.strerror or str(err)
-    return f"{cause} ({detail})" if cause else detail
-
-
 class Terminated(KeyboardInterrupt):
     """SIGTERM, turned into an exception so the run stops the way Ctrl-C stops it."""
 
@@ -440,7 +424,7 @@ class RunStopped(Exception):
             what, code = "interrupted (Ctrl-C)", 130
         elif isinstance(cause, OSError):
             detail = describe_os_error(cause).splitlines()[0]
-            if cause.errno in _WRITE_FAILURES:
+            if cause.errno in WRITE_FAILURES:
                 what = f"cannot write {cause.filename or 'to the run directory'}: {detail}"
             else:
                 what = f"I/O error{f' in {cause.filename}' if cause.filename else ''}: {detail}"
