@@ -407,7 +407,7 @@ def _verify_qonnx(path: str) -> int:
     """``inq verify`` of a QONNX file: a table of its Conv/Gemm weights against their recorded
     level sets (:func:`inq.verify.verify_qonnx`), one line on stderr per problem, then a
     summary; 1 on any problem."""
-    proto = load_onnx(path)
+    proto = load_onnx(path, check=False)  # the digest is one of the problems reported
     if not is_qonnx(proto):
         raise ValueError(
             f"{path} is an ONNX model; inq verify takes a QONNX model (inq export --qonnx) "
@@ -427,7 +427,7 @@ def _verify_qonnx(path: str) -> int:
         return 1
     print(
         f"OK: {layers} Conv/Gemm weights lie in their recorded level sets (0 or a signed power "
-        "of two), on their Quant nodes' grids"
+        "of two), on their Quant nodes' grids; the contents match their sha256 digest"
     )
     return 0
 
@@ -436,6 +436,8 @@ def _qonnx_problems(report: VerifyReport) -> list[str]:
     """One line per problem of a QONNX report, each naming its node (or metadata key)."""
     problems = [f"node {layer.key!r}: {layer.problem}" for layer in report.layers if layer.problem]
     problems += [f"{key!r}: {problem}" for key, problem in report.other_problems]
+    if report.digest_problem is not None:
+        problems.append(report.digest_problem)
     if not report.layers:
         problems.append("no Conv/Gemm node: nothing to verify")
     return problems

@@ -54,6 +54,7 @@ Example (shell)::
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -66,13 +67,14 @@ from torch import Tensor, nn
 
 from inq.data import data_record
 from inq.export_tensorrt import SymmetricQdqGraph, readers, trt_problems
-from inq.fileio import atomic_path
+from inq.fileio import MODIFIED, atomic_path
 from inq.models import build_model
 from inq.packed import PackedFile
 from inq.qdq_graph import INPUT_NAME, OUTPUT_NAME, QdqGraph, QdqWeight, qdq_weight
 from inq.quant.integer import IntegerModel
 
 __all__ = [
+    "DIGEST_PROP",
     "OPSET",
     "OnnxModel",
     "QdqWeight",
@@ -81,10 +83,13 @@ __all__ = [
     "first_line",
     "is_onnx",
     "load_onnx",
+    "onnx_digest_problem",
     "qdq_weight",
+    "save_onnx",
 ]
 
 OPSET = 18
+DIGEST_PROP = "inq_sha256"  # metadata_props entry: digest of the rest of the file (save_onnx)
 
 
 def _modules() -> tuple[Any, Any]:
@@ -162,22 +167,81 @@ def _save(
     proto: Any, path: str | os.PathLike[str], onnx: Any, model: Any, data: Any
 ) -> dict[str, Any]:
     """Record the model and data descriptions (the data as :func:`inq.data.data_record`
-    records it, with the input preprocessing), check the graph, write it atomically; returns
-    its sizes."""
+    records it, with the input preprocessing), check the graph, write it (:func:`save_onnx`);
+    returns its sizes."""
     proto.metadata_props.extend(
         onnx.StringStringEntryProto(key=f"inq_{key}", value=json.dumps(value))
         for key, value in (("model", model), ("data", data_record(data)))
     )
     onnx.checker.check_model(proto, full_check=True)
-    serialized = proto.SerializeToString()
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(serialized)
     return {
         "opset": OPSET,
         "nodes": len(proto.graph.node),
         "initializers": len(proto.graph.initializer),
-        "bytes": len(serialized),
+        "bytes": save_onnx(proto, path),
     }
+
+
+def save_onnx(proto: Any, path: str | os.PathLike[str]) -> int:
+    """Write ``proto`` to ``path`` atomically (:func:`inq.fileio.atomic_path`) with its sha256
+    digest in its ``metadata_props`` (:data:`DIGEST_PROP`, :func:`onnx_digest_problem`), as
+    every ONNX file inq writes; returns the file's size in bytes."""
+    _sign(proto)
+    serialized = proto.SerializeToString(deterministic=True)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(serialized)
+    return len(serialized)
+
+
+def _sign(proto: Any) -> None:
+    for i in reversed(range(len(proto.metadata_props))):
+        if proto.metadata_props[i].key == DIGEST_PROP:
+            del proto.metadata_props[i]
+    value = _onnx_digest(proto)
+    digest = proto.metadata_props.add()
+    digest.key, digest.value = DIGEST_PROP, value
+
+
+def _onnx_digest(proto: Any) -> str:
+    """sha256 of ``proto`` serialized without its digest entry (deterministically: protobuf
+    writes known fields in field order, so a file read back serializes to the same bytes)."""
+    props = [(p.key, p.value) for p in proto.metadata_props if p.key != DIGEST_PROP]
+    copy = type(proto)()
+    copy.CopyFrom(proto)
+    del copy.metadata_props[:]
+    for key, value in props:
+        entry = copy.metadata_props.add()
+        entry.key, entry.value = key, value
+    return hashlib.sha256(copy.SerializeToString(deterministic=True)).hexdigest()
+
+
+def onnx_digest_problem(proto: Any, required: bool = False) -> str | None:
+    """Why an ONNX file inq wrote does not match the digest written with it (a byte flipped, a
+    weight edited, a node added), or None if it does; None too for a file inq did not write
+    (it records no ``inq_*`` entry: another exporter's file has no digest to check), unless
+    ``required``.
+
+    Example:
+        >>> from onnx import helper
+        >>> proto = helper.make_model(helper.make_graph([], "g", [], []))
+        >>> onnx_digest_problem(proto) is None  # not an inq file
+        True
+        >>> _sign(proto)
+        >>> onnx_digest_problem(proto) is None
+        True
+        >>> proto.graph.name = "h"
+        >>> onnx_digest_problem(proto)  # doctest: +ELLIPSIS
+        'the contents do not match their sha256 digest: the file was modified after it was written'
+    """
+    props = {p.key: p.value for p in proto.metadata_props}
+    if DIGEST_PROP not in props:
+        if not required and not any(key.startswith("inq_") for key in props):
+            return None
+        return (
+            f"no sha256 digest ({DIGEST_PROP}) in its metadata: written before inq signed its "
+            "ONNX files (export it again), or edited"
+        )
+    return MODIFIED if _onnx_digest(proto) != props[DIGEST_PROP] else None
 
 
 def _check_weights(proto: Any, packed: PackedFile, onnx: Any) -> None:
@@ -328,17 +392,24 @@ def recorded_descriptions(
         raise ValueError(f"{path}: its inq_model or inq_data is not JSON ({err})") from None
 
 
-def load_onnx(path: str | os.PathLike[str]) -> Any:
-    """The ``ModelProto`` of the ONNX file at ``path`` (external data not loaded).
+def load_onnx(path: str | os.PathLike[str], check: bool = True) -> Any:
+    """The ``ModelProto`` of the ONNX file at ``path`` (external data not loaded), refused if
+    inq wrote it and it no longer matches its digest (:func:`onnx_digest_problem`), unless
+    ``check`` is off (``inq verify`` reports that itself).
 
     Raises:
-        ValueError: if the file cannot be read as ONNX or the onnx extra is missing.
+        ValueError: if the file cannot be read as ONNX, does not match its digest, or the onnx
+            extra is missing.
     """
     onnx, _ = _modules()
     try:
-        return onnx.load(str(path), load_external_data=False)
+        proto = onnx.load(str(path), load_external_data=False)
     except Exception as err:  # onnx raises its own kinds
         raise ValueError(f"{path}: cannot load as ONNX ({err})") from None
+    problem = onnx_digest_problem(proto) if check else None
+    if problem is not None:
+        raise ValueError(f"{path}: {problem}")
+    return proto
 
 
 def is_onnx(path: str | os.PathLike[str]) -> bool:

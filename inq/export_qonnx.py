@@ -56,7 +56,7 @@ import torch
 
 from inq.codes import decode_weight
 from inq.data import data_record
-from inq.export_onnx import recorded_descriptions
+from inq.export_onnx import recorded_descriptions, save_onnx
 from inq.pow2 import exact_log2
 from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
 
@@ -94,12 +94,11 @@ def export_qonnx(
     onnx, wrapper, cleanup = _modules()
     proto = qonnx_graph(model, 1, shape)
     cleanup(wrapper(proto))  # what FPGA flows run first: it must take the graph
-    onnx.save(proto, os.fspath(path))
     return {
         "nodes": len(proto.graph.node),
         "quant_nodes": sum(node.op_type == "Quant" for node in proto.graph.node),
         "initializers": len(proto.graph.initializer),
-        "bytes": os.path.getsize(path),
+        "bytes": save_onnx(proto, path),  # atomically, with its digest
     }
 
 

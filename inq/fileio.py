@@ -27,6 +27,7 @@ from safetensors import SafetensorError, safe_open
 __all__ = [
     "DIGEST_KEY",
     "LOCK_NAME",
+    "MODIFIED",
     "WRITE_FAILURES",
     "DirBusy",
     "SafetensorsFile",
@@ -45,6 +46,9 @@ __all__ = [
 
 LOCK_NAME = ".lock"  # in a directory one process at a time works in (an inq-train run)
 DIGEST_KEY = "sha256"  # metadata entry: digest of every tensor and the rest of the metadata
+MODIFIED = (  # what a digest that does not match means
+    "the contents do not match their sha256 digest: the file was modified after it was written"
+)
 _SAFETENSORS_DTYPES = {
     torch.float64: "F64",
     torch.float32: "F32",
@@ -423,12 +427,7 @@ def digest_problem(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -
     """Why a file's contents do not match the digest written with them, or None if they do."""
     if DIGEST_KEY not in metadata:
         return f"no {DIGEST_KEY} digest in the metadata: not written by inq, or edited"
-    if _digest(tensors, metadata) != metadata[DIGEST_KEY]:
-        return (
-            f"the contents do not match their {DIGEST_KEY} digest: the file was modified "
-            "after it was written"
-        )
-    return None
+    return MODIFIED if _digest(tensors, metadata) != metadata[DIGEST_KEY] else None
 
 
 def _digest(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str:

@@ -194,9 +194,13 @@ def verify_qonnx(proto: Any, path: str = "") -> VerifyReport:
     ``1 - 2**(bits-2) <= e <= 0`` (the level set ``{0, ±2**n2..±2**n1}`` as stored,
     ``w * 2**-n1``), an integer on the ``Quant`` grid and within its width (else the ``Quant``
     node would change it). One report per Conv/Gemm node; a level set recorded for no such node
-    is a file problem. A QONNX file has no digest.
+    is a problem, and so is a file that does not match its sha256 digest
+    (:func:`inq.export_onnx.onnx_digest_problem`: a weight's sign flipped stays in its level
+    set, and only the digest tells).
     """
     from onnx import numpy_helper
+
+    from inq.export_onnx import onnx_digest_problem
 
     from inq.export_qonnx import LEVELS_KEY, qonnx_levels
 
@@ -210,7 +214,8 @@ def verify_qonnx(proto: Any, path: str = "") -> VerifyReport:
     )
     others = tuple((LEVELS_KEY + name, "a level set recorded for no Conv/Gemm node")
                    for name in levels)  # fmt: skip
-    return VerifyReport(path, "QONNX", reports, None, others)
+    digest = onnx_digest_problem(proto, required=True)
+    return VerifyReport(path, "QONNX", reports, digest, others)
 
 
 def _qonnx_layer(

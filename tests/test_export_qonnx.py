@@ -30,7 +30,9 @@ from onnx import numpy_helper
 
 from inq.cli import main
 from inq.data import build_datasets
+from inq.export_onnx import DIGEST_PROP, save_onnx
 from inq.export_qonnx import LEVELS_KEY, export_qonnx, qonnx_graph, run_qonnx
+from inq.fileio import MODIFIED
 from inq.masked import load_masked
 from inq.packed import packed_from_masked
 from inq.quant.integer import IntegerModel, save_integer
@@ -133,7 +135,7 @@ def test_inq_eval_of_a_qonnx_file_prints_the_integer_models_accuracy(
     model, int_file = digits
     out = tmp_path / "d.qonnx.onnx"
     proto = _export(int_file, out)
-    props = {p.key: json.loads(p.value) for p in proto.metadata_props}
+    props = {p.key: json.loads(p.value) for p in proto.metadata_props if p.key != DIGEST_PROP}
     recorded = model.info["data"]  # the file's record, with the defaults filled in
     assert {key: props["inq_data"][key] for key in recorded} == recorded
     assert props["inq_model"] == model.info["model"]
@@ -154,17 +156,20 @@ def test_inq_eval_of_a_qonnx_file_prints_the_integer_models_accuracy(
     assert info[3] == f"model {json.dumps(model.info['model'])}" and info[4] == "data digits"
 
 
-def _tampered(proto: onnx.ModelProto, path: Path, value: float) -> str:
-    """``proto`` with one weight of its last Gemm set to ``value``, saved at ``path``; returns
-    the Gemm node's name."""
+def _tampered(
+    proto: onnx.ModelProto, path: Path, value: float, sign: bool = True, index: int = 3
+) -> str:
+    """``proto`` with one weight (``index``) of its last Gemm set to ``value``, saved at
+    ``path`` (with a new digest where ``sign``: the level sets are checked whatever the digest
+    says); returns the Gemm node's name."""
     proto = copy.deepcopy(proto)
     made_by = {out: node for node in proto.graph.node for out in node.output}
     gemm = next(node for node in proto.graph.node if node.op_type == "Gemm")
     init = next(t for t in proto.graph.initializer if t.name == made_by[gemm.input[1]].input[0])
     weight = numpy_helper.to_array(init).copy()
-    weight.flat[3] = value
+    weight.flat[index] = value
     init.CopyFrom(numpy_helper.from_array(weight, init.name))
-    onnx.save(proto, path)
+    save_onnx(proto, path) if sign else onnx.save(proto, path)
     return gemm.name
 
 
@@ -199,6 +204,36 @@ def test_inq_verify_passes_an_export_and_names_the_node_of_a_tampered_weight(
     capsys.readouterr()
 
 
+def test_a_weight_changed_within_its_level_set_fails_verify_and_eval_by_its_digest(
+    digits, tmp_path: Path, capsys
+) -> None:
+    """Issue 46: one weight's sign flipped stays in its level set and changed the loss, and
+    verify said OK; one byte flipped, and eval printed an accuracy. The file's sha256 digest
+    (inq.export_onnx.save_onnx) now tells both."""
+    _, int_file = digits
+    proto = _export(int_file, tmp_path / "d.qonnx.onnx")
+    made_by = {out: node for node in proto.graph.node for out in node.output}
+    gemm = next(node for node in proto.graph.node if node.op_type == "Gemm")
+    init = next(t for t in proto.graph.initializer if t.name == made_by[gemm.input[1]].input[0])
+    weight = numpy_helper.to_array(init)
+    index = int(np.flatnonzero(weight)[0])
+    flipped = tmp_path / "flipped.onnx"
+    _tampered(proto, flipped, -float(weight.flat[index]), sign=False, index=index)
+    capsys.readouterr()
+    assert main(["verify", str(flipped)]) == 1
+    problem, summary = capsys.readouterr().err.splitlines()
+    assert problem == f"inq verify: {flipped}: {MODIFIED}"
+    layers = sum(node.op_type in ("Conv", "Gemm") for node in proto.graph.node)
+    assert summary == f"inq verify: {flipped}: 1 problem(s); 0 of {layers} weight layers fail"
+    data = bytearray((tmp_path / "d.qonnx.onnx").read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside an initializer's raw data
+    byte = tmp_path / "byte.onnx"
+    byte.write_bytes(bytes(data))
+    for path in (flipped, byte):
+        assert main(["eval", str(path)]) == 1
+        assert capsys.readouterr() == ("", f"inq eval: error: {path}: {MODIFIED}\n")
+
+
 def test_verify_wants_each_layers_recorded_level_set(tmp_path: Path, capsys) -> None:
     """Per-channel level sets verify too (the export is exact with them); a file without its
     level sets, or with one of a wrong shape, fails naming the node; a plain ONNX file is not
@@ -208,7 +243,7 @@ def test_verify_wants_each_layers_recorded_level_set(tmp_path: Path, capsys) -> 
     proto = qonnx_graph(model, shape=(2, 4, 4))
     x = 2 * torch.randn(64, 2, 4, 4, generator=torch.Generator().manual_seed(2))
     assert np.array_equal(run_qonnx(proto, x.numpy()), _expected(model, x))
-    onnx.save(proto, tmp_path / "r.onnx")
+    save_onnx(proto, tmp_path / "r.onnx")
     assert main(["verify", str(tmp_path / "r.onnx")]) == 0
     levels = [p for p in proto.metadata_props if p.key.startswith(LEVELS_KEY)]
     assert len(levels) == sum(op.op in ("conv", "linear") for op in model.ops)
@@ -222,7 +257,7 @@ def test_verify_wants_each_layers_recorded_level_set(tmp_path: Path, capsys) -> 
         broken = copy.deepcopy(proto)
         assert broken.metadata_props[2].key == LEVELS_KEY + node
         edit(broken)
-        onnx.save(broken, tmp_path / "b.onnx")
+        save_onnx(broken, tmp_path / "b.onnx")
         capsys.readouterr()
         assert main(["verify", str(tmp_path / "b.onnx")]) == 1
         assert f"node '{node}': {problem}" in capsys.readouterr().err
@@ -237,7 +272,7 @@ def test_verify_wants_each_layers_recorded_level_set(tmp_path: Path, capsys) -> 
 def test_without_the_fpga_extra_eval_says_what_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    onnx.save(qonnx_graph(residual_integer_model(), shape=(2, 4, 4)), tmp_path / "r.onnx")
+    save_onnx(qonnx_graph(residual_integer_model(), shape=(2, 4, 4)), tmp_path / "r.onnx")
     for name in [m for m in sys.modules if m.startswith("qonnx.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "qonnx", None)  # import qonnx fails: not installed
