@@ -191,8 +191,9 @@ def default_output(source: Path, suffix: str) -> Path:
 def writing(output: Path, source: Path, force: bool = False, suffix: str = SAFETENSORS
             ) -> Iterator[None]:  # fmt: skip
     """Checks, before any work, that ``output`` may be written from ``source`` (in a format
-    whose names end in ``suffix``), and holds an inq-train run directory's lock while the block
-    writes into it.
+    whose names end in ``suffix``; ``""`` for a directory, an hls4ml project), and holds an
+    inq-train run directory's lock while the block writes into it: the one rule of every
+    export, which writes, replaces or deletes nothing but its own output.
 
     Example:
         >>> with writing(Path("."), Path("model.inq.safetensors")):
@@ -204,16 +205,13 @@ def writing(output: Path, source: Path, force: bool = False, suffix: str = SAFET
     Raises:
         ValueError: ``output`` is a directory or ``source`` itself, is not named ``*suffix``,
             exists (without ``force``), is a file of an inq-train run (one its ``summary.json``
-            lists, or one of the names the run writes), or its run directory is in use.
+            lists, or one of the names the run writes), or its run directory is in use; for a
+            directory, ``output`` is a run directory or holds ``source``.
     """
-    if output.is_dir():
-        raise ValueError(f"-o {output}: a directory; name the file to write")
-    if not output.name.endswith(suffix):
-        what = "an ONNX file's name" if suffix == ONNX else "the output is safetensors, whose name"
-        hint = "; add --onnx to write ONNX" if output.suffix == ONNX else ""
-        raise ValueError(f"-o {output}: {what} ends in {suffix}{hint}")
-    if output.exists() and output.resolve() == source.resolve():
-        raise ValueError(f"{output}: the output would replace the file it is made from; choose -o")
+    if suffix:
+        _file_output(output, source, force, suffix)
+    else:
+        _directory_output(output, source)
     folder = output.parent
     lock = lock_dir(folder) if (folder / LOCK_NAME).exists() else None  # an inq-train run
     try:
@@ -224,12 +222,34 @@ def writing(output: Path, source: Path, force: bool = False, suffix: str = SAFET
                 f"{output} belongs to the run in {folder} (inq-train writes it there); write "
                 "elsewhere with -o"
             )
-        if output.exists() and not force:
+        if suffix and output.exists() and not force:
             raise ValueError(f"{output} exists; choose another -o, or --force to replace it")
         yield
     finally:
         if lock is not None:
             lock.close()
+
+
+def _file_output(output: Path, source: Path, force: bool, suffix: str) -> None:
+    if output.is_dir():
+        raise ValueError(f"-o {output}: a directory; name the file to write")
+    if not output.name.endswith(suffix):
+        what = "an ONNX file's name" if suffix == ONNX else "the output is safetensors, whose name"
+        hint = "; add --onnx to write ONNX" if output.suffix == ONNX else ""
+        raise ValueError(f"-o {output}: {what} ends in {suffix}{hint}")
+    if output.exists() and output.resolve() == source.resolve():
+        raise ValueError(f"{output}: the output would replace the file it is made from; choose -o")
+
+
+def _directory_output(output: Path, source: Path) -> None:
+    if runfiles.is_run(output):
+        if (output / LOCK_NAME).exists():
+            lock_dir(output).close()  # refuses a run in progress: another process is there
+        raise ValueError(f"-o {output}: an inq-train run directory; write the project elsewhere")
+    if output.is_dir() and output.resolve() in source.resolve().parents:
+        raise ValueError(
+            f"-o {output}: holds {source}, the model the project is made from; choose another -o"
+        )
 
 
 def _run_files(folder: Path) -> set[Path]:
@@ -326,12 +346,13 @@ def _export_hls4ml(args: argparse.Namespace) -> int:
     if not args.output:
         raise ValueError("--hls4ml needs -o DIR (the project's directory)")
     output = Path(args.output)
-    int_model = open_artefact(header)
-    data, _ = command_data(int_model.info.get("data", {}), args.data)
     io_type = f"io_{args.io}"
-    _, layers = export_hls4ml(int_model, output, input_shape(data), args.force, lambda: print(
-        f"{header.path} -> {output}: hls4ml project ({HLS_BACKEND}, {io_type}); compiling its "
-        "C simulation with g++ ...", flush=True), io_type)  # fmt: skip
+    with writing(output, header.path, args.force, suffix=""):
+        int_model = open_artefact(header)
+        data, _ = command_data(int_model.info.get("data", {}), args.data)
+        _, layers = export_hls4ml(int_model, output, input_shape(data), args.force, lambda: print(
+            f"{header.path} -> {output}: hls4ml project ({HLS_BACKEND}, {io_type}); compiling "
+            "its C simulation with g++ ...", flush=True), io_type)  # fmt: skip
     print(f"{'layer':<12} {'op':<6} {'weight':<12} {'accum':<14} {'scale':<14} {'result':<20} "
           "non-pow2")  # fmt: skip
     for layer in layers:

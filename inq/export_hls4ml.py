@@ -38,31 +38,43 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import hashlib
+import json
 import math
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from inq.codes import decode_weight
+from inq.fileio import atomic_dir, atomic_path, describe_os_error
 from inq.pow2 import exact_log2
 from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
 
 __all__ = [
     "BACKEND",
     "IO_TYPES",
+    "MANIFEST",
     "HlsLayer",
     "exact_type",
     "export_hls4ml",
     "hls_shadow",
+    "project_problem",
     "run_csim",
+    "write_manifest",
 ]
 
 BACKEND = "Vitis"  # hls4ml's backend for Vitis HLS (its C simulation needs only g++)
@@ -413,14 +425,19 @@ def export_hls4ml(
     grows with the image: fine for digits, too big to compile quickly for 28x28 maps) or
     ``io_stream`` (line buffers; the same arithmetic and types, so equally exact).
 
-    ``out_dir`` must be absent or empty, or ``force`` set: then the old directory is moved
-    aside and restored if anything fails, so a failed export loses nothing.
-    ``before_compile`` is called once the checks have passed, before the slow part.
+    The project is made, compiled and checked in a temporary directory beside ``out_dir``,
+    which then takes its place whole (:func:`inq.fileio.atomic_dir`): a failed, interrupted or
+    killed export leaves ``out_dir`` as it was. ``out_dir`` must be absent or empty, or, with
+    ``force``, a project this function wrote whose files are all as it wrote them (its
+    :data:`MANIFEST` lists them with their sha256): ``force`` replaces that and nothing else.
+    ``before_compile`` is called once the checks have passed, before the slow part; g++ runs in
+    its own process group, stopped with the export.
 
     Raises:
         ValueError: an op with no exact form, a written constant that does not read back
             exactly, no ``hls4ml`` (naming the ``fpga`` extra), an output directory that is not
-            empty, a compile failure (the compiler's first error line and the log's path).
+            empty (or, with ``force``, not a project inq wrote, or changed since), a compile
+            failure (the compiler's first error line; a full disk said as such).
     """
     hls4ml = _hls4ml()
     if io_type not in IO_TYPES:
@@ -428,21 +445,116 @@ def export_hls4ml(
     out = Path(out_dir)
     dims = _input_dims(model, shape)
     shadow, input_type, layers = hls_shadow(model, dims)  # refusals come before any writing
-    aside = _clear(out, force)
+    _may_write(out, force)
     if before_compile is not None:
         before_compile()
     try:
-        hls_model = _convert(hls4ml, shadow, dims, input_type, layers, out, io_type)
-        _check_written(hls_model, layers, out)
-        _check_csim(model, hls_model, dims)
-    except BaseException:
-        shutil.rmtree(out, ignore_errors=True)
-        if aside is not None:
-            aside.rename(out)
-        raise
-    if aside is not None:
-        shutil.rmtree(aside)
+        with atomic_dir(out) as staging:
+            hls_model = _convert(hls4ml, shadow, dims, input_type, layers, staging, io_type)
+            _check_written(hls_model, layers, staging)
+            _check_csim(model, hls_model, dims)
+            config = staging / "hls4ml_config.yml"  # where hls4ml records its output directory
+            config.write_text(config.read_text().replace(str(staging), str(out)))
+            write_manifest(staging)
+    except OSError as err:
+        raise ValueError(f"-o {out}: cannot write the project ({_write_error(err)})") from None
     return hls_model, layers
+
+
+def _write_error(err: OSError) -> str:
+    """:func:`inq.fileio.describe_os_error` of a failed write, or of the first failure of
+    hls4ml's copy of its header templates (``shutil.copytree`` gathers them in one error
+    that has no errno, only the system's words)."""
+    if isinstance(err, shutil.Error) and err.args and isinstance(err.args[0], list):
+        first = str(err.args[0][0][-1])
+        number = next((n for n in _DISK_ERRORS if os.strerror(n) in first), None)
+        return first if number is None else describe_os_error(OSError(number, os.strerror(number)))
+    return describe_os_error(err)
+
+
+MANIFEST = "inq_project.json"  # in a project: its format and every file's sha256
+PROJECT_FORMAT = "inq-hls4ml/1"
+
+
+def write_manifest(folder: Path) -> None:
+    """Record every file under ``folder`` with its sha256 in ``folder/MANIFEST``."""
+    files = {path: _sha256(folder / path) for path in _files(folder)}
+    text = json.dumps({"format": PROJECT_FORMAT, "files": files}, indent=1, sort_keys=True)
+    with atomic_path(folder / MANIFEST) as tmp:
+        tmp.write_text(text + "\n")
+
+
+def project_problem(folder: Path) -> str | None:
+    """Why the directory ``folder`` is not an hls4ml project this module wrote, exactly as it
+    wrote it (a file it did not write, or one changed since), or None if it is.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "a.cpp").write_text("int x;")
+        >>> project_problem(folder)
+        'holds no inq_project.json: it is not an hls4ml project inq wrote'
+        >>> write_manifest(folder)
+        >>> project_problem(folder) is None
+        True
+        >>> _ = (folder / "notes.txt").write_text("mine")
+        >>> project_problem(folder)
+        'holds a file the export did not write: notes.txt'
+    """
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        listed = manifest["files"] if manifest.get("format") == PROJECT_FORMAT else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        listed = None
+    if not isinstance(listed, dict):
+        return f"holds no {MANIFEST}: it is not an hls4ml project inq wrote"
+    found = [path for path in _files(folder) if path != MANIFEST]
+    others = [path for path in found if path not in listed]
+    if others:
+        more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
+        return f"holds a file the export did not write: {others[0]}{more}"
+    changed = next((path for path in found if _sha256(folder / path) != listed[path]), None)
+    return None if changed is None else f"{changed} was changed since the export wrote it"
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file (or link, not followed) under ``folder``, as sorted relative POSIX paths."""
+    return sorted(
+        path.relative_to(folder).as_posix()
+        for path in folder.rglob("*")
+        if path.is_symlink() or not path.is_dir()
+    )
+
+
+def _sha256(path: Path) -> str:
+    if path.is_symlink():
+        return "link:" + os.readlink(path)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _may_write(out: Path, force: bool) -> None:
+    """Refuse ``out`` unless it is absent, empty, or (``force``) a project inq wrote, as it
+    wrote it (:func:`project_problem`).
+
+    Raises:
+        ValueError: ``out`` is a file, the current directory or one holding it, a directory
+            that is not empty and no ``force``, or with ``force`` not an unchanged project.
+    """
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"-o {out}: a file; the hls4ml project is a directory")
+    here = Path.cwd()
+    if out.exists() and (here == out.resolve() or out.resolve() in here.parents):
+        raise ValueError(f"-o {out}: the current directory (or one holding it); name another")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not force:
+        raise ValueError(f"{out} is not empty; choose another -o, or --force to replace it")
+    problem = project_problem(out)
+    if problem is not None:
+        raise ValueError(
+            f"{out} {problem}; --force replaces only an hls4ml project inq wrote, as it wrote "
+            "it: choose another -o"
+        )
 
 
 def _hls4ml() -> Any:
@@ -462,35 +574,10 @@ def _input_dims(model: IntegerModel, given: Sequence[int] | None) -> list[int]:
     return [int(v) for v in shape]
 
 
-def _clear(out: Path, force: bool) -> Path | None:
-    """Make way for the project at ``out``: the old directory moved aside (``force``), or
-    ``None`` when there was nothing there.
-
-    Raises:
-        ValueError: ``out`` is a file, a directory that is not empty and no ``force``, or
-            a place where no directory can be made.
-    """
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"-o {out}: a file; the hls4ml project is a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ValueError(f"{out} is not empty; choose another -o, or --force to replace it")
-    aside = None
-    try:
-        if out.is_dir() and any(out.iterdir()):
-            aside = out.with_name(f".{out.name}.replaced-{os.getpid()}")
-            out.rename(aside)
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        if aside is not None and not out.exists():
-            aside.rename(out)
-        raise ValueError(f"-o {out}: cannot write the project there ({err.strerror})") from None
-    return aside
-
-
 def _convert(hls4ml: Any, shadow: _Shadow, dims: list[int], input_type: str,
              layers: list[HlsLayer], out: Path, io_type: str) -> Any:  # fmt: skip
-    """hls4ml's converter on ``shadow`` with every type set, then ``compile()``; its printing
-    goes to ``out/inq_build.log``."""
+    """hls4ml's converter on ``shadow`` with every type set, then the project written and its
+    C simulation compiled (:func:`_compile`); hls4ml's printing goes to ``out/inq_build.log``."""
     log = out / BUILD_LOG
     with open(log, "w") as sink, contextlib.redirect_stdout(sink):
         config = hls4ml.utils.config_from_pytorch_model(
@@ -508,18 +595,62 @@ def _convert(hls4ml: Any, shadow: _Shadow, dims: list[int], input_type: str,
             shadow, output_dir=str(out), backend=BACKEND, io_type=io_type,
             hls_config=config,
         )  # fmt: skip
-        try:
-            hls_model.compile()
-        except Exception:
-            sink.flush()
-            raise ValueError(_compile_error(log)) from None
+        hls_model.write()
+        sink.flush()
+        _compile(hls_model, out, sink)
     return hls_model
 
 
-def _compile_error(log: Path) -> str:
-    lines = log.read_text(errors="replace").splitlines()
+def _compile(hls_model: Any, out: Path, log: IO[str]) -> None:
+    """Run the project's ``build_lib.sh`` (g++, what hls4ml's ``compile()`` runs) in a process
+    group of its own, killed whole if the export stops (hls4ml's own call kills only the shell,
+    and g++ ran on), with the elapsed time on a terminal; then load the library as hls4ml does.
+
+    Raises:
+        OSError, ValueError: the build failed (:func:`_raise_compile_error`).
+    """
+    with subprocess.Popen(
+        ["bash", "build_lib.sh"], cwd=out, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    ) as build, tqdm(desc="g++", bar_format="{desc}: {elapsed}", disable=None,
+                     file=sys.stderr, leave=False) as shown:  # fmt: skip
+        try:
+            while build.poll() is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    build.wait(timeout=1)
+                shown.refresh()
+        except BaseException:
+            os.killpg(build.pid, signal.SIGKILL)
+            build.wait()
+            raise
+    if build.returncode != 0:
+        log.flush()
+        _raise_compile_error(out / BUILD_LOG)
+    stamp = hls_model.config.get_config_value("Stamp")
+    library = out / "firmware" / f"{hls_model.config.get_project_name()}-{stamp}.so"
+    hls_model._top_function_lib = ctypes.cdll.LoadLibrary(str(library))  # as compile() does
+
+
+_DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, or a file size limit
+
+
+def _raise_compile_error(log: Path) -> None:
+    """Raise what a failed build means: a full disk as the OSError it is (g++ and ld print the
+    system's words), else the compiler's first error line.
+
+    Raises:
+        OSError: the disk is full (or a file size limit was reached).
+        ValueError: otherwise.
+    """
+    text = log.read_text(errors="replace")
+    if (signal.strsignal(signal.SIGXFSZ) or "SIGXFSZ") in text:  # killed by a file size limit
+        text += os.strerror(errno.EFBIG)
+    for number in _DISK_ERRORS:
+        if (words := os.strerror(number)) in text:
+            raise OSError(number, words)
+    lines = text.splitlines()
     first = next((line for line in lines if re.search(r"\berror\b", line)), "no error line")
-    return f"the generated project does not compile: {first.strip()} (log: {log})"
+    raise ValueError(f"the generated project does not compile: {first.strip()}")
 
 
 def _check_written(hls_model: Any, layers: list[HlsLayer], out: Path) -> None:

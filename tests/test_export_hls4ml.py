@@ -12,7 +12,12 @@ import io
 import math
 import os
 import re
+import resource
+import signal
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +38,16 @@ from torch import nn
 
 from inq.cli import main
 from inq.data import build_datasets
-from inq.export_hls4ml import HlsLayer, exact_type, export_hls4ml, hls_shadow, run_csim
+from inq.export_hls4ml import (
+    HlsLayer,
+    exact_type,
+    export_hls4ml,
+    hls_shadow,
+    project_problem,
+    run_csim,
+    write_manifest,
+)
+from inq.fileio import lock_dir
 from inq.masked import load_masked
 from inq.packed import packed_from_masked
 from inq.quant.integer import IntegerModel, save_integer
@@ -237,7 +251,12 @@ def test_cli_refuses_bad_requests_in_one_line_and_loses_nothing(int_file, tmp_pa
         (["-o", str(int_file)], f"-o {int_file}: a file; the hls4ml project is a directory"),
         (
             ["-o", str(int_file / "p")],
-            f"-o {int_file / 'p'}: cannot write the project there (Not a directory)",
+            f"-o {int_file / 'p'}: cannot write the project (File exists)",
+        ),
+        (
+            ["-o", str(busy), "--force"],
+            f"{busy} holds no inq_project.json: it is not an hls4ml project inq wrote; --force "
+            "replaces only an hls4ml project inq wrote, as it wrote it: choose another -o",
         ),
     ):
         assert main(["export", str(int_file), "--hls4ml", *args]) == 1
@@ -259,17 +278,153 @@ def test_a_compile_failure_names_the_first_error_and_restores_the_old_project(
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     old = tmp_path / "prj"
     old.mkdir()
-    (old / "keep.txt").write_text("mine")
+    (old / "myproject.cpp").write_text("an older project's")
+    write_manifest(old)  # as an export leaves it
     argv = ["export", str(int_file), "--hls4ml", "-o", str(old), "--force"]
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(argv) == 1
-    err = capsys.readouterr().err
-    assert re.fullmatch(
-        r"inq export: error: the generated project does not compile: myproject\.cpp:1:1: error: "
-        r"no compiler here \(log: .*inq_build\.log\)\n", err
-    )  # fmt: skip
+    assert capsys.readouterr().err == (
+        "inq export: error: the generated project does not compile: myproject.cpp:1:1: error: "
+        "no compiler here\n"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "prj", "r.int.safetensors"]
-    assert [p.name for p in old.iterdir()] == ["keep.txt"]  # the old project, as it was
+    assert sorted(p.name for p in old.iterdir()) == ["inq_project.json", "myproject.cpp"]
+    assert (old / "myproject.cpp").read_text() == "an older project's"  # as it was
+
+
+def _fake_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:
+    """A ``g++`` first on PATH, running the shell ``body``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "g++"
+    fake.write_text(f"#!/bin/sh\n{body}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_no_export_deletes_a_run_its_source_or_files_it_did_not_write(
+    int_file: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Issue 46: ``--hls4ml -o RUN --force`` deleted a whole run (a running one too, whose
+    lock it ignored), ``-o SRCDIR --force`` the source and the user's files, and ``-o .``
+    failed with a raw error. --force replaces an hls4ml project inq wrote, unchanged, and
+    nothing else; each refusal is one line, before any work, and every file stays."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    (run / "model.int.safetensors").write_bytes(int_file.read_bytes())
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest.pt").write_bytes(b"PK\x03\x04 a checkpoint")
+    source = run / "model.int.safetensors"
+    project = tmp_path / "prj"
+    project.mkdir()
+    (project / "myproject.cpp").write_text("exported")
+    write_manifest(project)
+    (project / "myproject.cpp").write_text("edited by hand")
+    before = _snapshot(tmp_path)
+    live = tmp_path / "live"
+    lock = lock_dir(live)  # an inq-train run in progress holds its directory's lock
+    (live / "summary.json").write_text("{}")
+    monkeypatch.chdir(run / "checkpoints")
+    for output, message in (
+        (run, f"-o {run}: an inq-train run directory; write the project elsewhere"),
+        (live, f"{live}: another process (pid {os.getpid()}) is working there; wait for it"),
+        (tmp_path, f"-o {tmp_path}: holds {source}, the model the project is made from; choose "
+                   "another -o"),
+        (Path("."), "-o .: the current directory (or one holding it); name another"),
+        (project, f"{project} myproject.cpp was changed since the export wrote it; --force "
+                  "replaces only an hls4ml project inq wrote, as it wrote it: choose another -o"),
+    ):  # fmt: skip
+        assert main(["export", str(source), "--hls4ml", "-o", str(output), "--force"]) == 1
+        assert capsys.readouterr() == ("", f"inq export: error: {message}\n"), output
+    lock.close()
+    assert _snapshot(tmp_path) == {**before, "live/summary.json": b"{}",
+                                   "live/.lock": f"{os.getpid()}\n".encode()}  # fmt: skip
+
+
+def test_a_stopped_export_stops_its_compiler_and_leaves_nothing(
+    int_file: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Issue 46: g++, started by the export, ran on in a deleted directory after SIGTERM. It
+    runs in a process group the export kills; the project's directory never appears."""
+    pids = tmp_path / "pids"
+    _fake_compiler(tmp_path, monkeypatch, f"echo $$ >> {pids}\nexec sleep 60")
+    out = tmp_path / "prj"
+    export = subprocess.Popen(
+        [sys.executable, "-m", "inq.cli", "export", str(int_file), "--hls4ml", "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert export.stdout is not None
+    assert "compiling its C simulation with g++" in export.stdout.readline()
+    while not pids.exists() or not pids.read_text().strip():
+        assert export.poll() is None, export.communicate()  # waiting for g++ to start
+        time.sleep(0.05)
+    export.send_signal(signal.SIGTERM)
+    _, err = export.communicate(timeout=60)
+    assert export.returncode == 143 and err == "inq export: interrupted; nothing was written\n"
+    for pid in map(int, pids.read_text().split()):
+        assert not _running(pid), pid
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "pids", "r.int.safetensors"]
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that is not a zombie (killed, not yet reaped by init)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.slow
+def test_force_replaces_a_project_and_a_killed_exports_leftovers_go(
+    int_file: Path, tmp_path: Path
+) -> None:
+    """A project inq wrote is replaced by --force; a SIGKILLed export's temporary directory is
+    removed by the next export to the same place (issue 46: one stayed, hidden, forever)."""
+    out = tmp_path / "prj"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["export", str(int_file), "--hls4ml", "-o", str(out)]) == 0
+    assert project_problem(out) is None
+    assert f"OutputDir: {out}" in (out / "hls4ml_config.yml").read_text()
+    script = (
+        "import os, signal, sys; import inq.export_hls4ml as h\n"
+        "h._compile = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "from inq.cli import main; main(sys.argv[1:])\n"
+    )
+    argv = ["export", str(int_file), "--hls4ml", "-o", str(out), "--force"]
+    assert subprocess.run([sys.executable, "-c", script, *argv], check=False,
+                          capture_output=True).returncode == -9  # fmt: skip
+    assert len(list(tmp_path.glob(".prj.*.tmp"))) == 1
+    (out / "firmware" / "myproject.cpp").unlink()  # the user removed it: still the project
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(argv) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prj", "r.int.safetensors"]
+    assert project_problem(out) is None and (out / "firmware" / "myproject.cpp").exists()
+
+
+@pytest.mark.slow
+def test_a_full_disk_leaves_nothing_and_says_so(int_file: Path, tmp_path: Path) -> None:
+    """A file size limit (what a full disk does to write): while hls4ml copies its headers,
+    and while g++ compiles (it printed "ld returned 1" and a log that no longer existed)."""
+    for limit in (64 * 1024, 400 * 1024):
+        proc = subprocess.run(
+            [sys.executable, "-m", "inq.cli", "export", str(int_file), "--hls4ml", "-o",
+             str(tmp_path / "prj")],
+            capture_output=True, text=True, timeout=300,
+            preexec_fn=lambda limit=limit: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                              (limit, limit)),
+        )  # fmt: skip
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr == (
+            f"inq export: error: -o {tmp_path / 'prj'}: cannot write the project (file too "
+            "large (a file size limit, ulimit -f) (File too large))\n"
+        ), limit
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["r.int.safetensors"]
 
 
 @pytest.mark.slow
