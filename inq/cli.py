@@ -63,7 +63,7 @@ from inq.export_onnx import (
     recorded_descriptions,
 )
 from inq.export_qonnx import QonnxModel, export_qonnx, is_qonnx
-from inq.fileio import LOCK_NAME, lock_dir
+from inq.fileio import LOCK_NAME, WRITE_FAILURES, describe_os_error, lock_dir
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.levels import describe_n1
 from inq.masked import MASKED_FORMATS
@@ -931,6 +931,17 @@ _EXIT_BY_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal'
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour codes some libraries put in errors
 
 
+def _os_error(err: OSError) -> str:
+    """One line for an error of the system: a failed write as "cannot write PATH: disk full
+    (...)" (:func:`inq.fileio.describe_os_error`), another as "PATH: <the system's words>"."""
+    if err.errno is None or err.strerror is None:  # no (errno, strerror) to say it with
+        return str(err)
+    if err.errno in WRITE_FAILURES:
+        where = f" {err.filename}" if err.filename else ""
+        return f"cannot write{where}: {describe_os_error(err)}"
+    return f"{err.filename}: {err.strerror}" if err.filename else err.strerror
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``inq``; returns the exit status (0 ok, 1 failure, 2 bad usage from argparse, 130
     after Ctrl-C, 143 after SIGTERM).
@@ -959,7 +970,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _EXIT_BY_SIGNAL[received[0] if received else signal.SIGINT]
         if not isinstance(err, ValueError | OSError):
             raise
-        print(f"inq {args.command}: error: {_ANSI.sub('', str(err))}", file=sys.stderr)
+        message = _os_error(err) if isinstance(err, OSError) else str(err)
+        print(f"inq {args.command}: error: {_ANSI.sub('', message)}", file=sys.stderr)
         return 1
     finally:
         for signum, handler in previous.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -678,3 +679,32 @@ def test_version_and_help(capsys) -> None:
     text = " ".join(capsys.readouterr().out.split())
     assert "an ONNX model (inq export --onnx; run in ONNX Runtime on the CPU)" in text
     assert "--device DEVICE cpu or cuda[:N]" in text and "--resplit" in text
+
+
+@pytest.mark.slow
+def test_a_full_disk_leaves_no_file_of_any_export_kind_and_says_so(tmp_path: Path) -> None:
+    """Issue 46: ``--qonnx`` left a truncated file under its final name on a full disk and
+    printed "[Errno 28]". Every kind of file an export writes goes through one atomic write;
+    a file size limit (what a full disk does to ``write``) leaves nothing, in one line."""
+    masked = digits_masked(tmp_path)
+    integer = tmp_path / "d.int.safetensors"
+    assert main(["calibrate", str(masked), "-o", str(integer), "--batches", "1"]) == 0
+    limit = 4096  # below every output here, above what starting Python writes
+    for argv, output in (
+        (["calibrate", masked, "--batches", "1"], "c.int.safetensors"),
+        (["export", masked], "p.inq.safetensors"),
+        (["export", masked, "--onnx"], "f.onnx"),
+        (["export", integer, "--onnx"], "q.onnx"),
+        (["export", integer, "--qonnx"], "q.qonnx.onnx"),
+    ):
+        target = tmp_path / "out" / output
+        proc = subprocess.run(
+            [sys.executable, "-m", "inq.cli", *map(str, argv), "-o", str(target)],
+            capture_output=True, text=True, timeout=300,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+        )  # fmt: skip
+        assert (proc.returncode, proc.stderr) == (1, (
+            f"inq {argv[0]}: error: cannot write {target}: file too large (a file size limit, "
+            "ulimit -f) (File too large)\n"
+        )), argv  # fmt: skip
+        assert not list((tmp_path / "out").iterdir()), argv
