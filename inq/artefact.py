@@ -20,6 +20,7 @@ ONNX model             :class:`OnnxFile` (its path: classifying needs no ``onnx`
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,12 +111,42 @@ def read_header(path: str | os.PathLike[str]) -> Header:
         raise ValueError(f"{path}: no such file or directory")
     try:
         file = SafetensorsFile(path)
-    except ValueError as err:  # not a safetensors file
+    except ValueError as err:  # not a safetensors file, or one cut short
+        damaged = _damaged(Path(path))
+        if damaged is not None:
+            raise ValueError(f"{path}: {damaged}") from None
         return Header(Path(path), _sniff(Path(path)), problem=str(err))
     fmt = file.metadata.get("format")
     kind = next((kind for formats, kind in _KINDS if fmt in formats), None)
     return Header(Path(path), kind or f"safetensors file of no INQ format (format {fmt!r})",
                   fmt, file)  # fmt: skip
+
+
+def _damaged(path: Path) -> str | None:
+    """What is wrong with a file that safetensors cannot read but that begins as one (a header
+    length, then ``{"``): cut short (a full disk, an interrupted copy) or changed; None if it
+    does not begin as one."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(10)
+            length = int.from_bytes(head[:8], "little")
+            header = f.read(min(length, 100 << 20) - 2) if head[8:10] == b'{"' else b""
+        size = path.stat().st_size
+    except OSError:
+        return None  # said by _sniff
+    if not header:
+        return None
+    if size < 8 + length:
+        return f"cut short: a safetensors file whose header alone is {8 + length} B, {size} B here"
+    try:
+        ends = [end for v in json.loads(head[8:] + header).values() if isinstance(v, dict)
+                for end in v.get("data_offsets", [])[1:]]  # fmt: skip
+        needs = 8 + length + max(ends, default=0)
+    except (ValueError, TypeError, AttributeError):
+        needs = 8 + length
+    if size < needs:
+        return f"cut short: a safetensors file of {needs} B by its header, {size} B here"
+    return "a damaged safetensors file: its header does not describe its contents"
 
 
 def _sniff(path: Path) -> str:

@@ -69,7 +69,12 @@ def test_what_is_no_artefact_is_one_clear_error(files: dict[str, Path], tmp_path
     other = tmp_path / "other.safetensors"
     save_file({"w": torch.ones(2)}, other, {"format": "someone-else/1"})
     truncated = tmp_path / "cut.safetensors"
-    truncated.write_bytes(files["packed"].read_bytes()[:20])  # inside the header
+    whole = files["packed"].read_bytes()
+    truncated.write_bytes(whole[:20])  # inside the header
+    cut = tmp_path / "cut.int.safetensors"
+    cut.write_bytes(whole[:-10])  # inside the tensors: issue 46 called it "of no kind"
+    changed = tmp_path / "changed.safetensors"
+    changed.write_bytes(whole[:10] + b"!" + whole[11:])  # the header is no longer JSON
     notes = tmp_path / "notes.txt"
     notes.write_text("hello")
     cases = {
@@ -77,7 +82,12 @@ def test_what_is_no_artefact_is_one_clear_error(files: dict[str, Path], tmp_path
         tmp_path: "a directory; name a file",
         pickle: f"{pickle}: {CHECKPOINT}, not a file inq opens",
         other: "safetensors file of no INQ format (format 'someone-else/1'), not a file inq opens",
-        truncated: f"{truncated}: cannot read as safetensors (Error while deserializing header: ",
+        truncated: f"{truncated}: cut short: a safetensors file whose header alone is "
+        f"{8 + int.from_bytes(whole[:8], 'little')} B, 20 B here",
+        cut: f"{cut}: cut short: a safetensors file of {len(whole)} B by its header, "
+        f"{len(whole) - 10} B here",
+        changed: f"{changed}: a damaged safetensors file: its header does not describe its "
+        "contents",
         notes: f"{notes}: cannot read as safetensors (",
     }
     for path, message in cases.items():
@@ -85,7 +95,7 @@ def test_what_is_no_artefact_is_one_clear_error(files: dict[str, Path], tmp_path
             open_artefact(path)
         assert message in str(err.value), (path, str(err.value))
         assert "\n" not in str(err.value)
-    assert read_header(notes).kind == NO_KIND and read_header(truncated).kind == NO_KIND
+    assert read_header(notes).kind == NO_KIND
 
 
 def test_an_invalid_artefact_fails_with_its_loaders_message(files: dict[str, Path]) -> None:
