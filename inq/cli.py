@@ -27,7 +27,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -817,7 +817,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     data, _ = command_data(packed.data, args.data)
     with writing(output, read, args.force):
         finetune = finetune_loader(data, seed=0) if settings.epochs else ()  # else unused
-        calibration = (x for x, _ in calibration_loader(data, settings.batches, seed=0))
+        labels: list[torch.Tensor] = []
+        calibration = _images(calibration_loader(data, settings.batches, seed=0), labels)
         record = data_record(data)
         int_model, report = quantize(packed, calibration, settings, device, finetune, record)
         save_integer(output, int_model)
@@ -829,7 +830,34 @@ def _calibrate(args: argparse.Namespace) -> int:
         f"calibration on {data['name']} in {report['calibration_s']:.1f} s{tuned}"
     )
     print(integer_table(int_model, str(output)))
+    print(_sample_accuracy(report["top1"], torch.cat(labels), output))
     return 0
+
+
+def _images(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]], labels: list[torch.Tensor]
+) -> Iterator[torch.Tensor]:
+    """The images of each ``(x, y)`` batch, its labels appended to ``labels``."""
+    for x, y in batches:
+        labels.append(y)
+        yield x
+
+
+def _sample_accuracy(top1: dict[str, torch.Tensor], labels: torch.Tensor, output: Path) -> str:
+    """The line that says whether the integer model works: its accuracy and the float model's
+    on the calibration images the lowering kept, and how often the two agree."""
+    count = len(top1["integer"])
+    labels = labels[:count]
+
+    def accuracy(predicted: torch.Tensor) -> str:
+        return f"{100 * (predicted == labels).double().mean().item():.1f} %"
+
+    agree = 100 * (top1["integer"] == top1["float"]).double().mean().item()
+    return (
+        f"on {count} calibration images: accuracy {accuracy(top1['integer'])} (float model "
+        f"{accuracy(top1['float'])}), the same top-1 class as the float model on {agree:.1f} %; "
+        f"inq eval {output} for the held-out accuracy"
+    )
 
 
 def integer_table(model: IntegerModel, path: str) -> str:

@@ -91,7 +91,7 @@ def export_qonnx(
         ValueError: a layer the exact QONNX form cannot hold (see the module docstring), or
             no ``qonnx``/``onnx`` (the message names the ``fpga`` extra).
     """
-    onnx, wrapper, cleanup = _modules()
+    _, wrapper, cleanup = _modules()
     proto = qonnx_graph(model, 1, shape)
     cleanup(wrapper(proto))  # what FPGA flows run first: it must take the graph
     return {

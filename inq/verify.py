@@ -201,7 +201,6 @@ def verify_qonnx(proto: Any, path: str = "") -> VerifyReport:
     from onnx import numpy_helper
 
     from inq.export_onnx import onnx_digest_problem
-
     from inq.export_qonnx import LEVELS_KEY, qonnx_levels
 
     values = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}

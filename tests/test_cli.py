@@ -30,11 +30,12 @@ from train_helpers import TINY, inq_train
 import inq
 import inq.cli
 from inq.cli import COMMANDS, main
+from inq.data import calibration_loader, eval_data_config
 from inq.fileio import LOCK_NAME, atomic_path, lock_dir
 from inq.masked import MASK_SUFFIX, load_masked
-from inq.nn import convert_model
+from inq.nn import convert_model, from_packed
 from inq.packed import load_packed, pack_stats, packed_from_masked
-from inq.quant.integer import save_integer
+from inq.quant.integer import load_integer, save_integer
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -279,6 +280,7 @@ def test_calibrate_then_eval_info_verify_an_integer_model(capsys, tmp_path: Path
     code, out, err = run(capsys, "calibrate", packed, "--data", "digits", "--calibration", "mse")
     int_file = tmp_path / "d.int.safetensors"  # the default name beside the source
     assert code == 0, err
+    calibrated = out
     assert f"-> {int_file}: 8-bit activations, mse calibration on digits" in out
     for line in ("input  input", "conv        5", "linear      5"):
         assert line in out, line
@@ -291,6 +293,21 @@ def test_calibrate_then_eval_info_verify_an_integer_model(capsys, tmp_path: Path
         return int(text.split("% (")[1].split("/")[0])
 
     assert abs(correct(int_out) - correct(float_out)) <= 2  # of 450: the goal is 0.3 points
+    # issue 46: a broken integer model passed unnoticed; calibrate now says how it does on the
+    # calibration images it kept (the first 256 of the seeded draw), as computed here
+    x, y = next(iter(calibration_loader(eval_data_config({}, ["digits"]), 1, seed=0)))
+    int_model, float_model = load_integer(int_file), from_packed(load_packed(packed)).eval()
+    with torch.no_grad():
+        top1, reference = int_model(x[:256]).argmax(1), float_model(x[:256]).argmax(1)
+
+    def percent(hits: torch.Tensor) -> str:
+        return f"{100 * hits.double().mean().item():.1f} %"
+
+    assert calibrated.splitlines()[-1] == (
+        f"on 256 calibration images: accuracy {percent(top1 == y[:256])} (float model "
+        f"{percent(reference == y[:256])}), the same top-1 class as the float model on "
+        f"{percent(top1 == reference)}; inq eval {int_file} for the held-out accuracy"
+    )
     code, out, _ = run(capsys, "info", int_file)
     assert code == 0 and "activations 8-bit, input 8-bit (mse calibration, power-of-two" in out
     assert run(capsys, "verify", int_file)[0] == 0

@@ -121,7 +121,9 @@ def quantize(
     seed: int = 0,
 ) -> tuple[IntegerModel, dict[str, Any]]:
     """The integer model of ``packed`` and a report (``calibration_s``, ``finetune_s``,
-    ``scales``, and the fine-tuning loss per epoch, ``finetune_loss``).
+    ``scales``, the fine-tuning loss per epoch, ``finetune_loss``, and ``top1``: the float
+    and the integer model's top-1 classes of the first calibration images, those
+    :meth:`~inq.quant.lower.Lowering.calibrate` keeps: a check that the model works).
 
     ``calibration`` yields the input batches to calibrate on (e.g.
     :func:`inq.data.calibration_loader`); ``finetune`` the ``(x, y)`` batches of one
@@ -145,6 +147,10 @@ def quantize(
         start = time.perf_counter()
         calibrate(lowering, (x.to(device) for x in calibration), settings)
         report: dict[str, Any] = {"calibration_s": time.perf_counter() - start}
+        sample = lowering.sample
+        assert sample is not None  # calibrate() refuses no data
+        with torch.no_grad():  # before fine-tuning, which changes the folded layers
+            reference = lowering.graph_module(sample).argmax(-1)
         on_epoch(0, scale_values(lowering))
         if settings.epochs:
             start = time.perf_counter()
@@ -158,7 +164,10 @@ def quantize(
                 on_epoch(epoch + 1, {**scale_values(lowering), "quant/loss": loss})
             report["finetune_s"] = time.perf_counter() - start
     report["scales"] = lowering.scales()
-    return lowered(lowering, packed, settings, data or {}).to(device), report
+    model = lowered(lowering, packed, settings, data or {}).to(device)
+    with torch.no_grad():
+        report["top1"] = {"float": reference.cpu(), "integer": model(sample).argmax(-1).cpu()}
+    return model, report
 
 
 def lowering_of(packed: PackedFile, settings: QuantSettings, device: torch.device) -> Lowering:
