@@ -116,7 +116,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "source",
         help="a run directory or a masked checkpoint; with --onnx also a packed file or an "
-        "integer model",
+        "integer model (inq calibrate); with --qonnx or --hls4ml an integer model, or a run "
+        "directory holding one",
     )
     p.add_argument(
         "-o",
@@ -143,10 +144,10 @@ def _export_args(p: argparse.ArgumentParser) -> None:
         "pip install 'inq[fpga]') and compile its C simulation with g++: it computes the integer "
         "model bit for bit",
     )
-    p.add_argument("--io", choices=("parallel", "stream"), default="parallel",
-                   help="with --hls4ml: hls4ml's io_type (parallel: every layer unrolled; stream: "
-                   "line buffers, for images larger than digits' 8x8: compiles in minutes "
-                   "where parallel does not)")  # fmt: skip
+    p.add_argument("--io", choices=("parallel", "stream"),
+                   help="with --hls4ml: hls4ml's io_type (parallel, the default: every layer "
+                   "unrolled; stream: line buffers, for images larger than digits' 8x8: "
+                   "compiles in minutes where parallel does not)")  # fmt: skip
     p.add_argument("--data", nargs="*", default=[], metavar="NAME|KEY=VALUE",
                    help="with --onnx/--qonnx/--hls4ml, for a file that records no data: the input "
                    "size")  # fmt: skip
@@ -163,7 +164,8 @@ def _force_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="replace an existing output file (never one an inq-train run wrote for itself)",
+        help="replace an existing output file, or an hls4ml project inq wrote and nobody "
+        "changed since (never a file an inq-train run wrote for itself, nor other files)",
     )
 
 
@@ -266,6 +268,11 @@ def _export(args: argparse.Namespace) -> int:
     chosen = [flag for flag in ("onnx", "qonnx", "hls4ml") if getattr(args, flag)]
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join('--' + flag for flag in chosen)}: choose one")
+    if args.io is not None and not args.hls4ml:
+        with_ = f"--{chosen[0]}" if chosen else "the packed export"
+        raise ValueError(f"--io {args.io}: only with --hls4ml, not with {with_}")
+    if args.dense and chosen:
+        raise ValueError(f"--dense: only with the packed export, not with --{chosen[0]}")
     if args.onnx:
         return _export_onnx(args)
     if args.qonnx:
@@ -346,7 +353,7 @@ def _export_hls4ml(args: argparse.Namespace) -> int:
     if not args.output:
         raise ValueError("--hls4ml needs -o DIR (the project's directory)")
     output = Path(args.output)
-    io_type = f"io_{args.io}"
+    io_type = f"io_{args.io or 'parallel'}"
     with writing(output, header.path, args.force, suffix=""):
         int_model = open_artefact(header)
         data, _ = command_data(int_model.info.get("data", {}), args.data)
@@ -589,7 +596,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
         "in qonnx's executor, pip install 'inq[fpga]'), a masked checkpoint or a run directory "
         "(its packed file)",
     )
-    _data_args(p)
+    _data_args(p, "; ONNX files run on the CPU")
     p.add_argument(
         "--runtime",
         choices=RUNTIMES,
@@ -605,7 +612,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _data_args(p: argparse.ArgumentParser) -> None:
+def _data_args(p: argparse.ArgumentParser, device_note: str = "") -> None:
     p.add_argument(
         "--data",
         nargs="*",
@@ -619,7 +626,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device",
         default=default,
-        help=f"cpu or cuda[:N] (default here: {default}); ONNX runs on the CPU",
+        help=f"cpu or cuda[:N] (default here: {default}){device_note}",
     )
 
 

@@ -66,6 +66,7 @@ __all__ = [
     "QonnxModel",
     "export_qonnx",
     "is_qonnx",
+    "prepare_qonnx",
     "qonnx_graph",
     "qonnx_levels",
     "run_qonnx",
@@ -135,8 +136,9 @@ def qonnx_graph(model: IntegerModel, batch: int = 1, shape: Sequence[int] | None
     out = graph.node("Cast", [graph.ints[last.name]], "y_double", to=TensorProto.DOUBLE)
     graph.node("Mul", [out, graph.const("y_scale", np.float64(last.attrs["scale"]))], "y")
     graph.nodes[-1].output[0] = "y"
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, _input_dims(model, batch, shape))
-    y = helper.make_tensor_value_info("y", TensorProto.DOUBLE, _output_dims(last))
+    dims = _input_dims(model, batch, shape)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("y", TensorProto.DOUBLE, _output_dims(model, dims))
     proto = helper.make_model(
         helper.make_graph(graph.nodes, "inq_integer_model", [x], [y], graph.initializers),
         opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(QONNX_DOMAIN, 1)],
@@ -179,32 +181,46 @@ def qonnx_levels(proto: Any) -> dict[str, Any]:
     return levels
 
 
-def run_qonnx(proto: Any, x: np.ndarray) -> np.ndarray:
+def run_qonnx(proto: Any, x: np.ndarray, prepared: Any = None) -> np.ndarray:
     """``proto`` run by ``qonnx``'s executor on the batch ``x`` (the graph's batch set to
-    ``len(x)``, then qonnx's cleanup and shape inference): the QONNX tools' own reading.
+    ``len(x)``, then qonnx's cleanup and shape inference: :func:`prepare_qonnx`, or
+    ``prepared``, what it returned for this batch size): the QONNX tools' own reading.
 
     Raises:
         ImportError: without ``qonnx`` (``pip install 'inq[fpga]'``).
     """
-    from qonnx.core.modelwrapper import ModelWrapper
     from qonnx.core.onnx_exec import execute_onnx
-    from qonnx.transformation.infer_shapes import InferShapes
-    from qonnx.util.cleanup import cleanup_model
 
-    wrapper = ModelWrapper(proto)
-    name = wrapper.graph.input[0].name
-    wrapper.set_tensor_shape(name, [len(x), *wrapper.get_tensor_shape(name)[1:]])
-    wrapper = cleanup_model(wrapper).transform(InferShapes())
+    wrapper = prepare_qonnx(proto, len(x)) if prepared is None else prepared
     inputs = {wrapper.graph.input[0].name: np.ascontiguousarray(x, np.float32)}
     out: np.ndarray = execute_onnx(wrapper, inputs)[wrapper.graph.output[0].name]
     return out
 
 
+def prepare_qonnx(proto: Any, batch: int) -> Any:
+    """qonnx's ``ModelWrapper`` of ``proto`` for batches of ``batch``, cleaned up and its
+    shapes inferred, ready for its executor (about a third of a second for a small model:
+    worth keeping between calls of one size).
+
+    Raises:
+        ImportError: without ``qonnx`` (``pip install 'inq[fpga]'``).
+    """
+    from qonnx.core.modelwrapper import ModelWrapper
+    from qonnx.transformation.infer_shapes import InferShapes
+    from qonnx.util.cleanup import cleanup_model
+
+    wrapper = ModelWrapper(proto)
+    for value in (wrapper.graph.input[0], wrapper.graph.output[0]):
+        wrapper.set_tensor_shape(value.name, [batch, *wrapper.get_tensor_shape(value.name)[1:]])
+    return cleanup_model(wrapper).transform(InferShapes())
+
+
 class QonnxModel(torch.nn.Module):
     """A QONNX file run by ``qonnx``'s executor (:func:`run_qonnx`) on the CPU, as a module:
     float input, the graph's float64 logits. One executor call per batch (it starts a session
-    per node each call): give it large batches. ``model`` and ``data`` are the descriptions the
-    file records (``{}`` if it records none).
+    per node each call, ~0.15 s for the digits CNN; the graph prepared once per batch size):
+    give it large batches. ``model`` and ``data`` are the descriptions the file records
+    (``{}`` if it records none).
 
     Raises:
         ValueError: without ``qonnx`` (the message names the ``fpga`` extra), or if the file
@@ -219,6 +235,7 @@ class QonnxModel(torch.nn.Module):
         dims = proto.graph.input[0].type.tensor_type.shape.dim
         self.input_shape = [d.dim_value or None for d in dims][1:]  # one input's (C, H, W)
         self.batch = max(1, min(EVAL_BATCH, EVAL_MEMORY // _bytes_per_input(proto)))
+        self._prepared: dict[int, Any] = {}  # batch size -> prepare_qonnx's wrapper
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of ``x`` (float64).
@@ -231,7 +248,10 @@ class QonnxModel(torch.nn.Module):
                 f"the QONNX model takes inputs of shape {['N', *self.input_shape]}, the data "
                 f"gives {list(x.shape)}"
             )
-        return torch.from_numpy(run_qonnx(self.proto, x.detach().cpu().float().numpy()))
+        if len(x) not in self._prepared:
+            self._prepared[len(x)] = prepare_qonnx(self.proto, len(x))
+        batch = x.detach().cpu().float().numpy()
+        return torch.from_numpy(run_qonnx(self.proto, batch, self._prepared[len(x)]))
 
 
 def _bytes_per_input(proto: Any) -> int:
@@ -529,9 +549,10 @@ def _input_dims(model: IntegerModel, batch: int, given: Sequence[int] | None) ->
     return [batch, *map(int, shape)]
 
 
-def _output_dims(last: IntOp) -> list[str]:
-    """Symbolic dimensions of the graph's output (QONNX's shape inference fills them in)."""
-    return ["batch", "y1"] if last.op in ("linear", "flatten") else ["batch", "y1", "y2", "y3"]
+def _output_dims(model: IntegerModel, dims: list[int]) -> list[int]:
+    """The graph's output shape: the integer model's, run on zeros of the input's ``dims``."""
+    with torch.no_grad():
+        return list(model(torch.zeros(dims)).shape)
 
 
 def _int64(tensor: torch.Tensor, view: tuple[int, ...]) -> np.ndarray:

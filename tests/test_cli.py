@@ -725,3 +725,17 @@ def test_a_full_disk_leaves_no_file_of_any_export_kind_and_says_so(tmp_path: Pat
             "ulimit -f) (File too large)\n"
         )), argv  # fmt: skip
         assert not list((tmp_path / "out").iterdir()), argv
+
+
+def test_export_options_of_another_form_are_refused(capsys, masked: Path, tmp_path: Path):
+    """Issue 46: ``--io stream`` was accepted and ignored with ``--onnx``."""
+    onnx_file = tmp_path / "m.onnx"
+    for argv, message in (
+        (["--onnx", "-o", onnx_file, "--io", "stream"], "--io stream: only with --hls4ml, not "
+                                                         "with --onnx"),
+        (["--io", "parallel"], "--io parallel: only with --hls4ml, not with the packed export"),
+        (["--qonnx", "-o", onnx_file, "--dense"], "--dense: only with the packed export, not "
+                                                  "with --qonnx"),
+    ):  # fmt: skip
+        assert run(capsys, "export", masked, *argv) == (1, "", f"inq export: error: {message}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [masked.name]

@@ -153,6 +153,7 @@ def test_inq_eval_of_a_qonnx_file_prints_the_integer_models_accuracy(
     info = capsys.readouterr().out.splitlines()
     assert info[0].startswith(f"{out}: QONNX model, {len(proto.graph.node)} nodes ({quants} Quant")
     assert info[1] == "input x: tensor(float) [1, 1, 8, 8]"
+    assert info[2] == "output y: tensor(double) [1, 10]"  # issue 46: it said [batch, y1]
     assert info[3] == f"model {json.dumps(model.info['model'])}" and info[4] == "data digits"
 
 

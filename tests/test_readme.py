@@ -308,3 +308,13 @@ def test_readme_deployment_commands_run_in_order(
             assert re.search(r"accuracy \d+\.\d+%", out), out
         ran.append(argv[0])
     assert {"export", "verify", "info", "eval", "calibrate", "bench"} <= set(ran), ran
+
+
+def test_the_readmes_development_tools_come_with_the_dev_extra() -> None:
+    """Issue 46: ``pre-commit install`` (README) failed: the dev extra had no pre-commit."""
+    from importlib.metadata import requires
+
+    called = {command[0] for block in BASH_BLOCKS for command in shell_commands(block)}
+    tools = called & {"pytest", "ruff", "mypy", "pre-commit"}
+    dev = {re.split(r"[\s<>=!~\[;]", r)[0] for r in requires("inq") or [] if 'extra == "dev"' in r}
+    assert tools == {"pytest", "ruff", "mypy", "pre-commit"} and tools <= dev, (tools, dev)
