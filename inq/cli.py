@@ -54,7 +54,8 @@ from inq.data import (
 )
 from inq.evaluation import evaluate
 from inq.export_hls4ml import BACKEND as HLS_BACKEND
-from inq.export_hls4ml import export_hls4ml
+from inq.export_hls4ml import MANIFEST as HLS_MANIFEST
+from inq.export_hls4ml import export_hls4ml, project_problem
 from inq.export_onnx import (
     OnnxModel,
     export_onnx,
@@ -380,11 +381,14 @@ def _export_hls4ml(args: argparse.Namespace) -> int:
 
 
 def _verify_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a masked checkpoint, a packed file, an integer model or a QONNX "
-                   "file (inq export --qonnx)")  # fmt: skip
+    p.add_argument("file", help="a masked checkpoint, a packed file, an integer model, a QONNX "
+                   "file (inq export --qonnx) or an hls4ml project directory (inq export "
+                   "--hls4ml: every file as the export wrote it)")  # fmt: skip
 
 
 def _verify(args: argparse.Namespace) -> int:
+    if (Path(args.file) / HLS_MANIFEST).is_file():
+        return _verify_project(args.file)
     header = command_file(
         args.file, "verify", (MASKED_CHECKPOINT, PACKED_FILE, INTEGER_MODEL, ONNX_MODEL)
     )
@@ -407,6 +411,17 @@ def _verify(args: argparse.Namespace) -> int:
         f"OK: {len(report.layers)} quantized tensors lie in their level sets; {what}; "
         "the contents match their sha256 digest"
     )
+    return 0
+
+
+def _verify_project(path: str) -> int:
+    """``inq verify`` of an hls4ml project: every file as the export wrote it (its sha256 in
+    the project's manifest), no other file; 1 otherwise."""
+    problem = project_problem(Path(path))
+    if problem is not None:
+        print(f"inq verify: {path}: {problem}", file=sys.stderr)
+        return 1
+    print(f"{path} (hls4ml project): OK: every file is as inq export --hls4ml wrote it (sha256)")
     return 0
 
 
@@ -478,8 +493,8 @@ def _info_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "file",
         help="a packed file (inq export), an integer model (inq calibrate), a masked checkpoint "
-        "(shown packed, as inq export would write it), an ONNX model or a run directory (its "
-        "packed file)",
+        "(shown packed, as inq export would write it), an ONNX or QONNX model or a run directory "
+        "(its packed file)",
     )
 
 

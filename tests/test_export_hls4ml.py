@@ -405,6 +405,13 @@ def test_force_replaces_a_project_and_a_killed_exports_leftovers_go(
         assert main(argv) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prj", "r.int.safetensors"]
     assert project_problem(out) is None and (out / "firmware" / "myproject.cpp").exists()
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert main(["verify", str(out)]) == 0
+    assert printed.getvalue() == f"{out} (hls4ml project): OK: every file is as inq export " \
+        "--hls4ml wrote it (sha256)\n"  # fmt: skip
+    with open(out / "firmware" / "parameters.h", "a") as edited:
+        edited.write("// a change\n")
+    assert main(["verify", str(out)]) == 1
 
 
 @pytest.mark.slow
