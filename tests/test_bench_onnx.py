@@ -18,6 +18,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 from inq.bench_onnx import PEER_NAME, OnnxFile, calibration_inputs, count_ops
 from inq.cli import main
+from inq.export_qonnx import QONNX_DOMAIN
 from inq.openvino_runtime import RUNTIMES
 
 DATA = {"name": "synthetic", "in_channels": 3, "image_size": 8, "num_classes": 4}
@@ -57,6 +58,25 @@ def tiny_float(path: Path, data: dict | None = DATA) -> Path:
     return path
 
 
+def tiny_qonnx(path: Path) -> Path:
+    """:func:`tiny_float` with its input through a QONNX ``Quant`` node (8-bit, signed): what
+    ``inq export --qonnx`` writes, and what ONNX Runtime cannot run."""
+    model = onnx.load(str(tiny_float(path)))
+    model.graph.initializer.extend(
+        numpy_helper.from_array(np.array(v, dtype=np.float32), name)
+        for name, v in (("scale", 0.05), ("zero", 0.0), ("bits", 8.0))
+    )
+    attributes = {"signed": 1, "narrow": 0, "rounding_mode": "ROUND"}
+    quant = helper.make_node(
+        "Quant", ["input", "scale", "zero", "bits"], ["q"], domain=QONNX_DOMAIN, **attributes
+    )
+    model.graph.node[0].input[0] = "q"
+    model.graph.node.insert(0, quant)
+    model.opset_import.append(helper.make_opsetid(QONNX_DOMAIN, 1))
+    onnx.save(model, path)
+    return path
+
+
 class _Random(CalibrationDataReader):
     def __init__(self) -> None:
         rng = np.random.default_rng(1)
@@ -69,15 +89,16 @@ class _Random(CalibrationDataReader):
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A float model and its QDQ quantization by ONNX Runtime (what ORT runs in integer)."""
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A float model, its QDQ quantization by ONNX Runtime (what ORT runs in integer), and a
+    QONNX file."""
     folder = tmp_path_factory.mktemp("bench_onnx")
     float_file = tiny_float(folder / "float.onnx")
     qdq = folder / "qdq.onnx"
     quantize_static(str(float_file), str(qdq), _Random(), quant_format=QuantFormat.QDQ,
                     per_channel=True, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8)  # fmt: skip
-    return float_file, qdq
+    return float_file, qdq, tiny_qonnx(folder / "q.qonnx.onnx")
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
@@ -91,7 +112,7 @@ def _ops_line(out: str, name: str) -> str:
 
 
 def test_two_files_side_by_side(files, tmp_path: Path, capsys) -> None:
-    float_file, qdq = files
+    float_file, qdq, _ = files
     out_json = tmp_path / "bench.json"
     code, out, err = run(capsys, float_file, qdq, *FAST, "--json", out_json)
     assert code == 0, err
@@ -127,7 +148,7 @@ def test_two_files_side_by_side(files, tmp_path: Path, capsys) -> None:
 
 
 def test_the_peer_is_ort_quantize_static_calibrated_on_the_recorded_data(files, capsys) -> None:
-    float_file, _ = files
+    float_file, *_ = files
     code, out, err = run(capsys, float_file, "--peer", *FAST)
     assert code == 0, err
     first = out.splitlines()[0]
@@ -171,6 +192,11 @@ def test_op_kinds() -> None:
         ),
         (["dir.onnx"], "dir.onnx is a directory; inq bench onnx takes an ONNX model"),
         (["garbage.onnx"], "garbage.onnx: cannot load as ONNX ("),
+        (
+            ["FLOAT", "QONNX"],
+            "q.qonnx.onnx: a QONNX model (Quant nodes): neither ONNX Runtime nor OpenVINO runs "
+            "it, so inq bench onnx cannot time it; inq eval runs it in qonnx's executor",
+        ),
         (["FLOAT", "--json", "."], "--json .: a directory; name the file to write"),
         (["QDQ", "--peer"], "is quantized already (2 QLinearConv, 1 QGemm, "),
         (["FLOAT", "--batches", "0"], "--batches 0: must be at least 1"),
@@ -182,7 +208,8 @@ def test_errors_are_one_line(files, tmp_path: Path, capsys, monkeypatch, argv, m
     (tmp_path / "garbage.onnx").write_bytes(b"not a model")
     (tmp_path / "model.pt").write_bytes(b"PK\x03\x04 a torch.save zip")
     (tmp_path / "dir.onnx").mkdir()
-    argv = [{"FLOAT": str(files[0]), "QDQ": str(files[1])}.get(a, a) for a in argv]
+    named = {"FLOAT": str(files[0]), "QDQ": str(files[1]), "QONNX": str(files[2])}
+    argv = [named.get(a, a) for a in argv]
     code, out, err = run(capsys, *argv)
     assert code == 1 and out == ""
     assert err.startswith("inq bench: error: ") and message in err and err.count("\n") == 1, err
@@ -227,7 +254,7 @@ def test_both_runtimes_side_by_side_with_the_peer(files, tmp_path: Path, capsys)
     """--runtime both: a kernel line and a table row per file in each runtime (the peer, made by
     ONNX Runtime, timed in both too), the speed-ups against the first file in the same runtime;
     OpenVINO runs every conv/linear of ORT's QDQ files in int8 and of the float file in f32."""
-    float_file, qdq = files
+    float_file, qdq, _ = files
     out_json = tmp_path / "bench.json"
     code, out, err = run(capsys, float_file, qdq, "--peer", "--runtime", "both", *FAST,
                          "--json", out_json)  # fmt: skip
