@@ -556,7 +556,12 @@ def add_onnx_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"timed runs per file and setting (default: as many as fit in {BUDGET_S:g} s for "
         f"the slowest file, {MIN_REPEATS} to {MAX_REPEATS})",
     )
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: 3)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed runs first (default: 3; 0 needs --repeats, the count is judged from them)",
+    )
     parser.add_argument(
         "--peer",
         action="store_true",
@@ -589,8 +594,14 @@ def run_onnx(args: argparse.Namespace) -> int:
     if args.repeats is not None:
         checks["--repeats"] = [args.repeats]
     for flag, values in checks.items():
-        if min(values) < 1:
-            raise ValueError(f"{flag} {' '.join(map(str, values))}: must be at least 1")
+        least = 0 if flag == "--warmup" else 1  # no warm-up is a choice; no timed run is not
+        if min(values) < least:
+            raise ValueError(f"{flag} {' '.join(map(str, values))}: must be at least {least}")
+    if args.warmup == 0 and args.repeats is None:
+        raise ValueError(
+            "--warmup 0: give --repeats too (without it, the number of timed runs is judged "
+            "from the last warm-up run)"
+        )
     if args.json is not None and args.json.is_dir():  # before any work
         raise ValueError(f"--json {args.json}: a directory; name the file to write")
     ort = _ort()

@@ -201,6 +201,8 @@ def test_op_kinds() -> None:
         (["QDQ", "--peer"], "is quantized already (2 QLinearConv, 1 QGemm, "),
         (["FLOAT", "--batches", "0"], "--batches 0: must be at least 1"),
         (["FLOAT", "--repeats", "0"], "--repeats 0: must be at least 1"),
+        (["FLOAT", "--warmup", "-1"], "--warmup -1: must be at least 0"),
+        (["FLOAT", "--warmup", "0"], "--warmup 0: give --repeats too (without it, the number"),
     ],
 )
 def test_errors_are_one_line(files, tmp_path: Path, capsys, monkeypatch, argv, message) -> None:
@@ -214,6 +216,13 @@ def test_errors_are_one_line(files, tmp_path: Path, capsys, monkeypatch, argv, m
     assert code == 1 and out == ""
     assert err.startswith("inq bench: error: ") and message in err and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.onnx", "garbage.onnx", "model.pt"]
+
+
+def test_no_warm_up_is_a_choice(files, capsys) -> None:
+    """--warmup 0 with --repeats: the first run of each file is timed too."""
+    code, out, err = run(capsys, files[0], *FAST[:-1], "0")
+    assert FAST[-2:] == ["--warmup", "1"] and code == 0, err
+    assert "median of 2 runs after 0 warm-up" in out
 
 
 def test_the_same_file_twice_is_two_rows_against_the_first(files, tmp_path: Path, capsys) -> None:
