@@ -50,6 +50,7 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -602,8 +603,8 @@ def run_onnx(args: argparse.Namespace) -> int:
             "--warmup 0: give --repeats too (without it, the number of timed runs is judged "
             "from the last warm-up run)"
         )
-    if args.json is not None and args.json.is_dir():  # before any work
-        raise ValueError(f"--json {args.json}: a directory; name the file to write")
+    if args.json is not None:  # before any work
+        _check_writable(args.json)
     ort = _ort()
     runtimes = list(RUNTIMES) if args.runtime == "both" else [args.runtime]
     ov_version = openvino_version() if "openvino" in runtimes else None  # the extra, before work
@@ -704,6 +705,29 @@ def run_onnx(args: argparse.Namespace) -> int:
             target.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}{replaced}")
     return 0
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse ``--json path`` in one line where the JSON (and the peer beside it) cannot be
+    written: a directory, or a place where the nearest existing folder takes no new file (a
+    temporary file made and deleted there, as the atomic write at the end will make one).
+
+    Raises:
+        ValueError: ``path`` is a directory, or its folder cannot be made or written in.
+    """
+    if path.is_dir():
+        raise ValueError(f"--json {path}: a directory; name the file to write")
+    folder = path.absolute().parent
+    while not folder.exists():  # the folders still to make: the nearest that exists must take them
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"--json {path}: {folder} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as err:
+        raise ValueError(f"--json {path}: cannot write in {folder} ({err.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _file_record(f: OnnxFile, openvino: bool) -> dict[str, Any]:

@@ -4,10 +4,12 @@ assertion on a time: only that every figure is a finite positive number."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -216,6 +218,30 @@ def test_errors_are_one_line(files, tmp_path: Path, capsys, monkeypatch, argv, m
     assert code == 1 and out == ""
     assert err.startswith("inq bench: error: ") and message in err and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.onnx", "garbage.onnx", "model.pt"]
+
+
+@pytest.mark.parametrize("place", ["read-only", "under a file"])
+def test_a_json_that_cannot_be_written_is_refused_before_timing(
+    files, tmp_path: Path, capsys, monkeypatch, place
+) -> None:
+    """One line and no timing (no progress line on stderr) where --json cannot be written: a
+    read-only folder (mkstemp refused, as root is refused on a read-only file system), or a
+    folder to make under a file."""
+    if place == "read-only":
+        target, where = tmp_path / "new" / "bench.json", str(tmp_path)
+
+        def refused(*args: object, **kwargs: object) -> tuple[int, str]:
+            raise OSError(errno.EROFS, "Read-only file system")
+
+        monkeypatch.setattr(tempfile, "mkstemp", refused)
+        message = f"--json {target}: cannot write in {where} (Read-only file system)"
+    else:
+        (tmp_path / "file").write_text("")
+        target = tmp_path / "file" / "bench.json"
+        message = f"--json {target}: {tmp_path / 'file'} is not a directory"
+    code, out, err = run(capsys, files[0], *FAST, "--json", target)
+    assert (code, out, err) == (1, "", f"inq bench: error: {message}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["file"] if place != "read-only" else [])
 
 
 def test_no_warm_up_is_a_choice(files, capsys) -> None:
