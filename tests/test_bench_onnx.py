@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import os
 import re
 import sys
 import tempfile
@@ -318,6 +319,31 @@ def test_both_runtimes_side_by_side_with_the_peer(files, tmp_path: Path, capsys)
     layers = qdq_record["openvino_layers"]
     assert len(layers) == 3 and all(x["int8"] and x["precision"] in ("u8", "i8") for x in layers)
     assert {x["layer_type"] for x in layers} <= {"Convolution", "FullyConnected", "MatMul"}
+
+
+def test_each_runtime_is_timed_in_its_own_process(
+    files, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """--runtime both: no session is made (and so no run timed) in the calling process; each
+    runtime has its worker process, and the output and the JSON say so. (Timed side by side in
+    one process, OpenVINO's and ONNX Runtime's thread pools slowed each other's runs: ORT rows
+    ~3x slower than the same file timed alone, issue 46.)"""
+    import inq.bench_onnx as bench
+
+    def in_this_process(*args: object) -> None:
+        raise AssertionError("a runtime session made in the calling process")
+
+    monkeypatch.setattr(bench, "_session", in_this_process)
+    out_json = tmp_path / "bench.json"
+    code, out, err = run(capsys, files[0], "--runtime", "both", *FAST, "--json", out_json)
+    assert code == 0, err
+    assert f"\n{bench.ISOLATION}: neither runtime's threads take cores from" in out
+    assert ", interleaved, each runtime in its own process, in turn\n" in err
+    payload = json.loads(out_json.read_text())
+    assert payload["settings"]["isolation"] == bench.ISOLATION
+    with bench.RuntimeWorkers(RUNTIMES) as workers:
+        pids = workers.pids
+        assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
 
 
 def test_openvino_alone_and_without_its_extra(files, capsys, monkeypatch) -> None:
