@@ -22,7 +22,7 @@ says which.
 runtimes side by side: each runtime in its own worker process, the files interleaved within it as
 above, the runtimes one after the other at each setting (while one times, the other waits, idle).
 Timed in one process, run by run, the two runtimes' thread pools took cores from each other's runs
-(ONNX Runtime's rows of a small model 1.5x to 5x slower than the same file timed alone); in separate
+(ONNX Runtime's rows of a small model 1.3x to 5x slower than the same file timed alone); in separate
 processes taking turns, ONNX Runtime's rows match the file timed alone. OpenVINO compiles each file
 for the timed batch before any run is timed (``INFERENCE_NUM_THREADS`` = ``--threads``,
 ``NUM_STREAMS=1``, ``PERFORMANCE_HINT=LATENCY``, ``INFERENCE_PRECISION_HINT=f32``, so float layers
