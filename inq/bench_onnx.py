@@ -55,6 +55,7 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -459,21 +460,22 @@ class RuntimeWorkers:
     def __enter__(self) -> RuntimeWorkers:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        self.close(wait=kind is None)  # after an error or Ctrl-C, a worker's runs are not needed
 
     @property
     def pids(self) -> dict[str, int]:
         """The worker process of each runtime."""
         return {r: p.pid for r, p in zip(self.runtimes, self.processes, strict=False)}
 
-    def close(self) -> None:
-        """Stop the workers (each ends when its pipe closes)."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the workers: each ends when its pipe closes (``wait``: given 10 s to), or is
+        killed."""
         for pipe in self.pipes:
             pipe.close()
         for process in self.processes:
-            process.join(timeout=10)
-            if process.is_alive():  # a run that does not return: not ours to wait for
+            process.join(timeout=10 if wait else 0)
+            if process.is_alive():  # busy with runs nobody will read
                 process.kill()
                 process.join()
         self.pipes, self.processes = [], []
@@ -497,7 +499,7 @@ class RuntimeWorkers:
         warms its files up, then times them; without ``repeats``, every runtime warms up first,
         the count is judged from the slowest, and a runtime that another ran after warms up
         again right before its timed runs."""
-        setting = f"at batch {batch}, {threads} threads"
+        setting = f"at batch {batch}, {threads} thread{'' if threads == 1 else 's'}"
         n = len(self.runtimes)
         before = [warmup] * n  # warm-up runs right before the timed ones
         if repeats is None:
@@ -529,6 +531,7 @@ def _worker(pipe: Any, runtime: str) -> None:
     """A worker process of :class:`RuntimeWorkers`: times files in ``runtime`` on request
     (``files``, then ``warm``/``time`` per setting) until its pipe closes; every answer is
     ``(kind, value)``, an error ``("error", one line)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which ends this
     files: list[OnnxFile] = []
     sessions: list[Any] = []
     feeds: list[dict[str, np.ndarray]] = []
@@ -595,10 +598,13 @@ def _worker(pipe: Any, runtime: str) -> None:
                 warm(batch, runs)
                 answer = timed(repeats)
         except Exception as err:  # one line back to the parent, which raises it
-            answer = str(err) if isinstance(err, ValueError) else first_line(err)
-            pipe.send(("error", answer))
-            continue
-        pipe.send(("ok", answer))
+            reply = ("error", str(err) if isinstance(err, ValueError) else first_line(err))
+        else:
+            reply = ("ok", answer)
+        try:
+            pipe.send(reply)
+        except OSError:  # the parent stopped (Ctrl-C, an error) while this one ran: done
+            return
 
 
 OPENVINO_CONFIG = {"NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}  # + the threads, f32

@@ -252,6 +252,25 @@ def test_no_warm_up_is_a_choice(files, capsys) -> None:
     assert "median of 2 runs after 0 warm-up" in out
 
 
+def test_a_run_that_fails_in_a_worker_is_one_line(tmp_path: Path, capsys) -> None:
+    """A graph that loads but cannot run at the batch (a Reshape to a fixed batch of 1): the
+    worker process's error comes back as the command's one line, and the workers stop."""
+    shape = numpy_helper.from_array(np.array([1, 192], dtype=np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["input", "shape"], ["flat"])],
+        "fixed",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("flat", TensorProto.FLOAT, [1, 192])],
+        [shape],
+    )
+    path = tmp_path / "fixed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    code, _, err = run(capsys, path, *FAST[:2], "--batches", "2", *FAST[4:])
+    *progress, last = err.splitlines()
+    assert code == 1 and progress == ["batch 2, 1 thread: 1 files, 2 runs each, interleaved"]
+    assert last.startswith(f"inq bench: error: {path}: does not run at batch 2: "), err
+
+
 def test_the_same_file_twice_is_two_rows_against_the_first(files, tmp_path: Path, capsys) -> None:
     """Each row has its own timings (the reference row 1.00x by construction); the second copy
     of a file is named apart. --json into a folder that does not exist yet: made at the end."""
