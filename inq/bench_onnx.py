@@ -1,13 +1,14 @@
 """``inq bench onnx``: ONNX Runtime CPU latency of ONNX files, side by side, in one run.
 
 Every file runs in its own ``InferenceSession`` on the CPU execution provider (``ORT_ENABLE_ALL``
-graph optimizations, ``--threads`` intra-op threads, one inter-op thread, sequential execution)
-on a random normal float input of its input shape with the batch dimension set (fixed seed, so
-files of one input shape get the same input). For each (batch, threads) setting every file is
-warmed up, then the files take turns run by run (round robin, the first of each round rotating),
-so that machine noise hits all of them alike; a file's figure is the median of its timed runs
-(``time.perf_counter``). The table shows milliseconds and the speed-up over the first file
-(first / this; the first row is the reference, 1.00x). A file given twice is timed twice (its
+graph optimizations, ``--threads`` intra-op threads, one inter-op thread, sequential execution) on a
+random normal float input of its input shape with the batch dimension set (fixed seed, so files of
+one input shape get the same input). The runs happen in a worker process per runtime
+(:class:`RuntimeWorkers`), not in the process that reads the files. For each (batch, threads)
+setting every file is warmed up, then the files take turns run by run (round robin, the first of
+each round rotating), so that machine noise hits all of them alike; a file's figure is the median of
+its timed runs (``time.perf_counter``). The table shows milliseconds and the speed-up over the first
+file (first / this; the first row is the reference, 1.00x). A file given twice is timed twice (its
 rows ``name`` and ``name (2)``): the spread between them is the machine's noise.
 
 ``--peer`` adds ONNX Runtime's own int8 pipeline as a row, ``ort quantize_static``: the first
@@ -17,16 +18,18 @@ per-channel QInt8 weights and QUInt8 activations, calibrated on a few batches of
 file records (``inq_data``) where that loads here, else on random normal inputs; the output
 says which.
 
-``--runtime openvino`` times the files in OpenVINO's CPU plugin instead, ``--runtime both`` in
-both runtimes side by side: every (file, runtime) is a runner, and all runners take turns run by
-run as above. OpenVINO compiles each file for the timed batch before any run is timed
-(``INFERENCE_NUM_THREADS`` = ``--threads``, ``NUM_STREAMS=1``, ``PERFORMANCE_HINT=LATENCY``,
-``INFERENCE_PRECISION_HINT=f32``, so float layers stay float32 on bf16-capable CPUs). The rows
-are then ``file [runtime]``, and "vs 1st" compares with the first file in the same runtime.
-With both runtimes, ONNX Runtime's idle worker threads do not spin
-(``session.intra_op.allow_spinning=0``): spinning after a run would take the cores from the
-OpenVINO run that follows it. ``--peer`` is made by ONNX Runtime either way; it is timed in
-every runtime chosen.
+``--runtime openvino`` times the files in OpenVINO's CPU plugin instead, ``--runtime both`` in both
+runtimes side by side: each runtime in its own worker process, the files interleaved within it as
+above, the runtimes one after the other at each setting (while one times, the other waits, idle).
+Timed in one process, run by run, the two runtimes' thread pools took cores from each other's runs
+(ONNX Runtime's rows of a small model 1.3x to 5x slower than the same file timed alone); in separate
+processes taking turns, ONNX Runtime's rows match the file timed alone. OpenVINO compiles each file
+for the timed batch before any run is timed (``INFERENCE_NUM_THREADS`` = ``--threads``,
+``NUM_STREAMS=1``, ``PERFORMANCE_HINT=LATENCY``, ``INFERENCE_PRECISION_HINT=f32``, so float layers
+stay float32 on bf16-capable CPUs). The rows are then ``file [runtime]``, and "vs 1st" compares with
+the first file in the same runtime. Without ``--repeats``, each runtime warms up once to judge the
+count, and again right before its timed runs where the other ran in between. ``--peer`` is made by
+ONNX Runtime either way; it is timed in every runtime chosen.
 
 For each file it prints which kernels ORT runs the convs and linears in, counted on the optimized
 graph saved at ``ORT_ENABLE_EXTENDED``: the level where the QDQ fusions (``QLinearConv``,
@@ -50,6 +53,9 @@ import contextlib
 import itertools
 import json
 import logging
+import multiprocessing
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -64,6 +70,7 @@ import numpy as np
 
 from inq.data import build_eval_loader, eval_data_config, input_shape
 from inq.export_onnx import first_line
+from inq.export_qonnx import is_qonnx
 from inq.fileio import atomic_path
 from inq.openvino_runtime import (
     F32,
@@ -99,6 +106,7 @@ PEER_NAME = "ort quantize_static"
 SEED = 0
 MAX_REPEATS, MIN_REPEATS, BUDGET_S = 50, 5, 2.0  # default: what fits in 2 s for the slowest file
 CALIBRATION_BATCHES, CALIBRATION_BATCH = 4, 16
+ISOLATION = "each runtime timed in its own worker process, the runtimes in turn at each setting"
 
 INTEGER_OPS = frozenset(
     {"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm",
@@ -190,12 +198,22 @@ def read_file(path: Path, folder: Path, name: str | None = None) -> OnnxFile:
 
     Raises:
         ValueError: the file is missing, not an ONNX model (:func:`inq.runfiles.file_kind`), not
-            loadable, or has an input that is not one float tensor of a known shape.
+            loadable, a QONNX model (:func:`inq.export_qonnx.is_qonnx`), or has an input that
+            is not one float tensor of a known shape.
     """
     refuse_kind(path, "bench onnx", (ONNX_MODEL,))
     ort = _ort()
     import onnx
 
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as err:  # onnx raises its own kinds
+        raise ValueError(f"{path}: cannot load as ONNX ({first_line(err)})") from None
+    if is_qonnx(proto):  # before ONNX Runtime names its first Quant node an unknown op
+        raise ValueError(
+            f"{path}: a QONNX model (Quant nodes): neither ONNX Runtime nor OpenVINO runs it, "
+            "so inq bench onnx cannot time it; inq eval runs it in qonnx's executor"
+        )
     options = _options(ort, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, threads=1)
     saved = folder / f"{len(list(folder.iterdir()))}.optimized.onnx"
     options.optimized_model_filepath = str(saved)
@@ -375,10 +393,10 @@ def time_setting(
     warmup: int,
     runtimes: Sequence[str] = RUNTIMES[:1],
 ) -> list[Timing]:
-    """Time every file in every runtime (``onnxruntime``, ``openvino``: a file OpenVINO times
-    has been read by :func:`inq.openvino_runtime.read_onnx`) at one (batch, threads) setting,
-    the runners (file x runtime) interleaved run by run. OpenVINO compiles each file for the
-    batch before any run is timed.
+    """Time every file in every runtime (``onnxruntime``, ``openvino``) at one (batch, threads)
+    setting: each runtime in its own worker process (:class:`RuntimeWorkers`), the runtimes one
+    after the other, the files interleaved run by run within each. OpenVINO compiles each file
+    for the batch before any run is timed.
 
     ``repeats=None``: as many runs as fit in :data:`BUDGET_S` seconds for the slowest runner
     (judged from its last warm-up run), between :data:`MIN_REPEATS` and :data:`MAX_REPEATS`.
@@ -389,67 +407,218 @@ def time_setting(
                             warmup=3)
         rows[0].median_ms
     """
-    spin = len(runtimes) == 1  # ORT's idle threads spin: they would slow OpenVINO's next run
-    runners = [(f, runtime, _session(f, runtime, batch, threads, spin)) for f in files
-               for runtime in runtimes]  # fmt: skip
-    feeds = [
-        {f.input: np.random.default_rng(SEED).standard_normal((batch, *f.shape), dtype=np.float32)}
-        for f, _, _ in runners
-    ]
-    slowest = 0.0
-    for (f, _, session), feed in zip(runners, feeds, strict=True):
-        took = 0.0
-        for _ in range(warmup):
-            start = time.perf_counter()
-            try:
+    with RuntimeWorkers(runtimes) as workers:
+        workers.load(files)
+        return workers.time(batch, threads, repeats, warmup)
+
+
+class RuntimeWorkers:
+    """One worker process per runtime (``multiprocessing`` spawn: a fresh interpreter that
+    loads only its own runtime's sessions), each timing every file in its runtime, files
+    interleaved run by run. The runtimes take turns: while one times, the other waits on its
+    pipe, so neither's thread pool (OpenVINO's, ONNX Runtime's spinning workers) takes cores
+    from the other's runs, and ONNX Runtime is timed with the same settings alone and beside
+    OpenVINO.
+
+    Example::
+
+        with RuntimeWorkers(["onnxruntime", "openvino"]) as workers:  # started, idle
+            workers.load([read_file(Path("a.onnx"), tmp), read_file(Path("b.onnx"), tmp)])
+            rows = workers.time(batch=1, threads=2, repeats=None, warmup=3)
+
+    Raises:
+        ValueError: a file does not run at a batch, or a worker process died.
+    """
+
+    def __init__(self, runtimes: Sequence[str]) -> None:
+        self.files: list[OnnxFile] = []
+        self.runtimes = list(runtimes)
+        spawn = multiprocessing.get_context("spawn")
+        self.pipes: list[Any] = []
+        self.processes: list[Any] = []
+        try:
+            for runtime in self.runtimes:
+                here, there = spawn.Pipe()
+                process = spawn.Process(
+                    target=_worker, args=(there, runtime), name=f"inq-bench-{runtime}", daemon=True
+                )
+                process.start()
+                there.close()
+                self.pipes.append(here)
+                self.processes.append(process)
+        except BaseException:
+            self.close()
+            raise
+
+    def load(self, files: Sequence[OnnxFile]) -> None:
+        """The files every worker times from now on (OpenVINO's worker reads them)."""
+        self.files = list(files)
+        listed = [(str(f.path), f.name, f.input, f.shape) for f in self.files]
+        for i in range(len(self.runtimes)):
+            self._ask(i, ("files", listed), "reading the files")
+
+    def __enter__(self) -> RuntimeWorkers:
+        return self
+
+    def __exit__(self, kind: object, *exc: object) -> None:
+        self.close(wait=kind is None)  # after an error or Ctrl-C, a worker's runs are not needed
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """The worker process of each runtime."""
+        return {r: p.pid for r, p in zip(self.runtimes, self.processes, strict=False)}
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the workers: each ends when its pipe closes (``wait``: given 10 s to), or is
+        killed."""
+        for pipe in self.pipes:
+            pipe.close()
+        for process in self.processes:
+            process.join(timeout=10 if wait else 0)
+            if process.is_alive():  # busy with runs nobody will read
+                process.kill()
+                process.join()
+        self.pipes, self.processes = [], []
+
+    def _ask(self, i: int, message: tuple[Any, ...], doing: str) -> Any:
+        runtime, process = self.runtimes[i], self.processes[i]
+        try:
+            self.pipes[i].send(message)
+            kind, answer = self.pipes[i].recv()
+        except (EOFError, OSError):
+            process.join(timeout=10)
+            raise ValueError(
+                f"the {runtime} worker process died {doing} (exit code {process.exitcode})"
+            ) from None
+        if kind == "error":
+            raise ValueError(answer)
+        return answer
+
+    def time(self, batch: int, threads: int, repeats: int | None, warmup: int) -> list[Timing]:
+        """Every file in every runtime at one setting (see :func:`time_setting`): each runtime
+        warms its files up, then times them; without ``repeats``, every runtime warms up first,
+        the count is judged from the slowest, and a runtime that another ran after warms up
+        again right before its timed runs."""
+        setting = f"at batch {batch}, {threads} thread{'' if threads == 1 else 's'}"
+        n = len(self.runtimes)
+        before = [warmup] * n  # warm-up runs right before the timed ones
+        if repeats is None:
+            slowest = [self._ask(i, ("warm", batch, threads, warmup), setting) for i in range(n)]
+            repeats = min(MAX_REPEATS, max(MIN_REPEATS, int(BUDGET_S / max(*slowest, 1e-9))))
+            before[-1] = 0  # the last runtime warmed up just now; the others again
+        s = "" if threads == 1 else "s"
+        each = f"{len(self.files)} files" + (f" in {n} runtimes" if n > 1 else "")
+        how = ", each runtime in its own process, in turn" if n > 1 else ""
+        print(
+            f"batch {batch}, {threads} thread{s}: {each}, {repeats} runs each, interleaved{how}",
+            file=sys.stderr,
+            flush=True,
+        )
+        times = {
+            runtime: self._ask(i, ("time", batch, threads, before[i], repeats), setting)
+            for i, runtime in enumerate(self.runtimes)
+        }
+        rows = [(j, f, r) for j, f in enumerate(self.files) for r in self.runtimes]
+        medians = {(j, r): statistics.median(times[r][j]) for j, _, r in rows}
+        return [
+            Timing(f.name, batch, threads, repeats, medians[j, r], min(times[r][j]),
+                   medians[0, r] / medians[j, r], r)
+            for j, f, r in rows
+        ]  # fmt: skip
+
+
+def _worker(pipe: Any, runtime: str) -> None:
+    """A worker process of :class:`RuntimeWorkers`: times files in ``runtime`` on request
+    (``files``, then ``warm``/``time`` per setting) until its pipe closes; every answer is
+    ``(kind, value)``, an error ``("error", one line)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which ends this
+    files: list[OnnxFile] = []
+    sessions: list[Any] = []
+    feeds: list[dict[str, np.ndarray]] = []
+    opened: tuple[int, int] | None = None
+
+    def open_setting(batch: int, threads: int) -> None:
+        nonlocal sessions, feeds, opened
+        if opened != (batch, threads):
+            sessions = []  # the previous setting's, freed first
+            sessions = [_session(f, runtime, batch, threads) for f in files]
+            rng = np.random.default_rng
+            feeds = [{f.input: rng(SEED).standard_normal((batch, *f.shape), dtype=np.float32)}
+                     for f in files]  # fmt: skip
+            opened = (batch, threads)
+
+    def warm(batch: int, runs: int) -> float:
+        """``runs`` untimed runs of each file in turn; the last run of the slowest, in s."""
+        slowest = 0.0
+        for f, session, feed in zip(files, sessions, feeds, strict=True):
+            took = 0.0
+            for _ in range(runs):
+                start = time.perf_counter()
+                try:
+                    session.run(None, feed)
+                except Exception as err:  # onnxruntime and openvino raise their own kinds
+                    raise ValueError(
+                        f"{f.path}: does not run at batch {batch}: {first_line(err)}"
+                    ) from None
+                took = time.perf_counter() - start
+            slowest = max(slowest, took)
+        return slowest
+
+    def timed(repeats: int) -> list[list[float]]:
+        """``repeats`` rounds, one run of each file per round, the first rotating; ms."""
+        times: list[list[float]] = [[] for _ in files]
+        for r in range(repeats):
+            for i in [(r + k) % len(files) for k in range(len(files))]:
+                session, feed = sessions[i], feeds[i]
+                start = time.perf_counter()
                 session.run(None, feed)
-            except Exception as err:  # onnxruntime and openvino raise their own kinds
-                raise ValueError(
-                    f"{f.path}: does not run at batch {batch}: {first_line(err)}"
-                ) from None
-            took = time.perf_counter() - start
-        slowest = max(slowest, took)  # the last warm-up run of the slowest runner
-    if repeats is None:
-        repeats = min(MAX_REPEATS, max(MIN_REPEATS, int(BUDGET_S / max(slowest, 1e-9))))
-    s = "" if threads == 1 else "s"
-    each = f"{len(files)} files" + (f" in {len(runtimes)} runtimes" if len(runtimes) > 1 else "")
-    print(
-        f"batch {batch}, {threads} thread{s}: {each}, {repeats} runs each, interleaved",
-        file=sys.stderr,
-        flush=True,
-    )
-    times: list[list[float]] = [[] for _ in runners]
-    for r in range(repeats):
-        for i in [(r + k) % len(runners) for k in range(len(runners))]:
-            session, feed = runners[i][2], feeds[i]
-            start = time.perf_counter()
-            session.run(None, feed)
-            times[i].append((time.perf_counter() - start) * 1e3)
-    medians = [statistics.median(t) for t in times]
-    first: dict[str, float] = {}
-    for (_, runtime, _), m in zip(runners, medians, strict=True):
-        first.setdefault(runtime, m)
-    return [
-        Timing(f.name, batch, threads, repeats, m, min(t), first[runtime] / m, runtime)
-        for (f, runtime, _), m, t in zip(runners, medians, times, strict=True)
-    ]
+                times[i].append((time.perf_counter() - start) * 1e3)
+        return times
+
+    while True:
+        try:
+            message = pipe.recv()
+        except EOFError:  # the parent closed the pipe: done
+            return
+        try:
+            if message[0] == "files":
+                files = [OnnxFile(Path(path), name, input_, shape, {})
+                         for path, name, input_, shape in message[1]]  # fmt: skip
+                if runtime == "openvino":
+                    for f in files:
+                        f.openvino = read_onnx(f.path)
+                answer: Any = len(files)
+            elif message[0] == "warm":
+                _, batch, threads, runs = message
+                open_setting(batch, threads)
+                answer = warm(batch, runs)
+            else:  # "time"
+                _, batch, threads, runs, repeats = message
+                open_setting(batch, threads)
+                warm(batch, runs)
+                answer = timed(repeats)
+        except Exception as err:  # one line back to the parent, which raises it
+            reply = ("error", str(err) if isinstance(err, ValueError) else first_line(err))
+        else:
+            reply = ("ok", answer)
+        try:
+            pipe.send(reply)
+        except OSError:  # the parent stopped (Ctrl-C, an error) while this one ran: done
+            return
 
 
 OPENVINO_CONFIG = {"NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}  # + the threads, f32
 OPENVINO_SETTINGS = {**F32, **OPENVINO_CONFIG}  # INFERENCE_NUM_THREADS: each setting's threads
 
 
-def _session(f: OnnxFile, runtime: str, batch: int, threads: int, spin: bool = True) -> Any:
-    """What times ``f`` in ``runtime``: an ONNX Runtime session with all optimizations (its
-    idle worker threads spinning unless ``spin`` is False), or OpenVINO's model compiled for
-    ``batch`` behind the same ``run``."""
+def _session(f: OnnxFile, runtime: str, batch: int, threads: int) -> Any:
+    """What times ``f`` in ``runtime``: an ONNX Runtime session with all optimizations, or
+    OpenVINO's model compiled for ``batch`` behind the same ``run``."""
     if runtime == "openvino":
         config = {**OPENVINO_CONFIG, "INFERENCE_NUM_THREADS": threads}
         return OpenVinoSession(compile_onnx(f.openvino, f.path, batch, config))
     ort = _ort()
     options = _options(ort, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads)
-    if not spin:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         return ort.InferenceSession(str(f.path), options, providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime raises its own kinds
@@ -545,7 +714,12 @@ def add_onnx_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"timed runs per file and setting (default: as many as fit in {BUDGET_S:g} s for "
         f"the slowest file, {MIN_REPEATS} to {MAX_REPEATS})",
     )
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs first (default: 3)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed runs first (default: 3; 0 needs --repeats, the count is judged from them)",
+    )
     parser.add_argument(
         "--peer",
         action="store_true",
@@ -578,14 +752,24 @@ def run_onnx(args: argparse.Namespace) -> int:
     if args.repeats is not None:
         checks["--repeats"] = [args.repeats]
     for flag, values in checks.items():
-        if min(values) < 1:
-            raise ValueError(f"{flag} {' '.join(map(str, values))}: must be at least 1")
-    if args.json is not None and args.json.is_dir():  # before any work
-        raise ValueError(f"--json {args.json}: a directory; name the file to write")
+        least = 0 if flag == "--warmup" else 1  # no warm-up is a choice; no timed run is not
+        if min(values) < least:
+            raise ValueError(f"{flag} {' '.join(map(str, values))}: must be at least {least}")
+    if args.warmup == 0 and args.repeats is None:
+        raise ValueError(
+            "--warmup 0: give --repeats too (without it, the number of timed runs is judged "
+            "from the last warm-up run)"
+        )
+    if args.json is not None:  # before any work
+        _check_writable(args.json)
     ort = _ort()
     runtimes = list(RUNTIMES) if args.runtime == "both" else [args.runtime]
     ov_version = openvino_version() if "openvino" in runtimes else None  # the extra, before work
-    with tempfile.TemporaryDirectory(prefix="inq-bench-onnx-") as tmp:
+    # the workers start now: their interpreters load while this one reads the files
+    with (
+        RuntimeWorkers(runtimes) as workers,
+        tempfile.TemporaryDirectory(prefix="inq-bench-onnx-") as tmp,
+    ):
         folder = Path(tmp)
         graphs = folder / "optimized"
         graphs.mkdir()
@@ -628,10 +812,11 @@ def run_onnx(args: argparse.Namespace) -> int:
         width = max(map(len, lines))
         for label, line in lines.items():
             print(f"{label:<{width}}  {line}")
+        workers.load(files)
         timings = [
             t
             for batch, threads in itertools.product(args.batches, args.threads)
-            for t in time_setting(files, batch, threads, args.repeats, args.warmup, runtimes)
+            for t in workers.time(batch, threads, args.repeats, args.warmup)
         ]
         if peer is not None and kept is not None:
             with atomic_path(kept) as target:
@@ -643,8 +828,7 @@ def run_onnx(args: argparse.Namespace) -> int:
     if RUNTIMES[0] in runtimes:
         print(
             f"ONNX Runtime {ort.__version__}, {cpu}, CPUExecutionProvider, ORT_ENABLE_ALL, "
-            f"sequential, 1 inter-op thread{'' if len(runtimes) == 1 else ', no spinning'}; "
-            f"{timed}"
+            f"sequential, 1 inter-op thread; {timed}"
         )
     if ov_version is not None:
         print(
@@ -652,6 +836,7 @@ def run_onnx(args: argparse.Namespace) -> int:
             f"INFERENCE_PRECISION_HINT=f32, compiled per batch before timing; {timed}"
         )
     if len(runtimes) > 1:
+        print(f"{ISOLATION}: neither runtime's threads take cores from the other's runs")
         print("vs 1st: the speed-up over the first file in the same runtime")
     print(format_table(timings))
     if args.json is not None:
@@ -671,6 +856,7 @@ def run_onnx(args: argparse.Namespace) -> int:
                 "repeats": args.repeats,
                 "seed": SEED,
                 "runtimes": runtimes,
+                "isolation": ISOLATION if len(runtimes) > 1 else "one worker process",
                 "openvino_config": None if ov_version is None else OPENVINO_SETTINGS,
             },
             "files": [_file_record(f, ov_version is not None) for f in files],
@@ -682,6 +868,29 @@ def run_onnx(args: argparse.Namespace) -> int:
             target.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}{replaced}")
     return 0
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse ``--json path`` in one line where the JSON (and the peer beside it) cannot be
+    written: a directory, or a place where the nearest existing folder takes no new file (a
+    temporary file made and deleted there, as the atomic write at the end will make one).
+
+    Raises:
+        ValueError: ``path`` is a directory, or its folder cannot be made or written in.
+    """
+    if path.is_dir():
+        raise ValueError(f"--json {path}: a directory; name the file to write")
+    folder = path.absolute().parent
+    while not folder.exists():  # the folders still to make: the nearest that exists must take them
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"--json {path}: {folder} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as err:
+        raise ValueError(f"--json {path}: cannot write in {folder} ({err.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _file_record(f: OnnxFile, openvino: bool) -> dict[str, Any]:

@@ -4,10 +4,13 @@ assertion on a time: only that every figure is a finite positive number."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 from inq.bench_onnx import PEER_NAME, OnnxFile, calibration_inputs, count_ops
 from inq.cli import main
+from inq.export_qonnx import QONNX_DOMAIN
 from inq.openvino_runtime import RUNTIMES
 
 DATA = {"name": "synthetic", "in_channels": 3, "image_size": 8, "num_classes": 4}
@@ -57,6 +61,25 @@ def tiny_float(path: Path, data: dict | None = DATA) -> Path:
     return path
 
 
+def tiny_qonnx(path: Path) -> Path:
+    """:func:`tiny_float` with its input through a QONNX ``Quant`` node (8-bit, signed): what
+    ``inq export --qonnx`` writes, and what ONNX Runtime cannot run."""
+    model = onnx.load(str(tiny_float(path)))
+    model.graph.initializer.extend(
+        numpy_helper.from_array(np.array(v, dtype=np.float32), name)
+        for name, v in (("scale", 0.05), ("zero", 0.0), ("bits", 8.0))
+    )
+    attributes = {"signed": 1, "narrow": 0, "rounding_mode": "ROUND"}
+    quant = helper.make_node(
+        "Quant", ["input", "scale", "zero", "bits"], ["q"], domain=QONNX_DOMAIN, **attributes
+    )
+    model.graph.node[0].input[0] = "q"
+    model.graph.node.insert(0, quant)
+    model.opset_import.append(helper.make_opsetid(QONNX_DOMAIN, 1))
+    onnx.save(model, path)
+    return path
+
+
 class _Random(CalibrationDataReader):
     def __init__(self) -> None:
         rng = np.random.default_rng(1)
@@ -69,15 +92,16 @@ class _Random(CalibrationDataReader):
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A float model and its QDQ quantization by ONNX Runtime (what ORT runs in integer)."""
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A float model, its QDQ quantization by ONNX Runtime (what ORT runs in integer), and a
+    QONNX file."""
     folder = tmp_path_factory.mktemp("bench_onnx")
     float_file = tiny_float(folder / "float.onnx")
     qdq = folder / "qdq.onnx"
     quantize_static(str(float_file), str(qdq), _Random(), quant_format=QuantFormat.QDQ,
                     per_channel=True, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8)  # fmt: skip
-    return float_file, qdq
+    return float_file, qdq, tiny_qonnx(folder / "q.qonnx.onnx")
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
@@ -91,7 +115,7 @@ def _ops_line(out: str, name: str) -> str:
 
 
 def test_two_files_side_by_side(files, tmp_path: Path, capsys) -> None:
-    float_file, qdq = files
+    float_file, qdq, _ = files
     out_json = tmp_path / "bench.json"
     code, out, err = run(capsys, float_file, qdq, *FAST, "--json", out_json)
     assert code == 0, err
@@ -127,7 +151,7 @@ def test_two_files_side_by_side(files, tmp_path: Path, capsys) -> None:
 
 
 def test_the_peer_is_ort_quantize_static_calibrated_on_the_recorded_data(files, capsys) -> None:
-    float_file, _ = files
+    float_file, *_ = files
     code, out, err = run(capsys, float_file, "--peer", *FAST)
     assert code == 0, err
     first = out.splitlines()[0]
@@ -171,10 +195,17 @@ def test_op_kinds() -> None:
         ),
         (["dir.onnx"], "dir.onnx is a directory; inq bench onnx takes an ONNX model"),
         (["garbage.onnx"], "garbage.onnx: cannot load as ONNX ("),
+        (
+            ["FLOAT", "QONNX"],
+            "q.qonnx.onnx: a QONNX model (Quant nodes): neither ONNX Runtime nor OpenVINO runs "
+            "it, so inq bench onnx cannot time it; inq eval runs it in qonnx's executor",
+        ),
         (["FLOAT", "--json", "."], "--json .: a directory; name the file to write"),
         (["QDQ", "--peer"], "is quantized already (2 QLinearConv, 1 QGemm, "),
         (["FLOAT", "--batches", "0"], "--batches 0: must be at least 1"),
         (["FLOAT", "--repeats", "0"], "--repeats 0: must be at least 1"),
+        (["FLOAT", "--warmup", "-1"], "--warmup -1: must be at least 0"),
+        (["FLOAT", "--warmup", "0"], "--warmup 0: give --repeats too (without it, the number"),
     ],
 )
 def test_errors_are_one_line(files, tmp_path: Path, capsys, monkeypatch, argv, message) -> None:
@@ -182,11 +213,62 @@ def test_errors_are_one_line(files, tmp_path: Path, capsys, monkeypatch, argv, m
     (tmp_path / "garbage.onnx").write_bytes(b"not a model")
     (tmp_path / "model.pt").write_bytes(b"PK\x03\x04 a torch.save zip")
     (tmp_path / "dir.onnx").mkdir()
-    argv = [{"FLOAT": str(files[0]), "QDQ": str(files[1])}.get(a, a) for a in argv]
+    named = {"FLOAT": str(files[0]), "QDQ": str(files[1]), "QONNX": str(files[2])}
+    argv = [named.get(a, a) for a in argv]
     code, out, err = run(capsys, *argv)
     assert code == 1 and out == ""
     assert err.startswith("inq bench: error: ") and message in err and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.onnx", "garbage.onnx", "model.pt"]
+
+
+@pytest.mark.parametrize("place", ["read-only", "under a file"])
+def test_a_json_that_cannot_be_written_is_refused_before_timing(
+    files, tmp_path: Path, capsys, monkeypatch, place
+) -> None:
+    """One line and no timing (no progress line on stderr) where --json cannot be written: a
+    read-only folder (mkstemp refused, as root is refused on a read-only file system), or a
+    folder to make under a file."""
+    if place == "read-only":
+        target, where = tmp_path / "new" / "bench.json", str(tmp_path)
+
+        def refused(*args: object, **kwargs: object) -> tuple[int, str]:
+            raise OSError(errno.EROFS, "Read-only file system")
+
+        monkeypatch.setattr(tempfile, "mkstemp", refused)
+        message = f"--json {target}: cannot write in {where} (Read-only file system)"
+    else:
+        (tmp_path / "file").write_text("")
+        target = tmp_path / "file" / "bench.json"
+        message = f"--json {target}: {tmp_path / 'file'} is not a directory"
+    code, out, err = run(capsys, files[0], *FAST, "--json", target)
+    assert (code, out, err) == (1, "", f"inq bench: error: {message}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["file"] if place != "read-only" else [])
+
+
+def test_no_warm_up_is_a_choice(files, capsys) -> None:
+    """--warmup 0 with --repeats: the first run of each file is timed too."""
+    code, out, err = run(capsys, files[0], *FAST[:-1], "0")
+    assert FAST[-2:] == ["--warmup", "1"] and code == 0, err
+    assert "median of 2 runs after 0 warm-up" in out
+
+
+def test_a_run_that_fails_in_a_worker_is_one_line(tmp_path: Path, capsys) -> None:
+    """A graph that loads but cannot run at the batch (a Reshape to a fixed batch of 1): the
+    worker process's error comes back as the command's one line, and the workers stop."""
+    shape = numpy_helper.from_array(np.array([1, 192], dtype=np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["input", "shape"], ["flat"])],
+        "fixed",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("flat", TensorProto.FLOAT, [1, 192])],
+        [shape],
+    )
+    path = tmp_path / "fixed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    code, _, err = run(capsys, path, *FAST[:2], "--batches", "2", *FAST[4:])
+    *progress, last = err.splitlines()
+    assert code == 1 and progress == ["batch 2, 1 thread: 1 files, 2 runs each, interleaved"]
+    assert last.startswith(f"inq bench: error: {path}: does not run at batch 2: "), err
 
 
 def test_the_same_file_twice_is_two_rows_against_the_first(files, tmp_path: Path, capsys) -> None:
@@ -227,7 +309,7 @@ def test_both_runtimes_side_by_side_with_the_peer(files, tmp_path: Path, capsys)
     """--runtime both: a kernel line and a table row per file in each runtime (the peer, made by
     ONNX Runtime, timed in both too), the speed-ups against the first file in the same runtime;
     OpenVINO runs every conv/linear of ORT's QDQ files in int8 and of the float file in f32."""
-    float_file, qdq = files
+    float_file, qdq, _ = files
     out_json = tmp_path / "bench.json"
     code, out, err = run(capsys, float_file, qdq, "--peer", "--runtime", "both", *FAST,
                          "--json", out_json)  # fmt: skip
@@ -256,6 +338,31 @@ def test_both_runtimes_side_by_side_with_the_peer(files, tmp_path: Path, capsys)
     layers = qdq_record["openvino_layers"]
     assert len(layers) == 3 and all(x["int8"] and x["precision"] in ("u8", "i8") for x in layers)
     assert {x["layer_type"] for x in layers} <= {"Convolution", "FullyConnected", "MatMul"}
+
+
+def test_each_runtime_is_timed_in_its_own_process(
+    files, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """--runtime both: no session is made (and so no run timed) in the calling process; each
+    runtime has its worker process, and the output and the JSON say so. (Timed side by side in
+    one process, OpenVINO's and ONNX Runtime's thread pools slowed each other's runs: ORT rows
+    ~3x slower than the same file timed alone, issue 46.)"""
+    import inq.bench_onnx as bench
+
+    def in_this_process(*args: object) -> None:
+        raise AssertionError("a runtime session made in the calling process")
+
+    monkeypatch.setattr(bench, "_session", in_this_process)
+    out_json = tmp_path / "bench.json"
+    code, out, err = run(capsys, files[0], "--runtime", "both", *FAST, "--json", out_json)
+    assert code == 0, err
+    assert f"\n{bench.ISOLATION}: neither runtime's threads take cores from" in out
+    assert ", interleaved, each runtime in its own process, in turn\n" in err
+    payload = json.loads(out_json.read_text())
+    assert payload["settings"]["isolation"] == bench.ISOLATION
+    with bench.RuntimeWorkers(RUNTIMES) as workers:
+        pids = workers.pids
+        assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
 
 
 def test_openvino_alone_and_without_its_extra(files, capsys, monkeypatch) -> None:

@@ -420,8 +420,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 def run_static(args: argparse.Namespace) -> int:
     """``inq bench kernel --static``: the sm_90 compile table and the roofline; exit status 1
     if a variant fails a check (spills, budget, missing wide loads or tensor-core MMA)."""
+    start = time.perf_counter()
+
+    def compiled(done: int, total: int, result: static.CompiledVariant) -> None:
+        verdict = "FAIL" if result.problems else "ok"
+        print(f"[{done}/{total}, {time.perf_counter() - start:.0f} s] sm_90 {result.variant.name} "
+              f"{result.variant.dtype}: {verdict}", file=sys.stderr, flush=True)  # fmt: skip
+
     try:
-        results = static.static_check(args.jobs)
+        results = static.static_check(args.jobs, compiled)
     except (ImportError, RuntimeError, OSError) as err:
         print(f"inq bench kernel --static: cannot compile the kernels: {err}", file=sys.stderr)
         return 1

@@ -31,7 +31,8 @@ import re
 import subprocess
 import tempfile
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -657,16 +658,25 @@ def _inspect_cubin(cubin: bytes) -> tuple[dict[str, int], str]:
     return {k: usage.get(k, 0) for k in ("REG", "STACK", "SHARED", "LOCAL")}, sass
 
 
-def static_check(jobs: int | None = None) -> list[CompiledVariant]:
+def static_check(
+    jobs: int | None = None,
+    progress: Callable[[int, int, CompiledVariant], None] | None = None,
+) -> list[CompiledVariant]:
     """Compile and check every :func:`variants` entry in ``jobs`` fresh processes (spawned
-    without ``TRITON_INTERPRET``, so this works from an interpreted session too)."""
+    without ``TRITON_INTERPRET``, so this works from an interpreted session too); results in
+    the order of :func:`variants`. ``progress(done, total, result)`` is called as each variant
+    is compiled (in the order they finish)."""
     todo = variants()
     env_interpret = os.environ.pop("TRITON_INTERPRET", None)
     try:
         workers = jobs or min(8, os.cpu_count() or 1)
         spawn = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
-            return list(pool.map(compile_variant, todo))
+            futures = [pool.submit(compile_variant, v) for v in todo]
+            for done, future in enumerate(as_completed(futures), 1):
+                if progress is not None:
+                    progress(done, len(todo), future.result())
+            return [future.result() for future in futures]
     finally:
         if env_interpret is not None:
             os.environ["TRITON_INTERPRET"] = env_interpret
