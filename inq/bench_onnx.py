@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 
 from inq.data import build_eval_loader, eval_data_config, input_shape
-from inq.export_onnx import first_line
+from inq.export_onnx import first_line, load_onnx
 from inq.export_qonnx import is_qonnx
 from inq.fileio import atomic_path
 from inq.openvino_runtime import (
@@ -198,17 +198,15 @@ def read_file(path: Path, folder: Path, name: str | None = None) -> OnnxFile:
 
     Raises:
         ValueError: the file is missing, not an ONNX model (:func:`inq.runfiles.file_kind`), not
-            loadable, a QONNX model (:func:`inq.export_qonnx.is_qonnx`), or has an input that
+            loadable (or inq's and changed since: :func:`inq.export_onnx.load_onnx`), a QONNX
+            model (:func:`inq.export_qonnx.is_qonnx`), or has an input that
             is not one float tensor of a known shape.
     """
     refuse_kind(path, "bench onnx", (ONNX_MODEL,))
     ort = _ort()
     import onnx
 
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as err:  # onnx raises its own kinds
-        raise ValueError(f"{path}: cannot load as ONNX ({first_line(err)})") from None
+    proto = load_onnx(path)  # refuses an inq file that no longer matches its digest
     if is_qonnx(proto):  # before ONNX Runtime names its first Quant node an unknown op
         raise ValueError(
             f"{path}: a QONNX model (Quant nodes): neither ONNX Runtime nor OpenVINO runs it, "

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inq.codes import decode_weight, pack_codes
+from inq.fileio import atomic_path
 from inq.kernels import static
 from inq.kernels.shapes import CONV_BATCHES, LINEAR_BATCHES, LINEAR_SHAPES, resnet18_convs
 from inq.pow2 import pow2_encode, pow2_n1, pow2_quantize
@@ -445,7 +446,8 @@ def run_static(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         records = [r.record() for r in results]  # one per variant, comparable across commits
-        args.json.write_text(json.dumps(records, indent=2) + "\n")
+        with atomic_path(args.json) as tmp:
+            tmp.write_text(json.dumps(records, indent=2) + "\n")
         print(f"wrote {args.json}")
     if failed:
         print(f"inq bench kernel --static: {len(failed)} variant(s) or grid(s) failed",
@@ -501,7 +503,8 @@ def run_bench(args: argparse.Namespace, integer: IntegerFactory | None = None) -
             "results": [asdict(r) for r in results],
             "end_to_end": [asdict(r) for r in end_to_end],
         }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        with atomic_path(args.json) as tmp:
+            tmp.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}")
     if any(r.int8_logits_differ for r in end_to_end):
         print("inq bench kernel: integer logits on CUDA differ from the reference", file=sys.stderr)
