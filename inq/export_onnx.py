@@ -197,7 +197,7 @@ def _sign(proto: Any) -> None:
     for i in reversed(range(len(proto.metadata_props))):
         if proto.metadata_props[i].key == DIGEST_PROP:
             del proto.metadata_props[i]
-    value = _onnx_digest(proto)
+    value = json.dumps({"sha256": _onnx_digest(proto), "producer": proto.producer_name})
     digest = proto.metadata_props.add()
     digest.key, digest.value = DIGEST_PROP, value
 
@@ -217,9 +217,13 @@ def _onnx_digest(proto: Any) -> str:
 
 def onnx_digest_problem(proto: Any, required: bool = False) -> str | None:
     """Why an ONNX file inq wrote does not match the digest written with it (a byte flipped, a
-    weight edited, a node added), or None if it does; None too for a file inq did not write
-    (it records no ``inq_*`` entry: another exporter's file has no digest to check), unless
-    ``required``.
+    weight edited, a node added), or None if it does.
+
+    The digest (:data:`DIGEST_PROP`) records the file's producer: a tool that rewrites an inq
+    export as its own file (ONNX Runtime's ``quantize_static`` copies the metadata and names
+    itself the producer) made another file, not a modified one, and it is not checked. Nor is a
+    file with no digest (another exporter's, or inq's from before it signed its ONNX files),
+    unless ``required`` (``inq verify``).
 
     Example:
         >>> from onnx import helper
@@ -232,16 +236,23 @@ def onnx_digest_problem(proto: Any, required: bool = False) -> str | None:
         >>> proto.graph.name = "h"
         >>> onnx_digest_problem(proto)  # doctest: +ELLIPSIS
         'the contents do not match their sha256 digest: the file was modified after it was written'
+        >>> proto.producer_name = "onnx.quantize"  # another tool's file, made from inq's
+        >>> onnx_digest_problem(proto) is None
+        True
     """
     props = {p.key: p.value for p in proto.metadata_props}
     if DIGEST_PROP not in props:
-        if not required and not any(key.startswith("inq_") for key in props):
+        if not required:
             return None
-        return (
-            f"no sha256 digest ({DIGEST_PROP}) in its metadata: written before inq signed its "
-            "ONNX files (export it again), or edited"
-        )
-    return MODIFIED if _onnx_digest(proto) != props[DIGEST_PROP] else None
+        return f"no sha256 digest ({DIGEST_PROP}) in its metadata: not written by inq, or edited"
+    try:
+        recorded = json.loads(props[DIGEST_PROP])
+        digest, producer = recorded["sha256"], recorded["producer"]
+    except (ValueError, TypeError, KeyError):
+        return f"its sha256 digest ({DIGEST_PROP}) is not what inq writes: edited"
+    if producer != proto.producer_name and not required:
+        return None
+    return MODIFIED if _onnx_digest(proto) != digest else None
 
 
 def _check_weights(proto: Any, packed: PackedFile, onnx: Any) -> None:

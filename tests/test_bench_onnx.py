@@ -21,6 +21,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 from inq.bench_onnx import PEER_NAME, OnnxFile, calibration_inputs, count_ops
 from inq.cli import main
+from inq.export_onnx import save_onnx
 from inq.export_qonnx import QONNX_DOMAIN
 from inq.openvino_runtime import RUNTIMES
 
@@ -57,7 +58,7 @@ def tiny_float(path: Path, data: dict | None = DATA) -> Path:
     if data is not None:
         model.metadata_props.add(key="inq_data", value=json.dumps(data))
     onnx.checker.check_model(model)
-    onnx.save(model, path)
+    save_onnx(model, path)  # as inq writes it: with its digest
     return path
 
 
@@ -76,7 +77,7 @@ def tiny_qonnx(path: Path) -> Path:
     model.graph.node[0].input[0] = "q"
     model.graph.node.insert(0, quant)
     model.opset_import.append(helper.make_opsetid(QONNX_DOMAIN, 1))
-    onnx.save(model, path)
+    save_onnx(model, path)  # as inq writes it: with its digest
     return path
 
 

@@ -30,8 +30,16 @@ from inq.bench_onnx import read_file
 from inq.cli import main
 from inq.codes import decode_weight, pack_codes
 from inq.data import build_datasets
-from inq.export_onnx import OPSET, OnnxModel, QdqWeight, export_onnx, export_qdq, qdq_weight
-from inq.fileio import DIGEST_KEY, read_safetensors, write_safetensors
+from inq.export_onnx import (
+    DIGEST_PROP,
+    OPSET,
+    OnnxModel,
+    QdqWeight,
+    export_onnx,
+    export_qdq,
+    qdq_weight,
+)
+from inq.fileio import DIGEST_KEY, MODIFIED, read_safetensors, write_safetensors
 from inq.masked import load_masked
 from inq.models import build_model
 from inq.nn import from_packed
@@ -103,6 +111,38 @@ def test_eval_runs_the_onnx_file_on_the_recorded_data(digits, capsys) -> None:
     assert main(["eval", str(path)]) == 0
     out = capsys.readouterr().out
     assert "(ONNX Runtime, CPU) on digits (450 samples): accuracy" in out
+
+
+def test_eval_refuses_an_edited_export_not_a_file_another_tool_made_of_it(
+    digits, tmp_path: Path, capsys
+) -> None:
+    """Issue 46: every ONNX file inq writes carries a digest that eval checks: one weight
+    changed and saved again is refused; ONNX Runtime's quantize_static of the export (its own
+    file: it copies inq's metadata, digest included, and names itself the producer) is not."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    _, path = digits
+    proto = onnx.load(path)
+    weight = proto.graph.initializer[0]
+    edited = numpy_helper.to_array(weight).copy()
+    edited.flat[0] = -edited.flat[0]
+    weight.CopyFrom(numpy_helper.from_array(edited, weight.name))
+    onnx.save(proto, tmp_path / "edited.onnx")
+    assert main(["eval", str(tmp_path / "edited.onnx")]) == 1
+    assert capsys.readouterr().err == f"inq eval: error: {tmp_path / 'edited.onnx'}: {MODIFIED}\n"
+
+    class Images(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"input": np.zeros((4, 1, 8, 8), np.float32)}])
+
+        def get_next(self) -> dict | None:
+            return next(self.batches, None)
+
+    quantized = tmp_path / "ort.onnx"
+    quantize_static(str(path), str(quantized), Images(), quant_format=QuantFormat.QDQ)
+    assert any(p.key == DIGEST_PROP for p in onnx.load(quantized).metadata_props)
+    assert main(["eval", str(quantized)]) == 0
+    assert "(ONNX Runtime, CPU) on digits (450 samples): accuracy" in capsys.readouterr().out
 
 
 class _Opaque(nn.Module):

@@ -30,7 +30,7 @@ from onnx import numpy_helper
 
 from inq.cli import main
 from inq.data import build_datasets
-from inq.export_onnx import DIGEST_PROP, save_onnx
+from inq.export_onnx import save_onnx
 from inq.export_qonnx import LEVELS_KEY, export_qonnx, qonnx_graph, run_qonnx
 from inq.fileio import MODIFIED
 from inq.masked import load_masked
@@ -135,7 +135,7 @@ def test_inq_eval_of_a_qonnx_file_prints_the_integer_models_accuracy(
     model, int_file = digits
     out = tmp_path / "d.qonnx.onnx"
     proto = _export(int_file, out)
-    props = {p.key: json.loads(p.value) for p in proto.metadata_props if p.key != DIGEST_PROP}
+    props = {p.key: json.loads(p.value) for p in proto.metadata_props}
     recorded = model.info["data"]  # the file's record, with the defaults filled in
     assert {key: props["inq_data"][key] for key in recorded} == recorded
     assert props["inq_model"] == model.info["model"]
