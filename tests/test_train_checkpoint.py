@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from train_helpers import TINY, inq_train
 
 from inq.errors import ConfigError
@@ -110,6 +111,30 @@ def test_killed_four_times_then_resumed_is_bit_identical(
     expected = "trainer.resume: these settings shape the weights and cannot change when a run "
     expected += "resumes: inq.bits=5 (given 4)"
     assert expected in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_run_stopped_in_the_integer_phase_leaves_tensorboard_nothing_to_purge(
+    tmp_path: Path,
+) -> None:
+    """Issue 46: SIGTERM in the integer phase wrote the events logged since the last checkpoint
+    (the phase's try/finally closed the writer), so the resumed run's purge_step removed them
+    again and TensorBoard warned "Detected out of order event.step ... Removing 17 scalars".
+    A stopped run now writes only what its checkpoints cover, as in the weight phases."""
+    # 40 steps of weight phases (checkpoint at 40), then 2 fine-tuning epochs: SIGTERM at 44
+    settings = (*TINY, "quant.act_bits=8", "quant.epochs=2")
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    inq_train(*settings, f"hydra.run.dir={reference}")
+    stopped = inq_train(
+        *settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:44:TERM"}, check=False
+    )
+    assert stopped.returncode == 143 and "stopped by SIGTERM" in stopped.stderr, stopped.stderr
+    (first,) = (run_dir / "tb").iterdir()
+    inq_train(*settings, f"trainer.resume={run_dir}", f"hydra.run.dir={run_dir}")
+    assert "resuming at step 40" in (run_dir / "app.log").read_text()
+    steps = [e.step for e in EventFileLoader(str(first)).Load() if e.HasField("summary")]
+    assert steps and max(steps) < 40, max(steps)  # nothing at or after the checkpoint's step
+    assert scalar_points(run_dir) == scalar_points(reference)
 
 
 def resumed_after_a_kill_at_step_13(

@@ -134,8 +134,10 @@ def train(cfg: Config, out_dir: Path, env: Dist, saved: dict[str, Any] | None) -
         try:
             if trainer.integer is not None:
                 summary["integer"] = integer_phase(out_dir, trainer)
-        finally:
-            trainer.tb.close()  # after the integer phase's events
+        except BaseException:
+            trainer.tb.close(finished=False)  # the last checkpoint's events only
+            raise
+        trainer.tb.close()  # after the integer phase's events
     if env.main:
         if "integer" in summary:
             summary["files"]["integer"] = str(out_dir / INTEGER)
