@@ -1,7 +1,9 @@
 """The typed schema of ``inq-train``'s config, registered in Hydra's ConfigStore.
 
 The YAML files under ``conf/`` (shipped as ``inq.conf``) fill these dataclasses, so a misspelt key
-or a value of the wrong type stops Hydra with one message. :func:`validate` checks what OmegaConf
+or a value of the wrong type stops Hydra; :func:`composition_error` turns its report into one
+line naming the key, the value and what it must be, and :func:`check_given` refuses what
+OmegaConf takes but should not (``2`` for a boolean). :func:`validate` checks what OmegaConf
 cannot express (each section's ``check()``, then the rules between sections) and returns the
 typed :class:`Config` (``OmegaConf.to_object``) that the run uses from then on; its list options
 are parsed there, once (:attr:`INQConfig.bits_by_glob`, :attr:`PruneConfig.sparsity_by_glob`).
