@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from train_helpers import TINY, inq_train
 
 from inq.errors import ConfigError
@@ -112,12 +113,38 @@ def test_killed_four_times_then_resumed_is_bit_identical(
     assert expected in proc.stderr
 
 
-def resumed_after_a_kill_at_step_13(tmp_path: Path, settings: tuple[str, ...]) -> Path:
-    """Run ``settings`` whole (``reference/``) and killed at step 13 then resumed (``run/``);
+@pytest.mark.slow
+def test_a_run_stopped_in_the_integer_phase_leaves_tensorboard_nothing_to_purge(
+    tmp_path: Path,
+) -> None:
+    """Issue 46: SIGTERM in the integer phase wrote the events logged since the last checkpoint
+    (the phase's try/finally closed the writer), so the resumed run's purge_step removed them
+    again and TensorBoard warned "Detected out of order event.step ... Removing 17 scalars".
+    A stopped run now writes only what its checkpoints cover, as in the weight phases."""
+    # 40 steps of weight phases (checkpoint at 40), then 2 fine-tuning epochs: SIGTERM at 44
+    settings = (*TINY, "quant.act_bits=8", "quant.epochs=2")
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    inq_train(*settings, f"hydra.run.dir={reference}")
+    stopped = inq_train(
+        *settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:44:TERM"}, check=False
+    )
+    assert stopped.returncode == 143 and "stopped by SIGTERM" in stopped.stderr, stopped.stderr
+    (first,) = (run_dir / "tb").iterdir()
+    inq_train(*settings, f"trainer.resume={run_dir}", f"hydra.run.dir={run_dir}")
+    assert "resuming at step 40" in (run_dir / "app.log").read_text()
+    steps = [e.step for e in EventFileLoader(str(first)).Load() if e.HasField("summary")]
+    assert steps and max(steps) < 40, max(steps)  # nothing at or after the checkpoint's step
+    assert scalar_points(run_dir) == scalar_points(reference)
+
+
+def resumed_after_a_kill_at_step_13(
+    tmp_path: Path, settings: tuple[str, ...], kill_at: str = "step:13"
+) -> Path:
+    """Run ``settings`` whole (``reference/``) and killed at ``kill_at`` then resumed (``run/``);
     assert both export the same masked checkpoint, bit for bit; return the resumed run's dir."""
     inq_train(*settings, f"hydra.run.dir={tmp_path / 'reference'}")
     run_dir = tmp_path / "run"
-    proc = inq_train(*settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: "step:13"}, check=False)
+    proc = inq_train(*settings, f"hydra.run.dir={run_dir}", env={KILL_ENV: kill_at}, check=False)
     assert proc.returncode == -9, proc.stderr[-2000:]
     inq_train(*settings, f"trainer.resume={run_dir}", f"hydra.run.dir={run_dir}")
     reference = load_file(tmp_path / "reference" / "model_masked.safetensors")
@@ -144,18 +171,37 @@ def test_resume_is_bit_identical_with_per_channel_mse_level_sets(
 
 
 SPEED_OPTIONS = ("trainer.compile=true", "trainer.channels_last=true", "trainer.amp=bf16")
+# 7 steps an epoch: 6 batches of 32 and a last one of 8, so a compiled model meets two shapes
+UNEVEN = (*TINY, "data.train_size=200")
 
 
 @pytest.mark.slow
-def test_a_compiled_bf16_channels_last_run_resumes_bit_identically(tmp_path: Path) -> None:
-    """torch.compile (inductor, on the CPU), NHWC and bfloat16 autocast together: a run killed
-    mid-stage and resumed ends where the uninterrupted run does; neither recompiles at a stage
-    change (one graph, forward and backward, per process)."""
-    settings = (*RESUMABLE, *SPEED_OPTIONS)
-    run_dir = resumed_after_a_kill_at_step_13(tmp_path, settings)
-    for log in (tmp_path / "reference" / "app.log", run_dir / "app.log"):
-        counts = re.findall(r"torch\.compile: (\d+) graphs compiled", log.read_text())
-        assert len(counts) >= 4 and set(counts) == {"1"}, (log, counts)  # float and stages
+@pytest.mark.parametrize(
+    "options",
+    [
+        SPEED_OPTIONS,
+        SPEED_OPTIONS[:2],  # compiled, NHWC
+        SPEED_OPTIONS[::2],  # compiled, bf16
+        SPEED_OPTIONS[:1],
+        SPEED_OPTIONS[1:],  # NHWC, bf16: eager
+        SPEED_OPTIONS[1:2],
+        SPEED_OPTIONS[2:],
+    ],
+    ids=lambda options: "+".join(o.split(".")[1].split("=")[0] for o in options),
+)
+def test_every_speed_option_combination_resumes_bit_identically(
+    tmp_path: Path, options: tuple[str, ...]
+) -> None:
+    """torch.compile (inductor, on the CPU), NHWC and bfloat16 autocast, each combination: a run
+    killed in stage 2 and resumed from the end of stage 1 ends where the uninterrupted run does.
+    The epoch's last batch is smaller, so a compiled model meets two batch shapes; the resumed
+    process meets them in the order the uninterrupted one did after its first epoch, and each
+    shape has its own graph (one per shape and process, none more at a stage change)."""
+    run_dir = resumed_after_a_kill_at_step_13(tmp_path, (*UNEVEN, *options), kill_at="step:17")
+    if "trainer.compile=true" in options:
+        for log in (tmp_path / "reference" / "app.log", run_dir / "app.log"):
+            counts = re.findall(r"torch\.compile: (\d+) graphs compiled", log.read_text())
+            assert len(counts) >= 4 and set(counts) == {"2"}, (log, counts)  # float and stages
 
 
 def test_checkpoint_loads_weights_only_and_names_bad_files(tmp_path: Path) -> None:

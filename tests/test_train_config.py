@@ -106,6 +106,48 @@ def test_a_misspelt_key_is_refused_by_the_schema(conf) -> None:
         compose("config", overrides=["inq.bitz=5"])
 
 
+INQ_HAS = "['bits', 'cache_values', 'distill', 'epochs', 'exclude', 'final_epochs', 'granularity',"
+
+
+@pytest.mark.parametrize(
+    ("argument", "message"),
+    [
+        ("quant.act_bits=abc", "quant.act_bits: must be an integer or null, got 'abc'"),
+        ("quant.symmetric=maybe", "quant.symmetric: must be true or false, got 'maybe'"),
+        ("trainer.compile=maybe", "trainer.compile: must be true or false, got 'maybe'"),
+        ("trainer.channels_last=null", "trainer.channels_last: must be true or false, got null"),
+        ("inq.bogus_key=1", f"inq.bogus_key: unknown key; inq has {INQ_HAS}"),
+        ("inq.cache_values=2", "inq.cache_values: must be true, false or null, got 2"),  # not true
+        ("optim.nesterov=1", "optim.nesterov: must be true or false, got 1"),
+        ("lr.milestones=[0.5,x]", "lr.milestones: must be a list of numbers, got 'x'"),
+        ("inq.strategy=largest", "inq.strategy: must be one of magnitude, random, error, got"),
+        ("data=nonexistent", "data: no config 'nonexistent'; the options are cifar10, cifar100,"),
+        ("inq.bits=[", "inq.bits=[: cannot parse this override: "),
+    ],
+)
+def test_a_config_value_error_is_one_line_from_the_command_line(
+    tmp_path: Path, argument: str, message: str
+) -> None:
+    """Issue 46: Hydra's and OmegaConf's 7-8 line report, and a number taken for a bool, end in
+    one line naming the key, the value and what it must be; nothing is left behind."""
+    run_dir = tmp_path / "run"
+    proc = inq_train(argument, f"hydra.run.dir={run_dir}", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"inq-train: error: {message}"), proc.stderr
+    assert proc.stderr.count("\n") == 1 and not proc.stdout, proc.stderr
+    assert not run_dir.exists()
+
+
+def test_a_config_file_value_error_is_one_line(tmp_path: Path) -> None:
+    """A bad value in an experiment file (not the command line) is the same one line."""
+    (tmp_path / "bad.yaml").write_text("defaults:\n  - config\n  - _self_\ntrainer:\n  seed: x\n")
+    proc = inq_train("--config-dir", str(tmp_path), "--config-name", "bad", check=False)
+    assert (proc.returncode, proc.stderr) == (
+        1,
+        "inq-train: error: trainer.seed: must be an integer, got 'x'\n",
+    )
+
+
 def test_a_value_of_the_wrong_type_is_refused(conf) -> None:
     with pytest.raises(ConfigCompositionException, match=r"inq\.bits"):
         compose("config", overrides=["inq.bits=five"])

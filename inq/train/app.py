@@ -30,7 +30,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -38,6 +38,7 @@ import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -50,7 +51,7 @@ from inq.quant.pipeline import QuantSettings
 from inq.runfiles import INTEGER, MASKED, PACKED
 from inq.scheduler import INQScheduler
 from inq.train.checkpoint import load_checkpoint, resumed_config
-from inq.train.config import Config, register, validate
+from inq.train.config import Config, check_given, composition_error, register, validate
 from inq.train.distributed import Dist, setup, teardown
 from inq.train.integer import integer_phase
 from inq.train.loop import Trainer
@@ -74,7 +75,7 @@ def run(
     out_dir: Path,
     dir_chosen: bool = True,
     hydra_files: dict[str, str] | None = None,
-    given: Collection[str] | None = None,
+    given: Collection[str] | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) a whole INQ training described by ``cfg``; returns the summary.
 
@@ -83,7 +84,8 @@ def run(
     ``hydra_files`` (``{relative path: text}``) are written into a new run's directory once it
     is known to hold no other run. A resumed run goes on with the config it recorded; of
     ``cfg``, only the keys in ``given`` (the command line's; ``None``: all) that may change
-    (:data:`inq.train.checkpoint.RESUMABLE_CHANGES`) apply.
+    (:data:`inq.train.checkpoint.RESUMABLE_CHANGES`) apply. Given as ``{key: value}`` (the
+    command line's parsed values), the values are checked too (:func:`check_given`).
 
     Raises:
         ConfigError: on any bad input, naming the config key to fix.
@@ -91,6 +93,8 @@ def run(
             how to resume.
     """
     try:
+        if isinstance(given, Mapping):
+            check_given(cfg, given)
         typed = validate(cfg)
     except ConfigError:
         remove_unused(out_dir, dir_chosen)  # Hydra made it before inq-train could refuse it
@@ -130,8 +134,10 @@ def train(cfg: Config, out_dir: Path, env: Dist, saved: dict[str, Any] | None) -
         try:
             if trainer.integer is not None:
                 summary["integer"] = integer_phase(out_dir, trainer)
-        finally:
-            trainer.tb.close()  # after the integer phase's events
+        except BaseException:
+            trainer.tb.close(finished=False)  # the last checkpoint's events only
+            raise
+        trainer.tb.close()  # after the integer phase's events
     if env.main:
         if "integer" in summary:
             summary["files"]["integer"] = str(out_dir / INTEGER)
@@ -294,7 +300,8 @@ def _hydra_app(cfg: DictConfig) -> float:
     }
     overrides = list(hydra_cfg.overrides.task)
     try:
-        given = [o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)]
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        given = {o.key_or_group: o.value() for o in parsed}
         return run(cfg, Path(hydra_cfg.runtime.output_dir), chosen, files, given)["final_acc"]
     except ConfigError as err:
         _fail(err)
@@ -303,9 +310,29 @@ def _hydra_app(cfg: DictConfig) -> float:
 
 
 def main() -> None:
-    """Console entry point of ``inq-train`` (all arguments are Hydra overrides)."""
+    """Console entry point of ``inq-train`` (all arguments are Hydra overrides).
+
+    A config Hydra cannot compose (a bad value or unknown key, in an override or a config
+    file, a group option that does not exist, an override it cannot parse) ends in one line
+    naming the key (:func:`inq.train.config.composition_error`), not Hydra's multi-line report;
+    with ``HYDRA_FULL_ERROR=1`` set by the user, Hydra's own traceback as before."""
     register()
-    _hydra_app()
+    full_error = os.environ.get(HYDRA_FULL_ERROR)
+    os.environ[HYDRA_FULL_ERROR] = "1"  # Hydra's errors reach this function instead of printing
+    try:
+        _hydra_app()
+    except HydraException as err:
+        if full_error == "1":
+            raise
+        _fail(composition_error(err))
+    finally:
+        if full_error is None:
+            os.environ.pop(HYDRA_FULL_ERROR, None)
+        else:
+            os.environ[HYDRA_FULL_ERROR] = full_error
+
+
+HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
 
 
 if __name__ == "__main__":  # python -m inq.train.app: where the console script is not installed

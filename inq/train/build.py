@@ -148,10 +148,19 @@ def compiled(cfg: Config, net: nn.Module) -> nn.Module:
     its first call: :func:`compile_errors` names the key when that fails), else ``net``.
 
     DDP wraps the compiled model, not the other way round: dynamo skips DDP's own forward, so a
-    compiled DDP module would run eagerly."""
+    compiled DDP module would run eagerly.
+
+    Shapes are static (``dynamic=False``): each batch shape gets its own graph (two when the
+    epoch's last batch is smaller), so the kernels a step runs are a function of its shape alone.
+    Dynamo's default instead recompiles at the second shape into a dynamic-shape graph that then
+    serves every shape, the full batches included: a resumed process, which starts on the
+    static graph again, would run other kernels (other bf16 roundings) than the uninterrupted
+    run for the rest of its first epoch, and end on other weights."""
     if not cfg.trainer.compile:
         return net
-    compiled_net: nn.Module = torch.compile(net, backend=COMPILE_BACKEND)  # type: ignore[assignment]
+    compiled_net: nn.Module = torch.compile(  # type: ignore[assignment]
+        net, backend=COMPILE_BACKEND, dynamic=False
+    )
     return compiled_net
 
 

@@ -444,10 +444,11 @@ def _misfit(model: nn.Module, state: Mapping[str, Any], shown: int = 3) -> str:
 def kill_point(event: str, count: int) -> None:
     """Test seam: SIGKILL this process at the ``count``-th ``event`` if ``INQ_TRAIN_KILL_AT`` is
     ``"<event>:<count>"`` (events: ``step``, ``eval``, ``stage``, ``prune``: round k done (k),
-    ``quant``: calibration done (1), fine-tuning epoch k done (k + 1)). Used to test exact
-    resume."""
-    if os.environ.get(KILL_ENV) == f"{event}:{count}":
-        os.kill(os.getpid(), signal.SIGKILL)
+    ``quant``: calibration done (1), fine-tuning epoch k done (k + 1)); SIGTERM where it is
+    ``"<event>:<count>:TERM"``. Used to test exact resume."""
+    wanted = os.environ.get(KILL_ENV, "")
+    if wanted in (f"{event}:{count}", f"{event}:{count}:TERM"):
+        os.kill(os.getpid(), signal.SIGTERM if wanted.endswith(":TERM") else signal.SIGKILL)
 
 
 def _torch_load(path: Path, key: str) -> Any:

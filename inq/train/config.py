@@ -1,7 +1,9 @@
 """The typed schema of ``inq-train``'s config, registered in Hydra's ConfigStore.
 
 The YAML files under ``conf/`` (shipped as ``inq.conf``) fill these dataclasses, so a misspelt key
-or a value of the wrong type stops Hydra with one message. :func:`validate` checks what OmegaConf
+or a value of the wrong type stops Hydra; :func:`composition_error` turns its report into one
+line naming the key, the value and what it must be, and :func:`check_given` refuses what
+OmegaConf takes but should not (``2`` for a boolean). :func:`validate` checks what OmegaConf
 cannot express (each section's ``check()``, then the rules between sections) and returns the
 typed :class:`Config` (``OmegaConf.to_object``) that the run uses from then on; its list options
 are parsed there, once (:attr:`INQConfig.bits_by_glob`, :attr:`PruneConfig.sparsity_by_glob`).
@@ -10,6 +12,9 @@ are parsed there, once (:attr:`INQConfig.bits_by_glob`, :attr:`PruneConfig.spars
 from __future__ import annotations
 
 import math
+import re
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
@@ -18,7 +23,9 @@ from typing import Any, TypeVar
 
 import torch
 from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import II, MISSING, DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from inq.data import DataConfig, check_data
 from inq.errors import ConfigError
@@ -36,6 +43,8 @@ __all__ = [
     "PruneConfig",
     "SGDConfig",
     "TrainerConfig",
+    "check_given",
+    "composition_error",
     "register",
     "schema_of",
     "to_dict",
@@ -525,3 +534,134 @@ def _check_known_keys(cfg: DictConfig) -> None:
                 walk(node[key], child_type, f"{prefix}{key}.")
 
     walk(cfg, Config, "")
+
+
+def composition_error(err: HydraException) -> ConfigError:
+    """The one-line :class:`ConfigError` of an error Hydra raised composing the config (a bad
+    value or an unknown key on the command line or in a config file, a config group option
+    that does not exist, an override it cannot parse), in place of its multi-line report.
+
+    Example:
+        >>> from omegaconf import ValidationError
+        >>> from hydra.errors import ConfigCompositionException
+        >>> cause = ValidationError("Value 'abc' of type 'str' could not be converted")
+        >>> cause.full_key, cause.value = "quant.act_bits", "abc"
+        >>> err = ConfigCompositionException("Error merging override quant.act_bits=abc")
+        >>> err.__cause__ = cause
+        >>> print(composition_error(err))
+        quant.act_bits: must be an integer or null, got 'abc'
+    """
+    cause = err.__cause__ or err.__context__  # a config file's error is the context
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        key = re.sub(r"\[\d+\]$", "", str(cause.full_key))  # a list's entry: the list
+        schema = cause.object_type if is_dataclass(cause.object_type) else _schema_class(key)
+        name = key.rpartition(".")[2]
+        known = sorted(f.name for f in fields(schema) if f.name[0] != "_") if schema else []
+        unknown = isinstance(cause, ConfigAttributeError | ConfigKeyError)
+        if unknown or (schema is not None and name not in known):
+            where = key.rpartition(".")[0] or "the config"
+            return ConfigError(key, f"unknown key; {where} has {known}")
+        if schema is not None:
+            expected = _describe(typing.get_type_hints(schema)[name])
+            return ConfigError(key, f"must be {expected}, got {_shown(cause.value)}")
+        return ConfigError(key, _first_line(str(cause.msg)))
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file:
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        options = f"; the options are {', '.join(err.options)}" if err.options else ""
+        return ConfigError(group or option, f"no config {option!r}{options}")
+    if isinstance(err, OverrideParseException):
+        return ConfigError(err.override, f"cannot parse this override: {_first_line(err.message)}")
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return ConfigError("config", " ".join(lines[:2]) or type(err).__name__)
+
+
+def check_given(cfg: DictConfig, given: Mapping[str, Any]) -> None:
+    """Refuse a value that OmegaConf would take but means nothing: anything other than true or
+    false (or null where allowed) for a boolean key (OmegaConf reads ``2`` as true). ``given``
+    maps the command line's keys to their parsed values; ``cfg`` is the composed config.
+
+    Example:
+        >>> cfg = OmegaConf.merge(OmegaConf.structured(Config), {"optim": SGDConfig()})
+        >>> check_given(cfg, {"inq.cache_values": None, "trainer.compile": True})
+        >>> check_given(cfg, {"inq.cache_values": 2})
+        Traceback (most recent call last):
+        ...
+        inq.errors.ConfigError: inq.cache_values: must be true, false or null, got 2
+
+    Raises:
+        ConfigError: naming the key, the value and what it must be.
+    """
+    for key, value in given.items():
+        parent, _, name = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+        if schema is None or not is_dataclass(schema):
+            continue
+        hint = typing.get_type_hints(schema).get(name)
+        takes_bool = hint is bool or (_optional(hint) is bool)
+        if takes_bool and not (isinstance(value, bool) or (value is None and hint is not bool)):
+            raise ConfigError(key, f"must be {_describe(hint)}, got {_shown(value)}")
+
+
+def _schema_class(key: str) -> type | None:
+    """The dataclass that holds the dotted ``key``'s last part (None past a non-dataclass); the
+    optimizer's keys in the union of every optimizer's."""
+    schema: type | None = Config
+    for part in key.split(".")[:-1]:
+        if schema is None or not is_dataclass(schema):
+            return None
+        hint = typing.get_type_hints(schema).get(part)
+        hint = _optional(hint) or hint
+        if part == "optim" and schema is Config:
+            name = key.split(".")[1] if key.count(".") else ""
+            hint = next((c for c in OPTIMIZERS.values() if name in c.__dataclass_fields__), hint)
+        schema = hint if isinstance(hint, type) and is_dataclass(hint) else None
+    return schema
+
+
+def _optional(hint: Any) -> Any:
+    """``X`` of ``X | None`` (else None)."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and len(args) == 2:
+            return rest[0]
+    return None
+
+
+def _describe(hint: Any) -> str:
+    """What a value of the type ``hint`` is, in words, e.g. ``an integer or null``."""
+    inner = _optional(hint)
+    if inner is not None:
+        text = _describe(inner)
+        return f"{text.replace(' or ', ', ')} or null" if inner is bool else f"{text} or null"
+    if hint is bool:
+        return "true or false"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a number"
+    if hint is str:
+        return "a string"
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return f"one of {', '.join(hint.__members__)}"
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list:
+        item = {int: "integers", float: "numbers", str: "strings"}.get(args[0], "values")
+        return f"a list of {item}, e.g. [...]" if item == "values" else f"a list of {item}"
+    if isinstance(hint, types.UnionType) or origin is typing.Union:
+        return " or ".join(_describe(a) for a in args)
+    return f"a {getattr(hint, '__name__', hint)}"
+
+
+def _shown(value: Any) -> str:
+    """``value`` as a config file writes it (null, true, 'text', 2)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), text)

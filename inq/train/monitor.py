@@ -124,10 +124,14 @@ class Monitor:
                 self._add([("histogram", f"weights/{layer.name}", copy, step)])
         self.scalars(step, values)
 
-    def close(self) -> None:
-        """Write every event and close the event file."""
+    def close(self, finished: bool = True) -> None:
+        """Write every event and close the event file; for a run that stops before it is
+        ``finished`` (Ctrl-C, SIGTERM, an error), only the events its checkpoints covered,
+        written already: its resumed run logs the rest again from the last checkpoint, so
+        TensorBoard never has to purge a point (and warn that it did)."""
         if self.writer:
-            self._write(self.buffer)
+            if finished:
+                self._write(self.buffer)
             self.buffer = []
             self.writer.close()
 

@@ -80,7 +80,9 @@ class Bars:
     def __init__(self, total: int, step: int, main: bool, show: bool) -> None:
         self.quiet = not (main and show and sys.stderr.isatty())
         self.run = tqdm(total=total, initial=step, desc="run", unit="step", disable=self.quiet)
-        self._started = (time.perf_counter(), step)  # for this process's ETA
+        self._started = time.perf_counter()
+        self._last: float | None = None  # when this process's last step ended
+        self._timed = (0.0, 0)  # seconds and steps the ETA extrapolates (see step_done)
 
     @contextmanager
     def running(self) -> Iterator[None]:
@@ -96,18 +98,33 @@ class Bars:
             position=1,
         )  # fmt: skip
 
+    def step_done(self, compiled: bool = False) -> None:
+        """One step done; ``compiled``: it compiled a graph (torch.compile).
+
+        The ETA extrapolates the time from one step's end to the next's (what happens between
+        epochs included), except for this process's first step (warm-up, and its compile) and
+        the steps that compiled a graph: that time is spent once, not per step."""
+        self.run.update()
+        now = time.perf_counter()
+        if self._last is not None and not compiled:
+            seconds, steps = self._timed
+            self._timed = (seconds + now - self._last, steps + 1)
+        self._last = now
+
     def log_epoch(self, name: str, totals: StepTotals, lr: float, step: int) -> None:
         """The log line of epoch ``name`` (e.g. ``stage1 epoch 2/6``) at run step ``step``,
-        with the time this process spent and the time left."""
+        with the time this process spent and the time left: the mean time of its timed steps
+        (:meth:`step_done`) times the steps left, ``?`` before the first; compile time is not
+        extrapolated (it would give hours for a run of minutes)."""
         if not totals.count:  # resumed after the epoch's last batch: nothing trained here
             return
         means = totals.means()
-        seconds = time.perf_counter() - self._started[0]
-        done, left = step - self._started[1], self.run.total - step
+        seconds, left = time.perf_counter() - self._started, self.run.total - step
+        timed, steps = self._timed
         log.info(
             "%s: loss %.4f, acc %.2f %%, lr %.3g, elapsed %s, ETA %s",
             name, means["loss"], 100 * means["acc"], lr,
-            _clock(seconds), _clock(seconds / max(done, 1) * left),
+            _clock(seconds), _clock(timed / steps * left) if steps else "?",
         )  # fmt: skip
 
 
