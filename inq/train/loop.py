@@ -207,7 +207,6 @@ class Trainer:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             if self._nhwc and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
-            graphs = compiled_graphs() if t.compile else 0
             loss, logits, lr, kd = self.train_step(x, y)
             window.add(loss, logits, y, kd)
             step = self.progress.step
@@ -216,7 +215,7 @@ class Trainer:
                 self._log_window(window, lr)
                 window.move_to(epoch_totals)
                 self.progress.totals = epoch_totals.sums.tolist()
-            self.bars.step_done(compiled=t.compile and compiled_graphs() > graphs)
+            self.bars.step_done(compiled_graphs() if t.compile else 0)
             if due:
                 self.save()
             ckpt.kill_point("step", step)

@@ -83,6 +83,7 @@ class Bars:
         self._started = time.perf_counter()
         self._last: float | None = None  # when this process's last step ended
         self._timed = (0.0, 0)  # seconds and steps the ETA extrapolates (see step_done)
+        self._graphs = 0  # graphs torch.compile had compiled at the last step (see step_done)
 
     @contextmanager
     def running(self) -> Iterator[None]:
@@ -98,14 +99,16 @@ class Bars:
             position=1,
         )  # fmt: skip
 
-    def step_done(self, compiled: bool = False) -> None:
-        """One step done; ``compiled``: it compiled a graph (torch.compile).
+    def step_done(self, graphs: int = 0) -> None:
+        """One step done; ``graphs``: how many graphs torch.compile has compiled in this
+        process so far (0 eager): a step that raised it compiled one.
 
         The ETA extrapolates the time from one step's end to the next's (what happens between
         epochs included), except for this process's first step (warm-up, and its compile) and
         the steps that compiled a graph: that time is spent once, not per step."""
         self.run.update()
         now = time.perf_counter()
+        compiled, self._graphs = graphs > self._graphs, graphs
         if self._last is not None and not compiled:
             seconds, steps = self._timed
             self._timed = (seconds + now - self._last, steps + 1)
