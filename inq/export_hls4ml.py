@@ -49,6 +49,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +61,7 @@ from torch import nn
 from tqdm import tqdm
 
 from inq.codes import decode_weight
-from inq.fileio import atomic_dir, atomic_path, describe_os_error
+from inq.fileio import abandoned, atomic_dir, atomic_path, describe_os_error
 from inq.pow2 import exact_log2
 from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
 
@@ -446,10 +447,11 @@ def export_hls4ml(
     dims = _input_dims(model, shape)
     shadow, input_type, layers = hls_shadow(model, dims)  # refusals come before any writing
     _may_write(out, force)
-    if before_compile is not None:
-        before_compile()
+    _stop_abandoned_builds(out)
     try:
-        with atomic_dir(out) as staging:
+        with atomic_dir(out) as staging:  # making it checks the place is writable
+            if before_compile is not None:
+                before_compile()
             hls_model = _convert(hls4ml, shadow, dims, input_type, layers, staging, io_type)
             _check_written(hls_model, layers, staging)
             _check_csim(model, hls_model, dims)
@@ -540,6 +542,8 @@ def _may_write(out: Path, force: bool) -> None:
         ValueError: ``out`` is a file, the current directory or one holding it, a directory
             that is not empty and no ``force``, or with ``force`` not an unchanged project.
     """
+    if out.is_symlink():
+        raise ValueError(f"-o {out}: a symbolic link; name the directory itself")
     if out.exists() and not out.is_dir():
         raise ValueError(f"-o {out}: a file; the hls4ml project is a directory")
     here = Path.cwd()
@@ -604,52 +608,81 @@ def _convert(hls4ml: Any, shadow: _Shadow, dims: list[int], input_type: str,
 def _compile(hls_model: Any, out: Path, log: IO[str]) -> None:
     """Run the project's ``build_lib.sh`` (g++, what hls4ml's ``compile()`` runs) in a process
     group of its own, killed whole if the export stops (hls4ml's own call kills only the shell,
-    and g++ ran on), with the elapsed time on a terminal; then load the library as hls4ml does.
+    and g++ ran on), with the elapsed time on a terminal; its output is kept in memory (a full
+    disk would swallow it), then appended to ``log``. Then load the library as hls4ml does.
 
     Raises:
         OSError, ValueError: the build failed (:func:`_raise_compile_error`).
     """
     with subprocess.Popen(
-        ["bash", "build_lib.sh"], cwd=out, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
+        ["bash", "build_lib.sh"], cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, errors="replace", start_new_session=True,
     ) as build, tqdm(desc="g++", bar_format="{desc}: {elapsed}", disable=None,
                      file=sys.stderr, leave=False) as shown:  # fmt: skip
         try:
-            while build.poll() is None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    build.wait(timeout=1)
-                shown.refresh()
+            while True:
+                try:
+                    output, _ = build.communicate(timeout=1)
+                    break
+                except subprocess.TimeoutExpired:
+                    shown.refresh()
         except BaseException:
             os.killpg(build.pid, signal.SIGKILL)
             build.wait()
             raise
     if build.returncode != 0:
-        log.flush()
-        _raise_compile_error(out / BUILD_LOG)
+        _raise_compile_error(output)
+    log.write(output)
     stamp = hls_model.config.get_config_value("Stamp")
     library = out / "firmware" / f"{hls_model.config.get_project_name()}-{stamp}.so"
     hls_model._top_function_lib = ctypes.cdll.LoadLibrary(str(library))  # as compile() does
 
 
+def _stop_abandoned_builds(out: Path) -> None:
+    """Kill what still works in the temporary project of an export to ``out`` that was killed
+    (SIGKILL gives it no chance to stop its g++): every process whose working directory is in
+    one, found through ``/proc``. :func:`inq.fileio.atomic_dir` then deletes the directory."""
+    killed = []
+    for folder in (f.resolve() for f in abandoned(out) if f.is_dir() and not f.is_symlink()):
+        for proc in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError):  # gone, or not ours to look at
+                cwd = Path(os.readlink(proc / "cwd").removesuffix(" (deleted)"))
+                if cwd == folder or folder in cwd.parents:
+                    os.kill(int(proc.name), signal.SIGKILL)
+                    killed.append(proc)
+    deadline = time.monotonic() + 5
+    while any(map(_running, killed)) and time.monotonic() < deadline:
+        time.sleep(0.01)  # SIGKILL is delivered, not yet acted on: wait until they are gone
+
+
+def _running(proc: Path) -> bool:
+    """Whether the process ``/proc/<pid>`` is there and not a zombie (dead, not yet reaped)."""
+    try:
+        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 _DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, or a file size limit
 
 
-def _raise_compile_error(log: Path) -> None:
-    """Raise what a failed build means: a full disk as the OSError it is (g++ and ld print the
-    system's words), else the compiler's first error line.
+def _raise_compile_error(output: str) -> None:
+    """Raise what a failed build's ``output`` means: a full disk as the OSError it is (g++ and
+    ld print the system's words), else the compiler's first error line.
 
     Raises:
         OSError: the disk is full (or a file size limit was reached).
         ValueError: otherwise.
     """
-    text = log.read_text(errors="replace")
-    if (signal.strsignal(signal.SIGXFSZ) or "SIGXFSZ") in text:  # killed by a file size limit
-        text += os.strerror(errno.EFBIG)
+    if (signal.strsignal(signal.SIGXFSZ) or "SIGXFSZ") in output:  # killed by a file size limit
+        output += os.strerror(errno.EFBIG)
     for number in _DISK_ERRORS:
-        if (words := os.strerror(number)) in text:
+        if (words := os.strerror(number)) in output:
             raise OSError(number, words)
-    lines = text.splitlines()
-    first = next((line for line in lines if re.search(r"\berror\b", line)), "no error line")
+    lines = output.splitlines()
+    first = next((line for line in lines if re.search(r"\berror\b", line)), None)
+    if first is None:
+        first = f"no error line; its last: {lines[-1].strip()}" if lines else "it printed nothing"
     raise ValueError(f"the generated project does not compile: {first.strip()}")
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "WRITE_FAILURES",
     "DirBusy",
     "SafetensorsFile",
+    "abandoned",
     "atomic_dir",
     "atomic_path",
     "describe_os_error",
@@ -116,16 +117,24 @@ def _naming(err: OSError, target: Path) -> OSError:
 _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
 
 
-def _remove_abandoned(target: Path) -> None:
-    """Delete the temporaries (files, or directories of :func:`atomic_dir`) of writes to
-    ``target`` whose process (on this host) is gone; put back a directory such a write had
-    moved aside (:func:`atomic_dir`) if nothing replaced it, else delete it too."""
+def abandoned(target: str | os.PathLike[str]) -> list[Path]:
+    """The temporaries (files, or directories of :func:`atomic_dir`) that writes to ``target``
+    left when their process (on this host) died, and a directory such a write had moved aside
+    (``.old``)."""
+    target = Path(target)
     name, host = re.escape(target.name), re.escape(_HOST)
     pattern = re.compile(rf"\.{name}\.{host}-(\d+)\.(?:[^.]+\.tmp|old)")
-    for candidate in sorted(target.parent.glob(f".{glob.escape(target.name)}.{_HOST}-*")):
-        match = pattern.fullmatch(candidate.name)
-        if not match or _alive(int(match.group(1))):
-            continue
+    return [
+        candidate
+        for candidate in sorted(target.parent.glob(f".{glob.escape(target.name)}.{_HOST}-*"))
+        if (match := pattern.fullmatch(candidate.name)) and not _alive(int(match.group(1)))
+    ]
+
+
+def _remove_abandoned(target: Path) -> None:
+    """Delete what :func:`abandoned` lists; put back a directory moved aside if nothing
+    replaced it, else delete it too."""
+    for candidate in abandoned(target):
         if candidate.suffix == ".old" and not target.exists():
             candidate.rename(target)  # killed between moving the old one aside and renaming
         elif candidate.is_dir() and not candidate.is_symlink():
@@ -176,6 +185,8 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
             if aside.exists():
                 os.rename(aside, target)
             raise _naming(err, target) from None
+        if aside.is_symlink():
+            aside.unlink()
         shutil.rmtree(aside, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -257,10 +268,12 @@ def describe_os_error(err: OSError) -> str:
         'disk full (No space left on device)'
         >>> describe_os_error(OSError(errno.EROFS, "Read-only file system"))
         'read-only file system'
+        >>> describe_os_error(OSError(errno.EFBIG, "File too large"))
+        'file too large (a file size limit, ulimit -f)'
     """
     cause = WRITE_FAILURES.get(err.errno or 0)
     detail = err.strerror or str(err)
-    if cause is None or cause.lower() == detail.lower():
+    if cause is None or cause.lower().startswith(detail.lower()):
         return cause or detail
     return f"{cause} ({detail})"
 

@@ -371,6 +371,32 @@ def test_a_stopped_export_stops_its_compiler_and_leaves_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "pids", "r.int.safetensors"]
 
 
+def test_a_killed_exports_compiler_is_stopped_by_the_next_export(
+    int_file: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """SIGKILL gives the export no chance to stop its g++ (the re-trial of issue 46 found it
+    compiling on in a deleted directory): the next export to the same place stops it."""
+    pids, fail = tmp_path / "pids", tmp_path / "fail"
+    _fake_compiler(tmp_path, monkeypatch, f"[ -e {fail} ] && exit 1\necho $$ >> {pids}\n"
+                                          "exec sleep 60")  # fmt: skip
+    out = tmp_path / "prj"
+    argv = [sys.executable, "-m", "inq.cli", "export", str(int_file), "--hls4ml", "-o", str(out)]
+    export = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    while not pids.exists() or not pids.read_text().strip():
+        assert export.poll() is None  # waiting for g++ to start
+        time.sleep(0.05)
+    export.kill()
+    export.communicate()
+    (pid,) = map(int, pids.read_text().split())
+    assert _running(pid)  # on its own, in the temporary project
+    fail.touch()  # the next compile fails at once
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(argv[3:]) == 1
+    assert not _running(pid)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "fail", "pids",
+                                                          "r.int.safetensors"]  # fmt: skip
+
+
 def _running(pid: int) -> bool:
     """Whether ``pid`` is a process that is not a zombie (killed, not yet reaped by init)."""
     try:
@@ -429,7 +455,7 @@ def test_a_full_disk_leaves_nothing_and_says_so(int_file: Path, tmp_path: Path) 
         assert proc.returncode == 1, proc.stderr
         assert proc.stderr == (
             f"inq export: error: -o {tmp_path / 'prj'}: cannot write the project (file too "
-            "large (a file size limit, ulimit -f) (File too large))\n"
+            "large (a file size limit, ulimit -f))\n"
         ), limit
         assert sorted(p.name for p in tmp_path.iterdir()) == ["r.int.safetensors"]
 

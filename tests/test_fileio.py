@@ -194,7 +194,7 @@ def test_write_failures_are_named_once() -> None:
         "read-only file system"
     )
     assert describe_os_error(OSError(errno.EFBIG, "File too large")) == (
-        "file too large (a file size limit, ulimit -f) (File too large)"
+        "file too large (a file size limit, ulimit -f)"
     )
     assert describe_os_error(OSError(errno.EIO, "Input/output error")) == "Input/output error"
 

@@ -186,7 +186,7 @@ def test_a_full_disk_stops_the_run_with_one_message(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
     assert proc.stderr.splitlines()[-1] == (
         f"inq-train: cannot write {run_dir}/checkpoints/latest.pt: file too large (a file size "
-        "limit, ulimit -f) (File too large); no checkpoint was saved yet: start the run again"
+        "limit, ulimit -f); no checkpoint was saved yet: start the run again"
     )
     assert not run_dir.exists()  # nothing of the start stays
 
@@ -206,8 +206,8 @@ def test_a_full_disk_under_tensorboard_stops_the_run_with_one_message(tmp_path: 
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stderr == (
-        f"inq-train: cannot write {run_dir}/tb: file too large (a file size limit, ulimit -f) "
-        f"(File too large); continue from the last checkpoint with: inq-train "
+        f"inq-train: cannot write {run_dir}/tb: file too large (a file size limit, ulimit -f); "
+        f"continue from the last checkpoint with: inq-train "
         f"trainer.resume={run_dir}\n"
     )
     inq_train(f"trainer.resume={run_dir}")  # as the message says
