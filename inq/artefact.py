@@ -124,8 +124,8 @@ def read_header(path: str | os.PathLike[str]) -> Header:
 
 def _damaged(path: Path) -> str | None:
     """What is wrong with a file that safetensors cannot read but that begins as one (a header
-    length, then ``{"``): cut short (a full disk, an interrupted copy) or changed; None if it
-    does not begin as one."""
+    length, then ``{"``), or is named as one and too short to tell: cut short (a full disk, an
+    interrupted copy) or changed; None otherwise."""
     try:
         with open(path, "rb") as f:
             head = f.read(10)
@@ -134,6 +134,8 @@ def _damaged(path: Path) -> str | None:
         size = path.stat().st_size
     except OSError:
         return None  # said by _sniff
+    if size < 10 and path.suffix == ".safetensors":  # too short to tell, but named as one
+        return f"cut short: {size} B, too short for a safetensors file"
     if not header:
         return None
     if size < 8 + length:

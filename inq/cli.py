@@ -61,7 +61,9 @@ from inq.export_onnx import (
     export_onnx,
     export_qdq,
     load_onnx,
+    onnx_digest_problem,
     recorded_descriptions,
+    unchecked_digest,
 )
 from inq.export_qonnx import QonnxModel, export_qonnx, is_qonnx
 from inq.fileio import LOCK_NAME, WRITE_FAILURES, describe_os_error, lock_dir
@@ -158,15 +160,16 @@ def _export_args(p: argparse.ArgumentParser) -> None:
         help="store every layer as dense code rows (default: sparse, a bitmap or gaps, where "
         "that is smaller)",
     )
-    _force_arg(p)
+    _force_arg(p, project=True)
 
 
-def _force_arg(p: argparse.ArgumentParser) -> None:
+def _force_arg(p: argparse.ArgumentParser, project: bool = False) -> None:
+    hls4ml = ", or an hls4ml project inq wrote and nobody changed since" if project else ""
     p.add_argument(
         "--force",
         action="store_true",
-        help="replace an existing output file, or an hls4ml project inq wrote and nobody "
-        "changed since (never a file an inq-train run wrote for itself, nor other files)",
+        help=f"replace an existing output file{hls4ml} (never a file an inq-train run wrote for "
+        "itself, nor other files)",
     )
 
 
@@ -251,7 +254,8 @@ def _directory_output(output: Path, source: Path) -> None:
         raise ValueError(f"-o {output}: an inq-train run directory; write the project elsewhere")
     if output.is_dir() and output.resolve() in source.resolve().parents:
         raise ValueError(
-            f"-o {output}: holds {source}, the model the project is made from; choose another -o"
+            f"-o {output}: holds {source.resolve()}, the model the project is made from; choose "
+            "another -o"
         )
 
 
@@ -274,6 +278,11 @@ def _export(args: argparse.Namespace) -> int:
         raise ValueError(f"--io {args.io}: only with --hls4ml, not with {with_}")
     if args.dense and chosen:
         raise ValueError(f"--dense: only with the packed export, not with --{chosen[0]}")
+    if args.data and not chosen:
+        raise ValueError(
+            "--data: only with --onnx, --qonnx or --hls4ml (the packed file keeps the data "
+            "record of the checkpoint it is made from)"
+        )
     if args.onnx:
         return _export_onnx(args)
     if args.qonnx:
@@ -452,10 +461,7 @@ def _verify_qonnx(path: str) -> int:
     summary; 1 on any problem."""
     proto = load_onnx(path, check=False)  # the digest is one of the problems reported
     if not is_qonnx(proto):
-        raise ValueError(
-            f"{path} is an ONNX model; inq verify takes a QONNX model (inq export --qonnx) "
-            "among ONNX files, and this one has no QONNX node"
-        )
+        return _verify_onnx_digest(path, proto)
     report = verify_qonnx(proto, path)
     print(f"{path} (QONNX model)")
     print(report.table())
@@ -471,6 +477,20 @@ def _verify_qonnx(path: str) -> int:
     print(
         f"OK: {layers} Conv/Gemm weights lie in their recorded level sets (0 or a signed power "
         "of two), on their Quant nodes' grids; the contents match their sha256 digest"
+    )
+    return 0
+
+
+def _verify_onnx_digest(path: str, proto: Any) -> int:
+    """``inq verify`` of an ONNX file that is not QONNX: its digest only (it records no level
+    sets; the file it was made from has them); 1 if it does not match or it has none."""
+    problem = onnx_digest_problem(proto, required=True)
+    if problem is not None:
+        print(f"inq verify: {path}: {problem}", file=sys.stderr)
+        return 1
+    print(
+        f"{path} (ONNX model): OK: the contents match their sha256 digest (an ONNX export "
+        "records no level sets: verify the file it was made from for those)"
     )
     return 0
 
@@ -702,14 +722,16 @@ def _eval(args: argparse.Namespace) -> int:
 def _onnx_model(path: str, runtime: str = "onnxruntime") -> tuple[OnnxModel | QonnxModel, str]:
     """The ONNX file at ``path`` as a module to evaluate, and where it runs: with ``runtime``
     ``openvino`` in OpenVINO (a QONNX file refused), else a QONNX file
-    (:func:`inq.export_qonnx.is_qonnx`) in qonnx's executor, any other in ONNX Runtime."""
-    if runtime == "openvino":
-        model = OpenVinoModel(path)  # loads the file with load_onnx first
-        return model, f"OpenVINO {openvino_version()}, CPU"
+    (:func:`inq.export_qonnx.is_qonnx`) in qonnx's executor, any other in ONNX Runtime; where
+    is followed by why the file's digest was not checked, if it was not
+    (:func:`inq.export_onnx.unchecked_digest`)."""
     proto = load_onnx(path)
+    note = "".join(f"; {why}" for why in [unchecked_digest(proto)] if why)
+    if runtime == "openvino":
+        return OpenVinoModel(path, proto), f"OpenVINO {openvino_version()}, CPU{note}"
     if is_qonnx(proto):
-        return QonnxModel(proto, path), "QONNX, qonnx's executor, CPU"
-    return OnnxModel(path, proto), "ONNX Runtime, CPU"
+        return QonnxModel(proto, path), f"QONNX, qonnx's executor, CPU{note}"
+    return OnnxModel(path, proto), f"ONNX Runtime, CPU{note}"
 
 
 def command_data(
@@ -866,8 +888,9 @@ def _images(
 
 
 def _sample_accuracy(top1: dict[str, torch.Tensor], labels: torch.Tensor, output: Path) -> str:
-    """The line that says whether the integer model works: its accuracy and the float model's
-    on the calibration images the lowering kept, and how often the two agree."""
+    """The line that says whether the integer model works: its accuracy and the model's with
+    float activations (the source's) on the calibration images the lowering kept, and how often
+    the two agree."""
     count = len(top1["integer"])
     labels = labels[:count]
 
@@ -876,8 +899,8 @@ def _sample_accuracy(top1: dict[str, torch.Tensor], labels: torch.Tensor, output
 
     agree = 100 * (top1["integer"] == top1["float"]).double().mean().item()
     return (
-        f"on {count} calibration images: accuracy {accuracy(top1['integer'])} (float model "
-        f"{accuracy(top1['float'])}), the same top-1 class as the float model on {agree:.1f} %; "
+        f"on {count} calibration images: accuracy {accuracy(top1['integer'])} (with float "
+        f"activations {accuracy(top1['float'])}), the same top-1 class on {agree:.1f} %; "
         f"inq eval {output} for the held-out accuracy"
     )
 
@@ -949,10 +972,26 @@ def _bench(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------- main
 
 COMMANDS: dict[str, Command] = {
-    "export": Command("pack a masked checkpoint into low-bit codes", _export_args, _export),
-    "verify": Command("prove every quantized weight lies in its level set", _verify_args, _verify),
-    "eval": Command("rebuild the model from a packed file and evaluate it", _eval_args, _eval),
-    "info": Command("sizes (fp32 vs packed), bits and layers of a packed file", _info_args, _info),
+    "export": Command(
+        "write a model as packed low-bit codes, ONNX, QONNX or an hls4ml project",
+        _export_args,
+        _export,
+    ),
+    "verify": Command(
+        "prove every quantized weight lies in its level set and a file is as inq wrote it",
+        _verify_args,
+        _verify,
+    ),
+    "eval": Command(
+        "evaluate a model file (packed, masked, integer, ONNX, QONNX) on its data",
+        _eval_args,
+        _eval,
+    ),
+    "info": Command(
+        "sizes, bits, layers and input of a model file (packed, masked, integer, ONNX, QONNX)",
+        _info_args,
+        _info,
+    ),
     "calibrate": Command(
         "integer model: calibrate int8 activations, fold BatchNorm", _calibrate_args, _calibrate
     ),
@@ -967,7 +1006,9 @@ COMMANDS: dict[str, Command] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command in :data:`COMMANDS`."""
-    parser = argparse.ArgumentParser(prog="inq", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="inq", description="Export, verify, evaluate and inspect INQ models."
+    )
     parser.add_argument("--version", action="version", version=f"inq {inq.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():

@@ -64,6 +64,7 @@ from inq.codes import decode_weight
 from inq.fileio import abandoned, atomic_dir, atomic_path, describe_os_error
 from inq.pow2 import exact_log2
 from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
+from inq.runfiles import PROJECT_MANIFEST
 
 __all__ = [
     "BACKEND",
@@ -474,7 +475,7 @@ def _write_error(err: OSError) -> str:
     return describe_os_error(err)
 
 
-MANIFEST = "inq_project.json"  # in a project: its format and every file's sha256
+MANIFEST = PROJECT_MANIFEST  # in a project: its format and every file's sha256
 PROJECT_FORMAT = "inq-hls4ml/1"
 
 

@@ -86,6 +86,7 @@ __all__ = [
     "onnx_digest_problem",
     "qdq_weight",
     "save_onnx",
+    "unchecked_digest",
 ]
 
 OPSET = 18
@@ -253,6 +254,36 @@ def onnx_digest_problem(proto: Any, required: bool = False) -> str | None:
     if producer != proto.producer_name and not required:
         return None
     return MODIFIED if _onnx_digest(proto) != digest else None
+
+
+def unchecked_digest(proto: Any) -> str | None:
+    """Why :func:`onnx_digest_problem` did not check a file that records inq's descriptions:
+    it has no digest, or another tool rewrote it (the producer changed); None if it checked it,
+    or for a file with nothing of inq's.
+
+    Example:
+        >>> from onnx import helper
+        >>> proto = helper.make_model(helper.make_graph([], "g", [], []), producer_name="inq")
+        >>> _ = proto.metadata_props.add(key="inq_model", value="{}")
+        >>> unchecked_digest(proto)
+        'no sha256 digest: not checked'
+        >>> _sign(proto)
+        >>> unchecked_digest(proto) is None
+        True
+        >>> proto.producer_name = "onnx.quantize"
+        >>> unchecked_digest(proto)
+        "made from an inq export by 'onnx.quantize': its digest not checked"
+    """
+    props = {p.key: p.value for p in proto.metadata_props}
+    if DIGEST_PROP not in props:
+        return "no sha256 digest: not checked" if any(k.startswith("inq_") for k in props) else None
+    try:
+        producer = json.loads(props[DIGEST_PROP])["producer"]
+    except (ValueError, TypeError, KeyError):
+        return None  # a digest inq cannot read is a problem of onnx_digest_problem's
+    if producer == proto.producer_name:
+        return None
+    return f"made from an inq export by {proto.producer_name!r}: its digest not checked"
 
 
 def _check_weights(proto: Any, packed: PackedFile, onnx: Any) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "describe_os_error",
     "digest_problem",
     "lock_dir",
+    "lock_holder",
     "metadata_int",
     "metadata_n1",
     "n1_json",
@@ -276,6 +277,32 @@ def describe_os_error(err: OSError) -> str:
     if cause is None or cause.lower().startswith(detail.lower()):
         return cause or detail
     return f"{cause} ({detail})"
+
+
+def lock_holder(folder: str | os.PathLike[str]) -> str | None:
+    """The pid another process holding ``folder``'s lock (:func:`lock_dir`) wrote, or None if
+    none holds it; looks without taking it, and writes nothing.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> lock_holder(folder) is None
+        True
+        >>> lock = lock_dir(folder)
+        >>> lock_holder(folder) == str(os.getpid())
+        True
+        >>> lock.close()
+    """
+    try:
+        with open(Path(folder) / LOCK_NAME) as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return lock.read().strip() or "?"
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    except OSError:  # no lock file: nobody works there
+        return None
+    return None
 
 
 def _umask() -> int:

@@ -25,6 +25,7 @@ from inq.artefact import (
     open_artefact,
     read_header,
 )
+from inq.fileio import DirBusy, lock_holder
 from inq.masked import MASKED_FORMATS, MaskedCheckpoint
 from inq.packed import PACKED_FORMATS, PackedFile, packed_from_masked
 from inq.quant.integer import INT_FORMAT
@@ -32,6 +33,7 @@ from inq.quant.integer import INT_FORMAT
 __all__ = [
     "CHECKPOINT",
     "DIRECTORY",
+    "HLS_PROJECT",
     "INTEGER",
     "INTEGER_MODEL",
     "INT_FORMAT",
@@ -43,6 +45,7 @@ __all__ = [
     "OWN_FILES",
     "PACKED",
     "PACKED_FILE",
+    "PROJECT_MANIFEST",
     "RUN",
     "SUMMARY",
     "command_file",
@@ -53,6 +56,7 @@ __all__ = [
     "refuse_kind",
 ]
 
+PROJECT_MANIFEST = "inq_project.json"  # in an hls4ml project (inq.export_hls4ml): its files
 MASKED = "model_masked.safetensors"  # the masked checkpoint (inq.masked)
 PACKED = "model.inq.safetensors"  # its packed codes (inq.packed)
 INTEGER = "model.int.safetensors"  # the integer model, with quant.act_bits (inq.quant)
@@ -62,6 +66,7 @@ OWN_FILES = (MASKED, PACKED, INTEGER)  # the model files a run writes for itself
 
 # What a directory can be (file_kind); a file's kinds are inq.artefact's
 RUN = "run directory"
+HLS_PROJECT = "hls4ml project (inq export --hls4ml)"
 DIRECTORY = "directory"
 
 MODEL_FORMATS = (*PACKED_FORMATS, *MASKED_FORMATS)  # what load_model reads (as packed)
@@ -96,6 +101,8 @@ def find_model(
                 return header
         others = (p for p in sorted(path.rglob("*.safetensors")) if p not in own)
         found = [h for h in map(_header_or_none, others) if h is not None and h.format in formats]
+        if not found and (pid := lock_holder(path)) is not None:
+            raise DirBusy(path, pid)  # a run that has written nothing yet
         if len(found) != 1:
             count = f"no {what}" if not found else f"{len(found)} {what}s"
             listing = "".join(f"\n  {h.path}" for h in found)
@@ -150,6 +157,8 @@ def file_kind(path: str | os.PathLike[str]) -> str:
 
 
 def _directory_kind(path: Path) -> str:
+    if (path / PROJECT_MANIFEST).is_file():
+        return HLS_PROJECT
     return RUN if is_run(path) or any((path / n).is_file() for n in OWN_FILES) else DIRECTORY
 
 
@@ -202,7 +211,7 @@ def _refuse(path: str | os.PathLike[str], kind: str, command: str, takes: Sequen
 
 
 def _a(noun: str) -> str:
-    return ("an " if noun[0] in "aeiouAEIOU" else "a ") + noun
+    return ("an " if noun[0] in "aeiouAEIOU" or noun.startswith("hls") else "a ") + noun
 
 
 def _instead(path: str | os.PathLike[str], kind: str) -> str:
@@ -215,7 +224,7 @@ def _instead(path: str | os.PathLike[str], kind: str) -> str:
     if kind in (RUN, DIRECTORY):
         own = [str(path / n) for n in OWN_FILES if (path / n).is_file()]
         return f"; pass one of its files: {', '.join(own)}" if own else "; pass a model file"
-    if kind == ONNX_MODEL:
+    if kind in (ONNX_MODEL, HLS_PROJECT):
         return "; pass the file it was exported from"
     return ""
 

@@ -73,6 +73,8 @@ def test_what_is_no_artefact_is_one_clear_error(files: dict[str, Path], tmp_path
     truncated.write_bytes(whole[:20])  # inside the header
     cut = tmp_path / "cut.int.safetensors"
     cut.write_bytes(whole[:-10])  # inside the tensors: issue 46 called it "of no kind"
+    tiny = tmp_path / "tiny.int.safetensors"
+    tiny.write_bytes(whole[:4])  # the re-trial of issue 46: "a file of no kind inq reads"
     changed = tmp_path / "changed.safetensors"
     changed.write_bytes(whole[:10] + b"!" + whole[11:])  # the header is no longer JSON
     notes = tmp_path / "notes.txt"
@@ -86,6 +88,7 @@ def test_what_is_no_artefact_is_one_clear_error(files: dict[str, Path], tmp_path
         f"{8 + int.from_bytes(whole[:8], 'little')} B, 20 B here",
         cut: f"{cut}: cut short: a safetensors file of {len(whole)} B by its header, "
         f"{len(whole) - 10} B here",
+        tiny: f"{tiny}: cut short: 4 B, too short for a safetensors file",
         changed: f"{changed}: a damaged safetensors file: its header does not describe its "
         "contents",
         notes: f"{notes}: cannot read as safetensors (",

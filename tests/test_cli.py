@@ -304,8 +304,8 @@ def test_calibrate_then_eval_info_verify_an_integer_model(capsys, tmp_path: Path
         return f"{100 * hits.double().mean().item():.1f} %"
 
     assert calibrated.splitlines()[-1] == (
-        f"on 256 calibration images: accuracy {percent(top1 == y[:256])} (float model "
-        f"{percent(reference == y[:256])}), the same top-1 class as the float model on "
+        f"on 256 calibration images: accuracy {percent(top1 == y[:256])} (with float "
+        f"activations {percent(reference == y[:256])}), the same top-1 class on "
         f"{percent(top1 == reference)}; inq eval {int_file} for the held-out accuracy"
     )
     code, out, _ = run(capsys, "info", int_file)
@@ -610,7 +610,6 @@ def test_every_command_says_what_it_was_given_and_what_it_takes(capsys, tmp_path
             f"checkpoint, packed file, integer model or ONNX model; pass one of its files: "
             f"{masked}",
         ),
-        (["verify", onnx_file], f"{onnx_file} is an ONNX model; inq verify takes"),
         (
             ["export", onnx_file, "-o", tmp_path / "x.inq.safetensors"],
             "is an ONNX model; inq "
@@ -736,6 +735,8 @@ def test_export_options_of_another_form_are_refused(capsys, masked: Path, tmp_pa
         (["--io", "parallel"], "--io parallel: only with --hls4ml, not with the packed export"),
         (["--qonnx", "-o", onnx_file, "--dense"], "--dense: only with the packed export, not "
                                                   "with --qonnx"),
+        (["--data", "digits"], "--data: only with --onnx, --qonnx or --hls4ml (the packed file "
+                               "keeps the data record of the checkpoint it is made from)"),
     ):  # fmt: skip
         assert run(capsys, "export", masked, *argv) == (1, "", f"inq export: error: {message}\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == [masked.name]

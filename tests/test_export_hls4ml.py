@@ -341,6 +341,10 @@ def test_no_export_deletes_a_run_its_source_or_files_it_did_not_write(
     ):  # fmt: skip
         assert main(["export", str(source), "--hls4ml", "-o", str(output), "--force"]) == 1
         assert capsys.readouterr() == ("", f"inq export: error: {message}\n"), output
+    assert main(["eval", str(project)]) == 1  # it said "no packed file ..." with format ids
+    assert capsys.readouterr().err.startswith(
+        f"inq eval: error: {project} is an hls4ml project (inq export --hls4ml); inq eval takes "
+    )
     lock.close()
     assert _snapshot(tmp_path) == {**before, "live/summary.json": b"{}",
                                    "live/.lock": f"{os.getpid()}\n".encode()}  # fmt: skip

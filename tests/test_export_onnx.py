@@ -142,7 +142,21 @@ def test_eval_refuses_an_edited_export_not_a_file_another_tool_made_of_it(
     quantize_static(str(path), str(quantized), Images(), quant_format=QuantFormat.QDQ)
     assert any(p.key == DIGEST_PROP for p in onnx.load(quantized).metadata_props)
     assert main(["eval", str(quantized)]) == 0
-    assert "(ONNX Runtime, CPU) on digits (450 samples): accuracy" in capsys.readouterr().out
+    assert (
+        "(ONNX Runtime, CPU; made from an inq export by 'onnx.quantize': its digest not checked) "
+        "on digits (450 samples): accuracy"
+    ) in capsys.readouterr().out  # said, as the re-trial of issue 46 asked
+    del proto.metadata_props[[p.key for p in proto.metadata_props].index(DIGEST_PROP)]
+    onnx.save(proto, tmp_path / "unsigned.onnx")
+    assert main(["eval", str(tmp_path / "unsigned.onnx")]) == 0
+    assert "(ONNX Runtime, CPU; no sha256 digest: not checked) on digits" in (
+        capsys.readouterr().out
+    )
+    assert main(["verify", str(tmp_path / "unsigned.onnx")]) == 1
+    assert capsys.readouterr().err.endswith("no sha256 digest (inq_sha256) in its metadata: not "
+                                            "written by inq, or edited\n")  # fmt: skip
+    assert main(["verify", str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{path} (ONNX model): OK: the contents match")
 
 
 class _Opaque(nn.Module):

@@ -10,6 +10,7 @@ import torch
 from export_fixtures import masked_file
 
 from inq import runfiles
+from inq.fileio import lock_dir
 from inq.masked import MASKED_FORMATS
 from inq.packed import export_packed
 from inq.runfiles import find_model, load_model
@@ -104,3 +105,18 @@ def test_a_command_names_what_it_was_given_and_what_to_pass(run_dir: Path) -> No
         f"pass one of its files: {run_dir / runfiles.MASKED}, {run_dir / runfiles.PACKED}"
     )
     assert runfiles.refuse_kind(run_dir, "eval", (runfiles.RUN,)) == runfiles.RUN
+
+
+def test_a_run_at_work_with_no_model_yet_says_so(tmp_path: Path) -> None:
+    """The re-trial of issue 46: ``inq eval RUN`` while inq-train starts there said it held no
+    model, listing format ids; it says the run is at work."""
+    run_dir = tmp_path / "run"
+    lock = lock_dir(run_dir)
+    try:
+        with pytest.raises(ValueError, match=r"^.*run: another process \(pid \d+\) is working "
+                                             r"there; wait for it$"):  # fmt: skip
+            runfiles.command_file(run_dir, "eval", (runfiles.RUN,))
+    finally:
+        lock.close()
+    with pytest.raises(ValueError, match=r"^.*run: no packed file or masked checkpoint"):
+        runfiles.command_file(run_dir, "eval", (runfiles.RUN,))
