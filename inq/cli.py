@@ -219,17 +219,18 @@ def writing(output: Path, source: Path, force: bool = False, suffix: str = SAFET
     else:
         _directory_output(output, source)
     folder = output.parent
-    lock = lock_dir(folder) if (folder / LOCK_NAME).exists() else None  # an inq-train run
+    if output.resolve() in _run_files(folder) or (
+        runfiles.is_run(folder) and output.name in runfiles.OWN_FILES
+    ):
+        raise ValueError(
+            f"{output} belongs to the run in {folder} (inq-train writes it there); write "
+            "elsewhere with -o"
+        )
+    if suffix and output.exists() and not force:
+        raise ValueError(f"{output} exists; choose another -o, or --force to replace it")
+    # an inq-train run's lock, taken only to write (a refusal leaves its pid as it was)
+    lock = lock_dir(folder) if (folder / LOCK_NAME).exists() else None
     try:
-        if output.resolve() in _run_files(folder) or (
-            runfiles.is_run(folder) and output.name in runfiles.OWN_FILES
-        ):
-            raise ValueError(
-                f"{output} belongs to the run in {folder} (inq-train writes it there); write "
-                "elsewhere with -o"
-            )
-        if suffix and output.exists() and not force:
-            raise ValueError(f"{output} exists; choose another -o, or --force to replace it")
         yield
     finally:
         if lock is not None:
