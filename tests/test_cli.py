@@ -740,3 +740,14 @@ def test_export_options_of_another_form_are_refused(capsys, masked: Path, tmp_pa
     ):  # fmt: skip
         assert run(capsys, "export", masked, *argv) == (1, "", f"inq export: error: {message}\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == [masked.name]
+
+
+def test_inq_version_imports_no_torch() -> None:
+    """Issue 46: ``inq --version`` took seconds, importing torch and every command for a line."""
+    script = (
+        "import sys, inq.console; code = inq.console.main(['--version']); "
+        "print(code, 'torch' in sys.modules, 'inq.cli' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    assert done.stdout == f"inq {inq.__version__}\n0 False False\n"

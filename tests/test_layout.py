@@ -151,7 +151,7 @@ LAYERS = (  # README's code map, top to bottom; a module may import its own laye
         "inq.openvino_runtime",
         "inq.bench_onnx",
     ),
-    ("inq.train", "inq.cli"),
+    ("inq.train", "inq.cli", "inq.console"),
 )
 
 
