@@ -66,7 +66,14 @@ from inq.export_onnx import (
     unchecked_digest,
 )
 from inq.export_qonnx import QonnxModel, export_qonnx, is_qonnx
-from inq.fileio import LOCK_NAME, WRITE_FAILURES, describe_os_error, lock_dir
+from inq.fileio import (
+    LOCK_NAME,
+    WRITE_FAILURES,
+    DirBusy,
+    describe_os_error,
+    lock_dir,
+    lock_holder,
+)
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.levels import describe_n1
 from inq.masked import MASKED_FORMATS
@@ -250,8 +257,8 @@ def _file_output(output: Path, source: Path, force: bool, suffix: str) -> None:
 
 def _directory_output(output: Path, source: Path) -> None:
     if runfiles.is_run(output):
-        if (output / LOCK_NAME).exists():
-            lock_dir(output).close()  # refuses a run in progress: another process is there
+        if (pid := lock_holder(output)) is not None:  # looks without writing its pid there
+            raise DirBusy(output, pid)
         raise ValueError(f"-o {output}: an inq-train run directory; write the project elsewhere")
     if output.is_dir() and output.resolve() in source.resolve().parents:
         raise ValueError(
@@ -727,7 +734,8 @@ def _onnx_model(path: str, runtime: str = "onnxruntime") -> tuple[OnnxModel | Qo
     is followed by why the file's digest was not checked, if it was not
     (:func:`inq.export_onnx.unchecked_digest`)."""
     proto = load_onnx(path)
-    note = "".join(f"; {why}" for why in [unchecked_digest(proto)] if why)
+    unchecked = unchecked_digest(proto)
+    note = f"; {unchecked}" if unchecked else ""
     if runtime == "openvino":
         return OpenVinoModel(path, proto), f"OpenVINO {openvino_version()}, CPU{note}"
     if is_qonnx(proto):

@@ -470,8 +470,8 @@ def _write_error(err: OSError) -> str:
     that has no errno, only the system's words)."""
     if isinstance(err, shutil.Error) and err.args and isinstance(err.args[0], list):
         first = str(err.args[0][0][-1])
-        number = next((n for n in _DISK_ERRORS if os.strerror(n) in first), None)
-        return first if number is None else describe_os_error(OSError(number, os.strerror(number)))
+        disk = _disk_error(first)
+        return first if disk is None else describe_os_error(disk)
     return describe_os_error(err)
 
 
@@ -667,6 +667,15 @@ def _running(proc: Path) -> bool:
 _DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, or a file size limit
 
 
+def _disk_error(text: str) -> OSError | None:
+    """The full disk (or file size limit) that ``text``, a tool's output, reports in the
+    system's words (a compiler killed by a file size limit names its signal), or None."""
+    if (signal.strsignal(signal.SIGXFSZ) or "SIGXFSZ") in text:
+        return OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+    number = next((n for n in _DISK_ERRORS if os.strerror(n) in text), None)
+    return None if number is None else OSError(number, os.strerror(number))
+
+
 def _raise_compile_error(output: str) -> None:
     """Raise what a failed build's ``output`` means: a full disk as the OSError it is (g++ and
     ld print the system's words), else the compiler's first error line.
@@ -675,11 +684,9 @@ def _raise_compile_error(output: str) -> None:
         OSError: the disk is full (or a file size limit was reached).
         ValueError: otherwise.
     """
-    if (signal.strsignal(signal.SIGXFSZ) or "SIGXFSZ") in output:  # killed by a file size limit
-        output += os.strerror(errno.EFBIG)
-    for number in _DISK_ERRORS:
-        if (words := os.strerror(number)) in output:
-            raise OSError(number, words)
+    disk = _disk_error(output)
+    if disk is not None:
+        raise disk
     lines = output.splitlines()
     first = next((line for line in lines if re.search(r"\berror\b", line)), None)
     if first is None:

@@ -205,15 +205,20 @@ def _sign(proto: Any) -> None:
 
 def _onnx_digest(proto: Any) -> str:
     """sha256 of ``proto`` serialized without its digest entry (deterministically: protobuf
-    writes known fields in field order, so a file read back serializes to the same bytes)."""
-    props = [(p.key, p.value) for p in proto.metadata_props if p.key != DIGEST_PROP]
-    copy = type(proto)()
-    copy.CopyFrom(proto)
-    del copy.metadata_props[:]
-    for key, value in props:
-        entry = copy.metadata_props.add()
-        entry.key, entry.value = key, value
-    return hashlib.sha256(copy.SerializeToString(deterministic=True)).hexdigest()
+    writes known fields in field order, so a file read back serializes to the same bytes).
+    The entry is taken out of ``proto`` for the serialization and put back in its place, so
+    the graph (a model's weights) is not copied."""
+    props = [(p.key, p.value) for p in proto.metadata_props]
+    del proto.metadata_props[:]
+    try:
+        for key, value in props:
+            if key != DIGEST_PROP:
+                proto.metadata_props.add(key=key, value=value)
+        return hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
+    finally:
+        del proto.metadata_props[:]
+        for key, value in props:
+            proto.metadata_props.add(key=key, value=value)
 
 
 def onnx_digest_problem(proto: Any, required: bool = False) -> str | None:
