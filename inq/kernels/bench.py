@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from inq.codes import decode_weight, pack_codes
 from inq.fileio import atomic_path
-from inq.kernels import static
+from inq.kernels import model, static
 from inq.kernels.shapes import CONV_BATCHES, LINEAR_BATCHES, LINEAR_SHAPES, resnet18_convs
 from inq.pow2 import pow2_encode, pow2_n1, pow2_quantize
 
@@ -416,6 +416,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="no GPU: compile every kernel variant for sm_90, check its SASS, print a roofline",
     )
     parser.add_argument("--jobs", type=int, help="--static: compile processes (default: CPUs)")
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="--static: also compare the time model with these measured records "
+        "(experiments/gpu/model_*.json)",
+    )
 
 
 def run_static(args: argparse.Namespace) -> int:
@@ -429,25 +438,43 @@ def run_static(args: argparse.Namespace) -> int:
               f"{result.variant.dtype}: {verdict}", file=sys.stderr, flush=True)  # fmt: skip
 
     try:
+        calibrations = {path: model.load_calibration(path) for path in args.calibration}
+    except (OSError, ValueError) as err:
+        print(f"inq bench kernel --static: {err}", file=sys.stderr)
+        return 1
+    try:
         results = static.static_check(args.jobs, compiled)
     except (ImportError, RuntimeError, OSError) as err:
         print(f"inq bench kernel --static: cannot compile the kernels: {err}", file=sys.stderr)
         return 1
     rows = static.roofline(args.bits)
     grids = static.imma_grids()
+    figures = static.figures(results)
+    estimates = {device.name: model.estimate_linear(figures, args.bits, device)
+                 for device in (model.H200, model.H100)}  # fmt: skip
+    checks = {path: model.calibrate(data) for path, data in calibrations.items()}
     print(static.format_static(results))
     print()
     print(static.format_grids(grids))
-    print()
-    print(static.format_estimates(static.estimate_linear(results, args.bits)))
+    for device in (model.H200, model.H100):
+        print()
+        print(model.format_estimates(estimates[device.name], device))
+    for path, found in checks.items():
+        print()
+        print(model.format_calibration(found, str(path)))
     print()
     print(static.format_roofline(rows))
     failed = [r for r in results if r.problems] + [g for g in grids if g.problem]
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        records = [r.record() for r in results]  # one per variant, comparable across commits
+        payload = {
+            "variants": [r.record() for r in results],  # one per variant, comparable across commits
+            "estimates": [e.record() for rows in estimates.values() for e in rows],
+            "calibration": {str(path): [asdict(c) | {"error": c.error} for c in found]
+                            for path, found in checks.items()},
+        }  # fmt: skip
         with atomic_path(args.json) as tmp:
-            tmp.write_text(json.dumps(records, indent=2) + "\n")
+            tmp.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}")
     if failed:
         print(f"inq bench kernel --static: {len(failed)} variant(s) or grid(s) failed",

@@ -16,6 +16,7 @@ sizes and row strides divisible by 16, unit strides). From the metadata and the 
   no byte/halfword global loads, no shuffles in a GEMV loop, async copies feeding a tensor-core
   loop.
 
+:func:`figures` hands the compiled linear variants to the time model (:mod:`inq.kernels.model`).
 :func:`roofline` turns the benchmark shapes (:mod:`inq.kernels.shapes`) into bytes moved and
 flops, and the time each op and its cuBLAS/cuDNN fp16 baseline would take at the device's peak
 bandwidth and tensor-core rate: what the kernels can reach, not what they do (only
@@ -39,15 +40,14 @@ from typing import Any
 
 from inq.codes import row_bytes
 from inq.kernels.layout import CHUNK_WORDS
+from inq.kernels.model import H100, Device, Figures
 from inq.kernels.shapes import CONV_BATCHES, LINEAR_BATCHES, LINEAR_SHAPES, resnet18_convs
 
 __all__ = [
-    "H100",
     "IMMA_BUDGET",
     "IMMA_SKINNY_BUDGET",
     "Budget",
     "CompiledVariant",
-    "Estimate",
     "Grid",
     "LoopStats",
     "Roofline",
@@ -55,8 +55,7 @@ __all__ = [
     "compile_variant",
     "conv_mma_variants",
     "ctas_per_sm",
-    "estimate_linear",
-    "format_estimates",
+    "figures",
     "format_grids",
     "format_roofline",
     "format_static",
@@ -165,6 +164,7 @@ class CompiledVariant:
             "dtype": v.dtype,
             "bits": v.constexprs.get("BITS"),
             "num_warps": v.num_warps,
+            "num_stages": v.num_stages,
             "registers": self.registers,
             "shared_bytes": self.shared_bytes,
             "local_bytes": self.local_bytes,
@@ -713,117 +713,12 @@ def format_static(results: list[CompiledVariant]) -> str:
     return _table(None, head, rows)
 
 
-@dataclass(frozen=True)
-class Device:
-    """Peak figures of a GPU for the roofline (vendor data sheet)."""
-
-    name: str
-    bandwidth_gbps: float  # HBM, GB/s
-    fp16_tflops: float  # dense tensor-core fp16, fp32 accumulation
-    sms: int = 132
-    clock_ghz: float = 1.98  # SM clock under load (measured on the lent H100, issue 22)
-    issue_per_clock: int = 4  # warp instructions an SM issues per clock (4 schedulers)
-
-    def roofline_us(self, moved: int, flops: int) -> float:
-        """Microseconds to move ``moved`` bytes or do ``flops`` fp16 flops, whichever binds."""
-        return max(moved / self.bandwidth_gbps / 1e3, flops / self.fp16_tflops / 1e6)
-
-
-H100 = Device("H100 SXM", 3350.0, 989.0)
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """A static time estimate of one linear benchmark case on the kernel layout (fp16)."""
-
-    name: str  # "out x in"
-    batch: int
-    bits: int
-    variant: str
-    ctas: int  # tiles x splits
-    memory_us: float  # codes, activations, output (and split-K partial sums) at peak bandwidth
-    issue_us: float  # main-loop instructions of the busiest SM at 4 warp instructions a clock
-    tensor_us: float  # MMA work (padded tiles included) at the tensor-core peak
-    estimate_us: float  # the largest of the three: the bound that binds
-    cublas_us: float  # the fp16 baseline at its roofline (optimistic for cuBLAS)
-
-    @property
-    def speedup(self) -> float:
-        return self.cublas_us / self.estimate_us
-
-
-def estimate_linear(
-    results: list[CompiledVariant], bits_list: list[int], device: Device = H100
-) -> list[Estimate]:
-    """Static estimates for the linear benchmark shapes at fp16, from the compiled variants'
-    main loops: for each tiling ``swar_config`` offers (the GPU times them and keeps the
-    fastest), the slowest of memory, instruction issue and the tensor cores; the fastest
-    tiling is reported. An estimate, not a measurement: no latency, occupancy or launch cost
-    is modelled beyond the CTAs per SM."""
-    from inq.kernels.triton.swar import candidates, swar_config
-
-    compiled = {(r.variant.name, r.variant.dtype, r.variant.constexprs.get("BITS")): r
-                for r in results}  # fmt: skip
-    out = []
-    for bits in bits_list:
-        per_word = 8 if bits <= 4 else 4
-        for out_f, in_f in LINEAR_SHAPES:
-            chunks = -(-in_f // (16 * per_word))
-            for batch in LINEAR_BATCHES:
-                options = []
-                for choice in range(candidates(batch, False)):
-                    cfg = swar_config(batch, out_f, chunks, False, device.sms, choice=choice)
-                    r = compiled.get((_swar_variant(cfg, "fp16", per_word, bits).name, "fp16",
-                                      4 if per_word == 8 else 8))  # fmt: skip
-                    if r is not None and r.loop is not None:
-                        options.append(_estimate(r, cfg, out_f, in_f, batch, chunks, device))
-                if options:
-                    out.append(min(options, key=lambda e: e.estimate_us))
-    return out
-
-
-def _estimate(
-    r: CompiledVariant, cfg: Any, out_f: int, in_f: int, batch: int, chunks: int, device: Device
-) -> Estimate:
-    """The static estimate of one linear case on one compiled tiling (see
-    :func:`estimate_linear`)."""
-    tiles = -(-batch // cfg.block_m) * -(-out_f // cfg.block_n)
-    ctas = tiles * cfg.split_k
-    steps = -(-chunks * CHUNK_WORDS // cfg.block_w)
-    per_cta = -(-steps // cfg.split_k)  # main-loop iterations of one CTA
-    per_sm = -(-ctas // device.sms)
-    issue = per_sm * per_cta * r.loop.instructions * cfg.num_warps
-    issue_us = issue / (device.issue_per_clock * device.clock_ghz * 1e3)
-    macs = per_sm * per_cta * r.variant.loop_macs
-    sm_macs_per_us = device.fp16_tflops * 1e6 / 2 / device.sms
-    tensor_us = macs / sm_macs_per_us if r.variant.tensor_cores else 0.0
-    moved = out_f * chunks * CHUNK_WORDS * 4 + 2 * batch * (in_f + out_f)
-    if cfg.split_k > 1:
-        moved += 2 * 4 * cfg.split_k * batch * out_f  # partial sums, out and in
-    memory_us = moved / device.bandwidth_gbps / 1e3
-    cublas = device.roofline_us(2 * out_f * in_f + 2 * batch * (in_f + out_f),
-                                2 * batch * out_f * in_f)  # fmt: skip
-    best = max(memory_us, issue_us, tensor_us)
-    return Estimate(f"{out_f}x{in_f}", batch, r.variant.constexprs["BITS"], r.variant.name, ctas,
-                    memory_us, issue_us, tensor_us, best, cublas)  # fmt: skip
-
-
-def format_estimates(rows: list[Estimate], device: Device = H100) -> str:
-    """The static estimate table: the slowest of memory, issue and tensor-core time."""
-    head = (
-        f"{'shape':<12}{'batch':>6}{'bits':>5}  {'variant':<22}{'CTAs':>6}{'mem us':>8}"
-        f"{'issue us':>9}{'MMA us':>8}{'est us':>8}{'cuBLAS us':>10}{'cuBLAS/est':>11}"
-    )
-    title = (
-        f"static estimate on {device.name} ({device.sms} SMs at {device.clock_ghz} GHz, "
-        f"{device.bandwidth_gbps:.0f} GB/s): an estimate from SASS counts, not a measurement"
-    )
-    return _table(title, head, [
-        f"{r.name:<12}{r.batch:>6}{r.bits:>5}  {r.variant:<22}{r.ctas:>6}{r.memory_us:>8.1f}"
-        f"{r.issue_us:>9.1f}{r.tensor_us:>8.1f}{r.estimate_us:>8.1f}{r.cublas_us:>10.1f}"
-        f"{r.speedup:>10.2f}x"
-        for r in rows
-    ])  # fmt: skip
+def figures(results: list[CompiledVariant]) -> dict[tuple[str, int], Figures]:
+    """The model's figures of the compiled fp16 tensor-core linear variants, by name and bits."""
+    return {(r.variant.name, r.variant.constexprs["BITS"]): Figures.from_record(r.record())
+            for r in results
+            if r.variant.kernel == "_mma_kernel" and r.variant.module == "swar"
+            and r.variant.dtype == "fp16" and r.loop is not None}  # fmt: skip
 
 
 def _table(title: str | None, head: str, rows: list[str]) -> str:
@@ -885,7 +780,7 @@ def format_roofline(rows: list[Roofline], device: Device = H100) -> str:
         f"{'GFLOP':>8}{'inq us':>9}{'fp16 us':>9}{'fp16/inq':>9}"
     )
     title = (
-        f"roofline at {device.name} peaks ({device.bandwidth_gbps:.0f} GB/s, "
+        f"roofline at {device.name} peaks ({device.dram_gbps:.0f} GB/s, "
         f"{device.fp16_tflops:.0f} fp16 TFLOP/s): estimates, not measurements"
     )
     return _table(title, head, [

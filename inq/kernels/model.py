@@ -1,0 +1,492 @@
+"""A static time model of the linear kernels and of their cuBLAS baseline, from SASS figures and
+the launch alone (``inq bench kernel --static``; no GPU).
+
+For one benchmark case and one tiling (the GPU keeps the fastest the dispatcher offers, as
+:func:`inq.kernels.triton.swar.choose` does, and so does the model) the time is the sum of:
+
+- **the harness**: a fixed floor per timed call (event resolution, one kernel's start and
+  drain) and, under the dirty-flush harness of the committed records, the write-back of the
+  dirty L2 lines the kernel's reads displace (more DRAM traffic, never absorbed into constants);
+- **the kernel** on its busiest SM: a prologue and an epilogue (a DRAM latency each) per round
+  of CTAs it starts (occupancy from registers, shared memory and warps), its main loops, and
+  the output tiles written at DRAM bandwidth. The main loops take the larger of
+
+  * *throughput*: what the SM's CTA-iterations take of its most used resource, added up:
+    compute (tensor-core time and instruction issue; each warp instruction holds its scheduler
+    :attr:`Device.issue_cycles`, since decode loops are integer ops, whose pipe is half a warp
+    wide; with the wgmma waited to depth 0, as a register operand is, decode and MMA take
+    turns and so do the SM's CTAs: the two add; with depth >= 1 they overlap), the SM's share
+    of DRAM bandwidth for the codes, or its share of L2 bandwidth for codes and activation
+    tiles (every weight-row tile reads the same activations, so they come from the L2);
+  * *latency*: each CTA's iterations wait for their async-copy stages, which must cover the
+    DRAM latency (Little's law: an iteration takes at least ``latency / (stages - 1)``);
+
+  and the kernel takes at least its DRAM traffic at peak bandwidth;
+- **split K**: the reduce kernel (a launch gap, a latency, partial sums in and the output out).
+
+The dense baseline is the same model for a warp-specialized GEMM (MMA overlapped): its DRAM
+traffic, or its waves of 128 x 128 tensor-core tiles. Device figures are data-sheet numbers or
+stated assumptions, the same for every shape; :func:`calibrate` compares the model with the
+committed GPU records.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inq.kernels.layout import CHUNK_WORDS
+from inq.kernels.shapes import LINEAR_BATCHES, LINEAR_SHAPES
+
+__all__ = [
+    "CLEAN",
+    "DEVICES",
+    "DIRTY",
+    "H100",
+    "H200",
+    "HARNESSES",
+    "Calibration",
+    "Check",
+    "Device",
+    "Estimate",
+    "Figures",
+    "Harness",
+    "Prediction",
+    "Tiling",
+    "calibrate",
+    "calibration_records",
+    "estimate_linear",
+    "format_calibration",
+    "format_estimates",
+    "load_calibration",
+    "predict_dense",
+    "predict_linear",
+    "variant_name",
+]
+
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Device:
+    """A GPU's figures for the model: data sheet, or stated assumptions (see each field)."""
+
+    name: str
+    dram_gbps: float  # HBM peak (data sheet)
+    l2_bytes: int  # what torch reports as L2_cache_size
+    copy_fraction: float = 0.886  # device-to-device copy / peak: 4255 of 4800 GB/s (H200, issue 32)
+    sms: int = 132
+    # the SM clock at which the data sheet's dense fp16 peak holds: 989 TFLOP/s = 132 SMs x
+    # 4096 flops a clock x 1.83 GHz
+    clock_ghz: float = 1.83
+    mma_per_clock: int = 2048  # dense fp16 multiply-accumulates per SM per clock
+    schedulers: int = 4  # warp schedulers per SM
+    # scheduler cycles per warp instruction in a decode loop: the integer pipe is 16 lanes wide
+    # per scheduler, so its instructions (most of a decode loop) issue every other clock
+    issue_cycles: float = 2.0
+    # DRAM latency under a streaming load (assumed; published idle figures for HBM3 on Hopper
+    # are 0.5-0.7 us, and queues add to them)
+    latency_us: float = 0.8
+    # L2 read bandwidth: Chips and Cheese's measurement on an H100 (2023), taken for both cards
+    l2_gbps: float = 5500.0
+    launch_gap_us: float = 2.0  # a second kernel in the same stream (the split-K reduce)
+
+    @property
+    def fp16_tflops(self) -> float:
+        return 2 * self.mma_per_clock * self.sms * self.clock_ghz / 1e3
+
+    @property
+    def copy_gbps(self) -> float:
+        return self.dram_gbps * self.copy_fraction
+
+    def roofline_us(self, moved: int, flops: int) -> float:
+        """Microseconds to move ``moved`` bytes or do ``flops`` fp16 flops, whichever binds."""
+        return max(moved / self.dram_gbps / 1e3, flops / self.fp16_tflops / 1e6)
+
+
+H100 = Device("H100 SXM", 3350.0, 50 * _MIB)
+H200 = Device("H200", 4800.0, 60 * _MIB)
+DEVICES = {device.name: device for device in (H100, H200)}
+
+
+@dataclass(frozen=True)
+class Harness:
+    """How a figure was timed: the fixed cost of one timed call, and whether the flush before
+    it left the L2 full of dirty lines (``flush.zero_()``, the issue 31/32 records)."""
+
+    name: str
+    floor_us: float  # CUDA-event resolution, one kernel's start and drain (assumed)
+    dirty_l2: bool
+
+
+DIRTY = Harness("dirty flush", 3.0, True)
+CLEAN = Harness("clean flush", 3.0, False)
+HARNESSES = {h.name: h for h in (DIRTY, CLEAN)}
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What the model needs of one compiled variant (fields of its static record)."""
+
+    num_warps: int
+    num_stages: int
+    ctas_per_sm: int
+    loop_instructions: int  # per warp, one main-loop iteration
+    wgmma_wait: int | None  # smallest wgmma wait depth in the loop (None: no wgmma)
+    tensor_cores: bool
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Figures:
+        keys = ("num_warps", "num_stages", "ctas_per_sm", "loop_instructions", "wgmma_wait")
+        return cls(*(record[key] for key in keys), tensor_cores=bool(record["mma"]))
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """One launch of the tensor-core linear kernel (the fields of a ``SwarConfig`` it needs)."""
+
+    block_m: int  # rows of x a CTA covers
+    block_n: int  # weight rows a CTA covers
+    split_k: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.block_m}x{self.block_n}" + (f"/{self.split_k}" if self.split_k > 1 else "")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's time of one case on one tiling, term by term (microseconds)."""
+
+    tiling: str
+    ctas: int
+    rounds: int  # the busiest SM's CTAs start in this many rounds (waves)
+    resident: int  # CTAs one SM runs at once
+    iteration_us: float  # one main-loop iteration of the resident CTAs
+    bound: str  # what bounds the main loop: "compute", "latency", "bandwidth" or "dram"
+    inflight_kib: float  # code bytes in async copies per SM (Little's law: x latency = bandwidth)
+    kernel_us: float
+    reduce_us: float
+    harness_us: float  # the harness's floor
+    dram_bytes: int  # what the kernel must move (codes, activations, output, partial sums)
+    evicted_bytes: int  # dirty L2 lines its reads write back (the dirty-flush harness)
+
+    @property
+    def total_us(self) -> float:
+        return self.kernel_us + self.reduce_us + self.harness_us
+
+    @property
+    def dram_gbps(self) -> float:
+        """Bandwidth of the kernel's own traffic over the kernel's time (no harness)."""
+        return self.dram_bytes / (self.kernel_us + self.reduce_us) / 1e3
+
+
+def _evicted(read: int, device: Device, harness: Harness) -> int:
+    """Bytes of dirty L2 lines that reading ``read`` bytes writes back under ``harness``: DRAM
+    traffic the kernel pays where DRAM binds it (in the background where compute does)."""
+    return min(read, device.l2_bytes) if harness.dirty_l2 else 0
+
+
+def predict_linear(
+    out_f: int, in_f: int, batch: int, bits: int, tiling: Tiling, fig: Figures,
+    device: Device = H200, harness: Harness = CLEAN,
+) -> Prediction:  # fmt: skip
+    """The time of ``x [batch, in_f] @ W.T`` (fp16, ``bits``-bit codes) on the tensor-core
+    linear kernel with ``tiling`` and the compiled ``fig`` (see the module docstring).
+
+    Example:
+        >>> fig = Figures(4, 4, 5, 365, 0, True)
+        >>> p = predict_linear(28672, 8192, 1, 4, Tiling(16, 128, 1), fig)
+        >>> p.ctas, p.resident, p.bound, round(p.total_us)
+        (224, 2, 'compute', 65)
+    """
+    per_word = 8 if bits <= 4 else 4
+    chunks = -(-in_f // (16 * per_word))
+    tiles = -(-batch // tiling.block_m) * -(-out_f // tiling.block_n)
+    ctas = tiles * tiling.split_k
+    iterations = -(-chunks // tiling.split_k)
+    clock = device.clock_ghz * 1e3  # cycles per microsecond
+    code_bytes = tiling.block_n * CHUNK_WORDS * 4  # one chunk of each weight row
+    x_bytes = tiling.block_m * 16 * per_word * 2
+    macs = tiling.block_m * tiling.block_n * 16 * per_word
+    tensor = macs / device.mma_per_clock if fig.tensor_cores else 0.0
+    issue = fig.num_warps * fig.loop_instructions * device.issue_cycles / device.schedulers
+    overlap = fig.wgmma_wait is not None and fig.wgmma_wait >= 1
+    compute = max(tensor, issue) if overlap else tensor + issue  # cycles, one CTA's iteration
+    partial = tiling.split_k > 1
+    out_tile = tiling.block_m * tiling.block_n * (4 if partial else 2)
+    sm_bandwidth = device.dram_gbps * 1e3 / device.sms  # bytes per microsecond
+    sm_l2 = device.l2_gbps * 1e3 / device.sms
+    per_sm = -(-ctas // device.sms)  # CTAs on the busiest SM
+    occupancy = max(1, fig.ctas_per_sm)
+    rounds = -(-per_sm // occupancy)  # they start in this many rounds
+    resident = min(occupancy, per_sm)
+    # what one CTA's iteration takes of the SM's shared resources: its CTAs add up
+    shared = {
+        "compute": compute / clock,
+        "bandwidth": code_bytes / sm_bandwidth,  # x tiles come from the L2
+        "l2": (code_bytes + x_bytes) / sm_l2,
+    }
+    bound = max(shared, key=shared.__getitem__)
+    busy = per_sm * iterations * shared[bound]
+    # each CTA's iterations wait for their stages: at least latency / (stages in flight)
+    waiting = rounds * iterations * device.latency_us / max(1, fig.num_stages - 1)
+    if waiting > busy:
+        bound = "latency"
+    loop = max(busy, waiting)
+    stored = ctas * out_tile / device.dram_gbps / 1e3  # output tiles (or partial sums)
+    kernel = 2 * rounds * device.latency_us + loop + stored  # a prologue and an epilogue each
+    inflight = resident * max(1, fig.num_stages - 1) * code_bytes / 1024
+    codes = out_f * chunks * CHUNK_WORDS * 4
+    dram = codes + 2 * batch * (in_f + out_f)
+    if partial:  # fp32 partial sums out, and into the reduce
+        dram += 2 * 4 * tiling.split_k * batch * out_f
+    evicted = _evicted(codes + 2 * batch * in_f, device, harness)
+    if (dram + evicted) / device.dram_gbps / 1e3 > kernel:
+        kernel, bound = (dram + evicted) / device.dram_gbps / 1e3, "dram"
+    reduce = 0.0
+    if partial:
+        moved = 4 * tiling.split_k * batch * out_f + 2 * batch * out_f
+        reduce = device.launch_gap_us + device.latency_us + moved / device.dram_gbps / 1e3
+    return Prediction(tiling.name, ctas, rounds, resident, loop / (rounds * iterations), bound,
+                      inflight, kernel, reduce, harness.floor_us, dram, evicted)  # fmt: skip
+
+
+_DENSE_TILE = 128  # the square tile of a Hopper fp16 GEMM, split along K to fill the SMs
+
+
+def predict_dense(
+    out_f: int, in_f: int, batch: int, device: Device = H200, harness: Harness = CLEAN
+) -> float:
+    """Microseconds of cuBLAS fp16 ``F.linear`` as the model sees a warp-specialized GEMM: its
+    DRAM traffic at peak, or its waves of 128 x 128 tensor-core tiles (K split where the tiles
+    alone leave SMs idle), whichever binds, and the harness's floor.
+
+    Example:
+        >>> round(predict_dense(4096, 4096, 1), 1)  # 33.6 MB of fp16 weights at 4.8 TB/s
+        10.0
+    """
+    read = 2 * out_f * in_f + 2 * batch * in_f
+    moved = read + 2 * batch * out_f + _evicted(read, device, harness)
+    tiles = -(-batch // _DENSE_TILE) * -(-out_f // _DENSE_TILE)
+    split = max(1, device.sms // tiles)
+    tile_macs = min(batch, _DENSE_TILE) * _DENSE_TILE * -(-in_f // split)
+    waves = -(-tiles * split // device.sms)
+    tensor = waves * tile_macs / device.mma_per_clock / (device.clock_ghz * 1e3)
+    return max(moved / device.dram_gbps / 1e3, tensor) + harness.floor_us
+
+
+def _swar_tilings(batch: int, out_f: int, in_f: int, bits: int, sms: int) -> list[Any]:
+    """The ``SwarConfig`` s the dispatcher offers for one fp16 case (the GPU times them)."""
+    from inq.kernels.triton.swar import candidates, swar_config
+
+    chunks = -(-in_f // (16 * (8 if bits <= 4 else 4)))
+    return [swar_config(batch, out_f, chunks, False, sms, choice=choice)
+            for choice in range(candidates(batch, False))]  # fmt: skip
+
+
+def variant_name(block_m: int, block_n: int) -> str:
+    """The static check's name of the tensor-core linear variant with these tiles."""
+    return f"linear mma {block_m}x{block_n}"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The model's time of one linear benchmark case against cuBLAS fp16 (not a measurement)."""
+
+    name: str  # "out x in"
+    batch: int
+    bits: int
+    device: str
+    best: Prediction  # the fastest tiling on offer
+    cublas_us: float
+
+    @property
+    def speedup(self) -> float:
+        return self.cublas_us / self.best.total_us
+
+    def record(self) -> dict[str, Any]:
+        return {"name": self.name, "batch": self.batch, "bits": self.bits, "device": self.device,
+                "estimate_us": self.best.total_us, "cublas_us": self.cublas_us,
+                "speedup": self.speedup, "dram_gbps": self.best.dram_gbps,
+                "prediction": asdict(self.best)}  # fmt: skip
+
+
+def estimate_linear(
+    figures: dict[tuple[str, int], Figures],
+    bits_list: Iterable[int],
+    device: Device = H200,
+    harness: Harness = CLEAN,
+) -> list[Estimate]:
+    """The model's estimate of every fp16 linear benchmark case from ``figures`` (compiled
+    variants by :func:`variant_name` and bits): the fastest tiling on offer, and cuBLAS."""
+    out = []
+    for bits in bits_list:
+        for out_f, in_f in LINEAR_SHAPES:
+            for batch in LINEAR_BATCHES:
+                options = []
+                for cfg in _swar_tilings(batch, out_f, in_f, bits, device.sms):
+                    fig = figures.get((variant_name(cfg.block_m, cfg.block_n), bits))
+                    if fig is not None:
+                        tiling = Tiling(cfg.block_m, cfg.block_n, cfg.split_k)
+                        options.append(predict_linear(out_f, in_f, batch, bits, tiling, fig,
+                                                      device, harness))  # fmt: skip
+                if options:
+                    best = min(options, key=lambda p: p.total_us)
+                    cublas = predict_dense(out_f, in_f, batch, device, harness)
+                    out.append(Estimate(f"{out_f}x{in_f}", batch, bits, device.name, best, cublas))
+    return out
+
+
+def format_estimates(rows: list[Estimate], device: Device, harness: Harness = CLEAN) -> str:
+    """The estimate table: each case's fastest tiling, what bounds it, and cuBLAS."""
+    head = (f"{'shape':<12}{'batch':>6}{'bits':>5}  {'tiling':<11}{'CTAs':>6}{'res':>4}"
+            f"{'bound':>10}{'KiB/SM':>8}{'est us':>8}{'% copy':>7}{'cuBLAS us':>10}"
+            f"{'speedup':>8}")  # fmt: skip
+    title = (f"model estimate on {device.name} ({device.sms} SMs, {device.clock_ghz} GHz, "
+             f"{device.dram_gbps:.0f} GB/s, {harness.name} harness): estimates, not "
+             "measurements")  # fmt: skip
+    body = [
+        f"{r.name:<12}{r.batch:>6}{r.bits:>5}  {r.best.tiling:<11}{r.best.ctas:>6}"
+        f"{r.best.resident:>4}{r.best.bound:>10}{r.best.inflight_kib:>8.0f}"
+        f"{r.best.total_us:>8.1f}{100 * r.best.dram_gbps / device.copy_gbps:>6.0f}%"
+        f"{r.cublas_us:>10.1f}{r.speedup:>7.2f}x"
+        for r in rows
+    ]
+    return "\n".join([title, head, "-" * len(head), *body])
+
+
+@dataclass(frozen=True)
+class Check:
+    """One measured figure against the model's prediction for it."""
+
+    name: str
+    batch: int
+    bits: int
+    kernel: str  # "inq" (the fastest tiling on offer) or "cuBLAS"
+    measured_us: float
+    predicted_us: float
+    tiling: str
+    ranking: bool | None = None  # measured order of the tilings = predicted (None: not timed)
+
+    @property
+    def error(self) -> float:
+        return self.predicted_us / self.measured_us - 1
+
+
+def calibration_records(
+    bench: dict[str, Any], static_records: list[dict[str, Any]], harness: Harness, triton: str
+) -> dict[str, Any]:
+    """What the model needs of every fp16 linear record of ``inq bench kernel --json`` output
+    ``bench``: the tilings offered for it, each with its launch and the figures of its variant
+    in ``static_records`` (``inq bench kernel --static --json`` output, compiled with the
+    GPU's Triton ``triton``), so the calibration can be recomputed after the kernels change."""
+    device = DEVICES[_device_name(bench["device"])]
+    figures = {(r["name"], r["bits"]): r for r in static_records if r["dtype"] == "fp16"}
+    records = []
+    for r in bench["results"]:
+        if r["op"] != "linear" or r["dtype"] != "fp16":
+            continue
+        out_f, in_f = map(int, r["name"].split("x"))
+        timed = {(t["block_m"], t["block_n"]): t["time_us"] for t in r.get("tilings", [])}
+        tilings = []
+        for cfg in _swar_tilings(r["batch"], out_f, in_f, r["bits"], device.sms):
+            static = figures[(variant_name(cfg.block_m, cfg.block_n), r["bits"])]
+            fig = Figures.from_record(static | {"num_stages": cfg.num_stages})
+            tilings.append({"block_m": cfg.block_m, "block_n": cfg.block_n,
+                            "split_k": cfg.split_k, "figures": asdict(fig),
+                            "time_us": timed.get((cfg.block_m, cfg.block_n))})  # fmt: skip
+        records.append({key: r[key] for key in ("name", "batch", "bits", "time_us", "baseline_us")}
+                       | {"tilings": tilings})  # fmt: skip
+    return {"device": device.name, "harness": harness.name, "triton": triton, "records": records}
+
+
+def _device_name(reported: str) -> str:
+    """The :data:`DEVICES` key of a device name torch reports ("NVIDIA H200" -> "H200")."""
+    for name in DEVICES:
+        if name.split()[0] in reported.split():
+            return name
+    raise ValueError(f"no model figures for the device {reported!r} (known: {', '.join(DEVICES)})")
+
+
+_RECORD_KEYS = frozenset({"name", "batch", "bits", "time_us", "baseline_us", "tilings"})
+
+
+def load_calibration(path: Path) -> dict[str, Any]:
+    """A calibration file (:func:`calibration_records` output); ``ValueError`` in one line if
+    it is not one."""
+    problem = None
+    try:
+        data = json.loads(path.read_text())
+        if data.get("device") not in DEVICES or data.get("harness") not in HARNESSES:
+            problem = f"device or harness not one of {sorted(DEVICES)} / {sorted(HARNESSES)}"
+        elif any(_RECORD_KEYS - record.keys() for record in data["records"]):
+            problem = f"a record lacks one of {sorted(_RECORD_KEYS)}"
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        problem = repr(err)
+    if problem is not None:
+        raise ValueError(f"{path} is not a calibration file of the time model: {problem}")
+    return data
+
+
+def calibrate(data: dict[str, Any]) -> list[Check]:
+    """The model against every record of a calibration file: the fastest tiling on offer
+    against the measured op, and the dense model against the measured cuBLAS baseline."""
+    device, harness = DEVICES[data["device"]], HARNESSES[data["harness"]]
+    checks = []
+    for r in data["records"]:
+        out_f, in_f = map(int, r["name"].split("x"))
+        predicted = [
+            predict_linear(out_f, in_f, r["batch"], r["bits"],
+                           Tiling(t["block_m"], t["block_n"], t["split_k"]),
+                           Figures(**t["figures"]), device, harness)
+            for t in r["tilings"]
+        ]  # fmt: skip
+        best = min(predicted, key=lambda p: p.total_us)
+        times = [t["time_us"] for t in r["tilings"]]
+        ranking = None
+        if len(times) > 1 and None not in times:
+            ranking = _order(times) == _order([p.total_us for p in predicted])
+        common = (r["name"], r["batch"], r["bits"])
+        checks.append(Check(*common, "inq", r["time_us"], best.total_us, best.tiling, ranking))
+        cublas = predict_dense(out_f, in_f, r["batch"], device, harness)
+        checks.append(Check(*common, "cuBLAS", r["baseline_us"], cublas, "dense"))
+    return checks
+
+
+def _order(values: list[float]) -> list[int]:
+    return sorted(range(len(values)), key=values.__getitem__)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How far the model is from the records: median and largest relative error."""
+
+    checks: list[Check] = field(repr=False)
+    median_error: float
+    max_error: float
+
+    @classmethod
+    def of(cls, checks: list[Check]) -> Calibration:
+        errors = [abs(c.error) for c in checks]
+        return cls(checks, statistics.median(errors), max(errors))
+
+
+def format_calibration(checks: list[Check], source: str) -> str:
+    """The table of predicted against measured microseconds, and the error summary."""
+    head = (f"{'shape':<12}{'batch':>6}{'bits':>5}  {'kernel':<7}{'tiling':<11}"
+            f"{'measured':>10}{'model':>9}{'error':>8}  ranking")  # fmt: skip
+    body = [
+        f"{c.name:<12}{c.batch:>6}{c.bits:>5}  {c.kernel:<7}{c.tiling:<11}{c.measured_us:>10.1f}"
+        f"{c.predicted_us:>9.1f}{100 * c.error:>+7.0f}%  "
+        f"{'-' if c.ranking is None else 'right' if c.ranking else 'WRONG'}"
+        for c in checks
+    ]
+    summary = Calibration.of(checks)
+    foot = (f"{len(checks)} records: median |error| {100 * summary.median_error:.1f} %, "
+            f"largest {100 * summary.max_error:.1f} %")  # fmt: skip
+    return "\n".join([f"model against {source}", head, "-" * len(head), *body, foot])

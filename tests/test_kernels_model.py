@@ -1,0 +1,177 @@
+"""The static time model (``inq.kernels.model``): its terms by hand, its monotonicity, and its
+calibration against every committed GPU record (the CI band of issue 47)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from inq.cli import main
+from inq.kernels.model import (
+    CLEAN,
+    DIRTY,
+    H100,
+    H200,
+    Calibration,
+    Figures,
+    Tiling,
+    calibrate,
+    calibration_records,
+    estimate_linear,
+    load_calibration,
+    predict_dense,
+    predict_linear,
+    variant_name,
+)
+
+RECORDS = sorted((Path(__file__).parent.parent / "experiments" / "gpu").glob("model_*.json"))
+SKINNY = Figures(num_warps=4, num_stages=4, ctas_per_sm=5, loop_instructions=365, wgmma_wait=0,
+                 tensor_cores=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=[p.name for p in RECORDS])
+def test_the_model_explains_every_committed_record(path: Path) -> None:
+    """Median |error| <= 15 %, every record within +-35 %, kernel and cuBLAS alike, and the
+    measured order of the tilings where a run timed each one."""
+    checks = calibrate(load_calibration(path))
+    summary = Calibration.of(checks)
+    assert summary.median_error <= 0.15, summary
+    worst = max(checks, key=lambda c: abs(c.error))
+    assert summary.max_error <= 0.35, worst
+    assert {c.kernel for c in checks} == {"inq", "cuBLAS"}
+    assert not [c for c in checks if c.ranking is False]
+
+
+def test_records_exist() -> None:
+    assert RECORDS, "no experiments/gpu/model_*.json to calibrate against"
+
+
+def test_the_terms_by_hand() -> None:
+    """28672 x 8192 at batch 1, 4-bit codes, 16 x 128 tiles: 224 CTAs, 2 on the busiest SM,
+    64 chunks each; a wait-0 loop adds tensor-core and issue cycles."""
+    p = predict_linear(28672, 8192, 1, 4, Tiling(16, 128, 1), SKINNY, H200, CLEAN)
+    assert (p.ctas, p.rounds, p.resident, p.bound) == (224, 1, 2, "compute")
+    cycles = 16 * 128 * 128 / 2048 + 4 * 365 * 2 / 4  # tensor + issue, one CTA's iteration
+    assert p.iteration_us == pytest.approx(2 * cycles / 1830)
+    stored = 224 * 16 * 128 * 2 / 4800e3
+    assert p.kernel_us == pytest.approx(0.8 + 64 * p.iteration_us + 0.8 + stored)
+    assert (p.reduce_us, p.harness_us) == (0.0, 3.0)
+    assert p.inflight_kib == 2 * 3 * 128 * 64 / 1024  # 2 CTAs x 3 stages ahead x 8 KiB
+    codes = 28672 * 64 * 16 * 4
+    assert p.dram_bytes == codes + 2 * (8192 + 28672) and p.evicted_bytes == 0
+    dirty = predict_linear(28672, 8192, 1, 4, Tiling(16, 128, 1), SKINNY, H200, DIRTY)
+    assert dirty.evicted_bytes == 60 << 20  # the whole dirty L2 is written back
+    assert dirty.total_us == p.total_us  # in the background: compute binds
+
+
+def test_split_k_adds_a_reduce_pass() -> None:
+    p = predict_linear(4096, 4096, 1, 4, Tiling(16, 128, 5), SKINNY, H200, CLEAN)
+    assert p.ctas == 32 * 5 and p.tiling == "16x128/5"
+    moved = 4 * 5 * 4096 + 2 * 4096  # fp32 partial sums in, fp16 output out
+    assert p.reduce_us == pytest.approx(2.0 + 0.8 + moved / 4800e3)
+
+
+@given(
+    batch=st.sampled_from([1, 16, 64, 256, 1024]),
+    out_f=st.sampled_from([1024, 4096, 28672]),
+    in_f=st.sampled_from([1024, 4096, 11008]),
+    bits=st.sampled_from([4, 8]),
+    split=st.integers(1, 4),
+    warps=st.sampled_from([4, 8]),
+    stages=st.integers(2, 6),
+    occupancy=st.integers(1, 6),
+    instructions=st.integers(50, 600),
+)
+def test_the_model_is_monotone(
+    batch: int, out_f: int, in_f: int, bits: int, split: int, warps: int, stages: int,
+    occupancy: int, instructions: int,
+) -> None:  # fmt: skip
+    """Overlap, more stages, more CTAs per SM or fewer instructions never make a kernel
+    slower; a dirty L2 never makes it faster; the H100's lower bandwidth never faster."""
+    tiling = Tiling(min(128, max(16, batch)), 128, split)
+    fig = Figures(warps, stages, occupancy, instructions, 0, True)
+
+    def time(f: Figures = fig, harness=CLEAN, device=H200) -> float:
+        return predict_linear(out_f, in_f, batch, bits, tiling, f, device, harness).total_us
+
+    base = time()
+    assert time(replace(fig, wgmma_wait=1)) <= base
+    assert time(replace(fig, num_stages=stages + 1)) <= base
+    assert time(replace(fig, ctas_per_sm=occupancy + 1)) <= base + 1e-9
+    assert time(replace(fig, loop_instructions=instructions - 10)) <= base
+    assert time(harness=DIRTY) >= base
+    assert time(device=H100) >= base
+
+
+def test_the_dense_model() -> None:
+    """cuBLAS at batch 1 is its weight bytes at peak bandwidth plus the floor; the dirty flush
+    adds the write-back of the lines its reads displace; at large batch the tensor cores bind."""
+    read = 2 * 4096 * 4096 + 2 * 4096
+    assert predict_dense(4096, 4096, 1, H200, CLEAN) == pytest.approx(
+        (read + 2 * 4096) / 4800e3 + 3.0
+    )
+    assert predict_dense(4096, 4096, 1, H200, DIRTY) == pytest.approx(
+        (2 * read + 2 * 4096) / 4800e3 + 3.0
+    )
+    waves = -(-8 * 224 // 132)  # 128 x 128 tiles of a 1024 x 28672 output
+    tensor = waves * 128 * 128 * 8192 / 2048 / 1830
+    assert predict_dense(28672, 8192, 1024, H200, CLEAN) == pytest.approx(tensor + 3.0)
+
+
+def _bench(tilings: list[dict] | None = None) -> dict:
+    record = {"op": "linear", "name": "4096x4096", "batch": 1, "bits": 4, "dtype": "fp16",
+              "time_us": 14.0, "baseline_us": 17.6}  # fmt: skip
+    if tilings is not None:
+        record["tilings"] = tilings
+    return {"device": "NVIDIA H200", "results": [record, record | {"op": "conv2d"}]}
+
+
+def _static() -> list[dict]:
+    return [{"name": variant_name(16, n), "bits": 4, "dtype": "fp16", "num_warps": 4,
+             "ctas_per_sm": 5, "loop_instructions": 365 - n, "wgmma_wait": 0, "mma": 16}
+            for n in (64, 128)]  # fmt: skip
+
+
+def test_calibration_records_keep_what_the_model_needs() -> None:
+    """One record per fp16 linear case, each tiling on offer with its launch and figures; the
+    measured order of the tilings is checked where each was timed."""
+    data = calibration_records(_bench(), _static(), DIRTY, "3.6.0")
+    assert (data["device"], data["harness"], data["triton"]) == ("H200", "dirty flush", "3.6.0")
+    (record,) = data["records"]
+    assert [(t["block_m"], t["block_n"], t["split_k"]) for t in record["tilings"]] == [
+        (16, 128, 5), (16, 64, 5)
+    ]  # fmt: skip
+    assert record["tilings"][0]["figures"]["loop_instructions"] == 237
+    assert record["tilings"][0]["figures"]["num_stages"] == 4  # from the launch
+    assert [c.ranking for c in calibrate(data)] == [None, None]
+    timed = [{"block_m": 16, "block_n": n, "time_us": t} for n, t in ((128, 9.0), (64, 12.0))]
+    predicted = calibrate(calibration_records(_bench(timed), _static(), DIRTY, "3.6.0"))
+    swapped = [{"block_m": 16, "block_n": n, "time_us": t} for n, t in ((128, 12.0), (64, 9.0))]
+    found = calibrate(calibration_records(_bench(swapped), _static(), DIRTY, "3.6.0"))
+    assert {predicted[0].ranking, found[0].ranking} == {True, False}
+
+
+def test_estimates_take_the_fastest_tiling(tmp_path: Path) -> None:
+    figures = {(variant_name(16, n), 4): replace(SKINNY, loop_instructions=300) for n in (64, 128)}
+    rows = estimate_linear(figures, [4], H200)
+    assert {r.batch for r in rows} == {1, 16}  # only the 16-row variants were given
+    for r in rows:
+        assert r.speedup == r.cublas_us / r.best.total_us
+        assert r.record()["estimate_us"] == r.best.total_us
+
+
+def test_a_bad_calibration_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "model.json"
+    bad.write_text(json.dumps({"device": "A100", "harness": "dirty flush", "records": []}))
+    with pytest.raises(ValueError, match="not a calibration file"):
+        load_calibration(bad)
+    assert main(["bench", "kernel", "--static", "--calibration", str(bad)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(bad) in err
