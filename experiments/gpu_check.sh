@@ -5,9 +5,14 @@
 #   imma    the int8 tensor-core and fused requantization tests on the GPU (imma.log);
 #   convtests  the conv kernel tests on the GPU (convtest.log);
 #   static  the static sm_90 check with this machine's Triton (static.log, static.json);
-#   bench   the kernel benchmark against cuBLAS/cuDNN, and ResNet-18 end to end as CUDA graphs
-#           (cuDNN fp16, shift fp16, the integer model on int8 tensor cores, whose logits must
-#           equal its CPU reference's) (bench.log, kernel_bench.json);
+#   bench   the kernel benchmark against cuBLAS/cuDNN, each op timed three ways: one call
+#           after a clean L2 flush (a read-only sweep; the goals' figure, 50 runs), one after
+#           the former dirty flush (a write of twice L2, whose write-back lands in the call; 10
+#           runs), and per call back to back in one CUDA graph over rotating copies of its
+#           inputs (10 replays); each tiling the linear dispatcher offers (clean, 10 runs each);
+#           each harness's floor first (an add_, copies of 8-128 MiB); and ResNet-18 end to end
+#           as CUDA graphs (cuDNN fp16, shift fp16, the integer model on int8 tensor cores, whose
+#           logits must equal its CPU reference's) (bench.log, kernel_bench.json);
 #   ncu     Nsight Compute on the batch-1 and a batch-1024 linear kernel: DRAM throughput,
 #           issue slots, pipe utilisation, warp stall reasons (ncu_batch1.txt, ncu_batch1024.txt);
 #   train_speed  images/s of training steps, plain and with INQ attached (60 % frozen, with and

@@ -1,18 +1,43 @@
-"""CPU-checkable parts of ``inq bench kernel``: the models it times and its tables."""
+"""CPU-checkable parts of ``inq bench kernel``: the models it times, its tables and records,
+its arguments, and the pieces of its three timing harnesses that need no GPU (rotation,
+flushes, the dispatcher's choice); one GPU test times a linear op each way."""
 
 from __future__ import annotations
 
+import argparse
+import json
+from dataclasses import asdict
+from functools import partial
+
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 
+from inq.codes import pack_codes
+from inq.kernels import bench
 from inq.kernels.bench import (
+    GRAPH_CALLS,
+    MAX_COPIES,
+    BenchResult,
     EndToEnd,
+    Floor,
+    Harness,
     OpLayer,
+    Tiling,
+    Timings,
+    add_bench_arguments,
+    bench_record,
+    bound,
+    dispatched_tiling,
     format_end_to_end,
+    format_floor,
+    format_table,
     quantized_resnet18,
+    rotation_copies,
+    time_graph,
     to_op_layers,
 )
+from inq.kernels.layout import cached_kernel_weight
 from inq.pow2 import pow2_levels, pow2_n1, pow2_quantize
 
 
@@ -51,3 +76,216 @@ def test_end_to_end_table_has_one_row_per_case() -> None:
     table = format_end_to_end(rows).splitlines()
     assert len(table) == 4
     assert table[2].split()[-1] == "2.00x" and table[3].split()[-1] == "0.50x"
+
+
+H200_L2 = 60 << 20
+
+
+@pytest.mark.parametrize(
+    ("copy_bytes", "copies"),
+    [
+        (8 << 20, 15),  # 4096x4096 4-bit codes: 15 x 8 MiB = twice the L2 exactly
+        ((8 << 20) + 1, 15),
+        ((8 << 20) - 1, 16),
+        (61 << 20, 2),  # a copy larger than L2: the least, two
+        (1 << 30, 2),
+        (1 << 20, MAX_COPIES),  # 120 wanted: capped
+        (0, MAX_COPIES),
+    ],
+)
+def test_rotation_copies(copy_bytes: int, copies: int) -> None:
+    assert rotation_copies(H200_L2, copy_bytes) == copies
+
+
+def test_rotation_sweeps_twice_the_l2_within_its_memory_bound() -> None:
+    for copy_bytes in [1 << k for k in range(10, 32)] + [3 * 10**6, 7 * 10**7, 123_457]:
+        copies = rotation_copies(H200_L2, copy_bytes)
+        assert 2 <= copies <= MAX_COPIES
+        if copies < MAX_COPIES:
+            assert copies * copy_bytes >= 2 * H200_L2 or copies == 2
+        assert copies * copy_bytes < max(2 * H200_L2 + copy_bytes, 2 * copy_bytes + 1)
+
+
+def cpu_harness() -> Harness:
+    return Harness(torch.ones(1 << 10, dtype=torch.uint8), repeats=7, extra_repeats=3)
+
+
+def test_clean_flush_only_reads_and_dirty_flush_writes() -> None:
+    harness = cpu_harness()
+    assert harness.l2_bytes == 512
+    version = harness.flush._version
+    harness.clean_flush()
+    assert harness.flush._version == version and bool((harness.flush == 1).all())
+    harness.dirty_flush()
+    assert harness.flush._version > version and not harness.flush.any()
+    assert harness.copies(torch.empty(100, dtype=torch.uint8), torch.empty(28)) == 5  # 1024 / 212
+
+
+def test_bound_puts_the_tensors_first() -> None:
+    call = bound(torch.clamp, 0, 1)(torch.tensor([-2.0, 0.5, 3.0]))
+    assert call().tolist() == [0.0, 0.5, 1.0]
+
+
+def test_time_graph_rotates_in_whole_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One replay calls every copy in turn, in rounds, to at least GRAPH_CALLS calls; the time
+    is the replay's over the calls."""
+    calls: list[int] = []
+    timed: list[tuple[int, object]] = []
+
+    def fake_time(fn, repeats, flush):  # one "replay", 90 us
+        fn()
+        timed.append((repeats, flush))
+        return 90.0
+
+    monkeypatch.setattr(bench, "cuda_graph", lambda fn: fn)
+    monkeypatch.setattr(bench, "time_cuda", fake_time)
+    per_call = time_graph(lambda i: partial(calls.append, i), 3, 5, print)
+    assert GRAPH_CALLS == 16
+    assert calls == [0, 1, 2] * 6 and per_call == 90.0 / 18
+    assert timed == [(5, print)]
+    calls.clear()
+    assert time_graph(lambda i: partial(calls.append, i), 40, 5, print) == 90.0 / 40
+    assert calls == list(range(40))
+
+
+def test_harness_times_each_way_with_its_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clean flush with --repeats, dirty flush and graph with --extra-repeats; the graph's
+    copy 0 runs on the inputs themselves, the others on equal clones."""
+    harness = cpu_harness()
+    runs: list[tuple[int, object]] = []
+    seen: list[tuple[Tensor, ...]] = []
+
+    def fake_time(fn, repeats, flush):
+        fn()
+        runs.append((repeats, flush))
+        return float(len(runs))
+
+    monkeypatch.setattr(bench, "cuda_graph", lambda fn: fn)
+    monkeypatch.setattr(bench, "time_cuda", fake_time)
+    x, w = torch.randn(2, 3), torch.randn(4, 3)
+    timings = harness.time(lambda *t: partial(seen.append, t), (x, w), copies=2)
+    assert runs == [(7, harness.clean_flush), (3, harness.dirty_flush), (3, harness.clean_flush)]
+    assert timings == Timings(1.0, 2.0, 3.0 / GRAPH_CALLS)
+    first, second = seen[2], seen[3]  # after the clean and the dirty run: the graph's copies
+    assert first[0] is x and first[1] is w
+    assert second[0] is not x and torch.equal(second[0], x) and torch.equal(second[1], w)
+
+
+def result(op: str = "linear", tilings: list[Tiling] | None = None) -> BenchResult:
+    ours, base = Timings(20.0, 31.5, 12.25), Timings(40.0, 52.0, 30.0)
+    return bench._result(op, "4096x4096", 1, 4, torch.float16, ours, base, 8 << 20, 2000.0, 15,
+                         tilings, 1 if tilings else None)  # fmt: skip
+
+
+TILINGS = [Tiling("mma", 16, 128, 5, 4, 4, 21.5), Tiling("mma", 16, 64, 5, 4, 4, 20.0)]
+
+
+def test_result_speedup_and_bandwidth_come_from_the_clean_figures() -> None:
+    r = result(tilings=TILINGS)
+    assert (r.time_us, r.time_dirty_us, r.time_graph_us) == (20.0, 31.5, 12.25)
+    assert (r.baseline_us, r.baseline_dirty_us, r.baseline_graph_us) == (40.0, 52.0, 30.0)
+    assert r.speedup == 2.0 and r.gbps == (8 << 20) / 20.0 / 1e3
+    assert r.copy_fraction == r.gbps / 2000.0 and r.graph_copies == 15
+    assert r.tilings == TILINGS and r.chosen == 1
+    assert result().tilings == [] and result().chosen is None
+
+
+def test_table_has_the_three_figures_of_each_op_and_the_tilings() -> None:
+    head, rule, linear, conv = format_table([result(tilings=TILINGS), result("conv2d")]).split("\n")
+    assert head.split()[5:14] == ["inq", "us", "dirty", "graph", "base", "us", "dirty", "graph",
+                                  "speedup"]  # fmt: skip
+    assert set(rule) == {"-"} and len(rule) == len(head)
+    assert linear.split()[5:14] == ["20.0", "31.5", "12.2", "40.0", "52.0", "30.0", "2.00x",
+                                    "419", "21%"]  # fmt: skip
+    assert linear.endswith("21%  21.5 20.0*")
+    assert conv.startswith("conv2d ") and conv.endswith("21%")
+
+
+def test_floor_table() -> None:
+    floor = [Floor("add_, one element", 8, 4.0, 9.5, 1.25), Floor("copy 8 MiB", 16 << 20, 9, 20, 6)]
+    lines = format_floor(floor).splitlines()
+    assert len(lines) == 4
+    assert lines[2].split()[-3:] == ["4.0", "9.5", "1.2"]
+    assert lines[3].startswith("copy 8 MiB ") and lines[3].split()[-3:] == ["9.0", "20.0", "6.0"]
+
+
+def test_json_record_carries_every_harness_figure() -> None:
+    floor = [Floor("add_, one element", 8, 4.0, 9.5, 1.25)]
+    e2e = [EndToEnd(1, 4, "fp16", 1.0, 2.0, 0.5, 0.25)]
+    record = bench_record("GPU", 3000.0, cpu_harness(), floor, [result(tilings=TILINGS)], e2e)
+    back = json.loads(json.dumps(record))
+    assert back["harness"] == {
+        "l2_bytes": 512,
+        "repeats": 7,
+        "extra_repeats": 3,
+        "graph_calls": GRAPH_CALLS,
+        "max_copies": MAX_COPIES,
+        "floor": [asdict(floor[0])],
+    }
+    (row,) = back["results"]
+    for key in ("time_us", "time_dirty_us", "time_graph_us", "baseline_us", "baseline_dirty_us",
+                "baseline_graph_us", "speedup", "graph_copies"):  # fmt: skip
+        assert isinstance(row[key], int | float), key
+    assert row["tilings"][1] == {"kernel": "mma", "block_m": 16, "block_n": 64, "split_k": 5,
+                                 "num_warps": 4, "num_stages": 4, "time_us": 20.0}  # fmt: skip
+    assert row["chosen"] == 1
+    assert back["end_to_end"][0]["inq_graph_ms"] == 0.25 and back["copy_gbps"] == 3000.0
+
+
+def test_repeat_arguments() -> None:
+    parser = argparse.ArgumentParser()
+    add_bench_arguments(parser)
+    args = parser.parse_args([])
+    assert (args.repeats, args.extra_repeats) == (50, 10)
+    args = parser.parse_args(["--repeats", "20", "--extra-repeats", "3"])
+    assert (args.repeats, args.extra_repeats) == (20, 3)
+    for bad in (["--extra-repeats", "0"], ["--repeats", "-1"], ["--repeats", "x"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
+
+
+def test_dispatched_tiling_records_the_choice_and_puts_choose_back() -> None:
+    from inq.kernels.triton import swar
+
+    choose = swar.choose
+    key = ("test_kernels_bench",)
+    try:
+        times = [3.0, 1.0, 2.0]
+        assert dispatched_tiling(lambda: swar.choose(key, 3, print, lambda _, i: times[i])) == 1
+    finally:
+        swar._CHOSEN.pop(key, None)
+    assert dispatched_tiling(lambda: None) is None
+    assert swar.choose is choose
+
+
+def test_dispatched_tiling_of_the_linear_kernels() -> None:
+    """The Triton launcher (the interpreter here) asks the dispatcher for a weight in the kernel
+    layout; one the layout cannot hold (fp16 byte codes spanning 40 powers) runs the generic
+    kernels, which do not ask."""
+    pytest.importorskip("triton")
+    from inq.kernels.triton import linear, swar
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.full((2, 128), 2**-10, dtype=torch.float16, device=device)  # no sum overflows
+    nibbles = pack_codes(torch.randint(8, 16, (16, 128), dtype=torch.uint8), 4).to(device)
+    chosen = dispatched_tiling(partial(linear.shift_linear, x, nibbles, 4, 0, 128, None))
+    assert chosen is not None and 0 <= chosen < swar.candidates(2, fp32=False)
+    wide = torch.full((16, 128), 128, dtype=torch.uint8)
+    wide[:, 1] = 128 + 39  # 2**15 and 2**-24 in one row
+    wide = pack_codes(wide, 8).to(device)
+    assert dispatched_tiling(partial(linear.shift_linear, x, wide, 8, 15, 128, None)) is None
+    assert cached_kernel_weight(wide, 8, 15, 128, torch.float16) is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_harnesses_and_tilings_on_the_gpu() -> None:
+    harness = Harness.for_device(repeats=3, extra_repeats=2)
+    packed, n1 = bench.quantized(torch.randn(256, 512, device="cuda") * 0.02, 4)
+    x = torch.randn(4, 512, device="cuda", dtype=torch.float16)
+    op = bound(torch.ops.inq.shift_linear, 4, n1, 512, None)
+    timings = harness.time(op, (x, packed), harness.copies(x, packed))
+    assert all(0 < us < 1e5 for us in asdict(timings).values())
+    tilings, chosen = bench.linear_tilings(x, packed, 4, n1, harness)
+    assert tilings and chosen is not None and 0 <= chosen < len(tilings)
+    assert all(t.kernel == "mma" and t.time_us > 0 for t in tilings)

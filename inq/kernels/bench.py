@@ -3,13 +3,31 @@
 ``--static`` needs no GPU: it compiles every kernel variant for sm_90 and checks its SASS, then
 prints a roofline of the benchmark shapes (:mod:`inq.kernels.static`).
 
-Every op timing is the median of ``--repeats`` runs, each measured with CUDA events after the L2
-cache was flushed (a write of twice its size), so weights come from HBM as in real inference.
-A short spin kernel queued before each timed run keeps the GPU busy while Python launches the
-op, so the figures are GPU time, not host launch overhead. Baselines use the same weights
-decoded to fp16/bf16; cuDNN runs channels_last. The device-to-device copy bandwidth measured in
-the same run is the roofline: effective GB/s of an op counts the bytes it must move (packed
-codes, activations, bias, output) over its time.
+Every op is timed three ways, each a median:
+
+- ``time_us``, the figure of the goals and of ``speedup``: one call after a *clean* flush of
+  the L2 cache, a read-only sweep over twice its size. It leaves the cache holding clean lines
+  only (the write-back of lines dirtied before happens during the sweep), so the call's misses
+  evict without writing back, and its weights come from HBM as in real inference.
+  ``--repeats`` runs.
+- ``time_dirty_us``: the harness up to issue 47, one call after a *write* of twice the L2 size.
+  That leaves the cache full of dirty lines, whose write-back to HBM lands inside the timed
+  call (perhaps the roughly fixed 10-12 us in every op at batch 1-16 of the H200 records of
+  issue 31). Kept so that those records can be read against the clean figures.
+  ``--extra-repeats`` runs.
+- ``time_graph_us``: per call, with at least :data:`GRAPH_CALLS` calls back to back in one CUDA
+  graph, no flush between them, rotating over copies of the op's inputs that together span
+  twice the L2 cache (:func:`rotation_copies`), as inference runs layer after layer.
+  ``--extra-repeats`` replays.
+
+A short spin kernel queued before each timed run keeps the GPU busy while Python launches it,
+so the figures are GPU time, not host launch overhead. Each harness's floor, a one-element
+``add_`` and device-to-device copies of 8, 32 and 128 MiB, is printed first. Linear rows also
+time, with the clean flush, every tiling the dispatcher offers for the call
+(:func:`inq.kernels.triton.swar.swar_config`) and name the one it picked. Baselines use the
+same weights decoded to fp16/bf16; cuDNN runs channels_last. The device-to-device copy
+bandwidth measured in the same run is the roofline: effective GB/s of an op counts the bytes it
+must move (packed codes, activations, bias, output) over its clean-flush time.
 
 Cases: linear GEMV / skinny / large-batch shapes of LLM layers; every convolution of a
 ResNet-18 (random weights, power-of-two quantized) at 224x224, batch 1 and 32, with a per-layer
@@ -35,9 +53,10 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,18 +65,29 @@ from torch import Tensor, nn
 from inq.codes import decode_weight, pack_codes
 from inq.fileio import atomic_path
 from inq.kernels import model, static
+from inq.kernels.layout import CHUNK_WORDS, cached_kernel_weight
 from inq.kernels.shapes import CONV_BATCHES, LINEAR_BATCHES, LINEAR_SHAPES, resnet18_convs
 from inq.pow2 import pow2_encode, pow2_n1, pow2_quantize
 
 __all__ = [
     "BENCH_HELP",
+    "GRAPH_CALLS",
+    "MAX_COPIES",
     "BenchResult",
     "EndToEnd",
+    "Floor",
+    "Harness",
     "IntegerFactory",
     "OpLayer",
+    "Tiling",
+    "Timings",
     "add_bench_arguments",
+    "bound",
+    "dispatched_tiling",
+    "rotation_copies",
     "run_bench",
     "time_cuda",
+    "time_graph",
 ]
 
 BENCH_HELP = (
@@ -66,42 +96,89 @@ BENCH_HELP = (
 )
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+GRAPH_CALLS = 16  # calls per graph replay, at least: they share the replay's own start
+MAX_COPIES = 64  # rotation copies at most: each a launch per replay and, for inq ops, a layout
+FLOOR_COPY_MIB = (8, 32, 128)
+
+Op = Callable[[], object]
+
+
+@dataclass
+class Tiling:
+    """One tiling the linear dispatcher offers for a call
+    (:class:`inq.kernels.triton.swar.SwarConfig`), timed alone with the clean flush."""
+
+    kernel: str  # "mma" or "gemv"
+    block_m: int
+    block_n: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+    time_us: float
 
 
 @dataclass
 class BenchResult:
-    """One row of the tables and of the JSON file."""
+    """One row of the tables and of the JSON file. ``time_us`` and ``baseline_us`` (single
+    calls after a clean flush) are the figures the goals and ``speedup`` refer to; the module
+    docstring says what the dirty and graph figures measure."""
 
     op: str  # "linear" or "conv2d"
     name: str  # shape, or the ResNet-18 layer
     batch: int
     bits: int
     dtype: str
-    time_us: float  # inq op, median
-    baseline_us: float  # cuBLAS / cuDNN on the decoded weight, median
+    time_us: float  # inq op, clean flush, median
+    baseline_us: float  # cuBLAS / cuDNN on the decoded weight, clean flush, median
     speedup: float  # baseline_us / time_us
     bytes_moved: int  # codes + activations + bias + output, each once
-    gbps: float  # bytes_moved / time
+    gbps: float  # bytes_moved / time_us
     copy_fraction: float  # gbps / device-to-device copy bandwidth
+    time_dirty_us: float  # inq op, dirty flush (the harness up to issue 47)
+    baseline_dirty_us: float
+    time_graph_us: float  # inq op, per call back to back in a CUDA graph
+    baseline_graph_us: float
+    graph_copies: int  # copies of the inputs both graphs rotate over
+    tilings: list[Tiling] = field(default_factory=list)  # linear on the swar kernels only
+    chosen: int | None = None  # the index in tilings the dispatcher runs
+
+
+@dataclass
+class Timings:
+    """One op's median microseconds under the three harnesses (see the module docstring)."""
+
+    clean_us: float
+    dirty_us: float
+    graph_us: float
+
+
+@dataclass
+class Floor:
+    """A harness's fixed cost: a trivial kernel or a device-to-device copy, timed each way."""
+
+    case: str
+    bytes_moved: int  # read + written
+    time_us: float  # clean flush
+    time_dirty_us: float
+    time_graph_us: float
 
 
 _LEAD_CYCLES = 2_000_000  # about 1 ms of spinning: longer than any launch from Python
 
 
-def time_cuda(fn: Callable[[], object], repeats: int, flush: Tensor) -> float:
-    """Median GPU microseconds of ``fn`` over ``repeats`` runs, L2 flushed before each.
+def time_cuda(fn: Op, repeats: int, flush: Op) -> float:
+    """Median GPU microseconds of ``fn`` over ``repeats`` runs, ``flush`` run before each.
 
     Example::
 
-        flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size,
-                            dtype=torch.uint8, device="cuda")
-        us = time_cuda(partial(F.linear, x, weight), repeats=50, flush=flush)
+        harness = Harness.for_device(repeats=50, extra_repeats=10)
+        us = time_cuda(partial(F.linear, x, weight), 50, harness.clean_flush)
     """
     for _ in range(3):  # warm-up: kernel build and load, cuBLAS heuristics, allocator
         fn()
     times = []
     for _ in range(repeats):
-        flush.zero_()
+        flush()
         torch.cuda._sleep(_LEAD_CYCLES)  # the GPU waits for no launch inside the timed region
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -112,11 +189,134 @@ def time_cuda(fn: Callable[[], object], repeats: int, flush: Tensor) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth(flush: Tensor, repeats: int) -> float:
-    """Device-to-device copy bandwidth in GB/s (read + write), on 1 GiB."""
+def time_graph(
+    make: Callable[[int], Op], copies: int, repeats: int, flush: Op, calls: int = GRAPH_CALLS
+) -> float:
+    """Median GPU microseconds per call of an op run back to back in one CUDA graph: whole
+    rounds over the ``copies`` ops ``make(i)`` (each on its own copy of the inputs), at least
+    ``calls`` calls, ``flush`` before each of ``repeats`` replays.
+
+    Example::
+
+        weights = [torch.randn(4096, 4096, device="cuda", dtype=torch.float16) for _ in range(4)]
+        us = time_graph(lambda i: partial(F.linear, x, weights[i]), 4, 10, harness.clean_flush)
+    """
+    sequence = [make(i) for i in range(copies)] * -(-calls // copies)
+
+    def run() -> None:
+        for op in sequence:
+            op()
+
+    return time_cuda(cuda_graph(run), repeats, flush) / len(sequence)
+
+
+def rotation_copies(l2_bytes: int, copy_bytes: int) -> int:
+    """How many copies of an op's inputs (``copy_bytes`` each) a back-to-back graph rotates
+    over, so that each call finds its inputs in HBM: enough to sweep twice the L2 cache before
+    one comes round again, at least 2, at most :data:`MAX_COPIES` (smaller ops then sweep less
+    than that, and part of their data comes from L2). They hold less than twice the L2 size
+    plus one copy, or two copies.
+
+    Example:
+        >>> rotation_copies(60 << 20, 8 << 20)  # an H200; a 4096x4096 4-bit weight
+        15
+        >>> rotation_copies(60 << 20, 300 << 20), rotation_copies(60 << 20, 4)
+        (2, 64)
+    """
+    return max(2, min(MAX_COPIES, -(-2 * l2_bytes // max(copy_bytes, 1))))
+
+
+def bound(fn: Callable[..., object], *args: object) -> Callable[..., Op]:
+    """A factory of calls of ``fn``: given tensors, the call ``fn(*tensors, *args)``; how
+    :meth:`Harness.time` builds an op on each copy of its inputs.
+
+    Example:
+        >>> call = bound(torch.add, 1)(torch.tensor([2]))
+        >>> call()
+        tensor([3])
+    """
+    return lambda *tensors: partial(fn, *tensors, *args)
+
+
+@dataclass(frozen=True, eq=False)  # a tensor field: compared by identity
+class Harness:
+    """The three ways :func:`run_bench` times an op, on a flush buffer of twice the L2 size:
+    ``repeats`` runs for the clean flush (the goals' figure), ``extra_repeats`` for the others.
+
+    Example::
+
+        harness = Harness.for_device(repeats=50, extra_repeats=10)
+        x, weight = ...  # CUDA tensors
+        t = harness.time(bound(F.linear), (x, weight), harness.copies(x, weight))
+        t.clean_us, t.dirty_us, t.graph_us
+    """
+
+    flush: Tensor  # uint8
+    repeats: int
+    extra_repeats: int
+
+    @classmethod
+    def for_device(cls, repeats: int, extra_repeats: int) -> Harness:
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        flush = torch.zeros(2 * max(l2, 1 << 20), dtype=torch.uint8, device="cuda")
+        return cls(flush, repeats, extra_repeats)
+
+    @property
+    def l2_bytes(self) -> int:
+        return self.flush.numel() // 2
+
+    def clean_flush(self) -> None:
+        """Read the buffer: L2 ends up holding its lines, all clean, and the lines left dirty
+        by what ran before are written back during the sweep, before the timed region."""
+        # float32: a sum keeps it in place (an integer one would first write an int64 copy)
+        self.flush.view(torch.float32).sum()
+
+    def dirty_flush(self) -> None:
+        """Write the buffer (the harness up to issue 47): L2 ends up full of dirty lines."""
+        self.flush.zero_()
+
+    def copies(self, *inputs: Tensor) -> int:
+        """:func:`rotation_copies` for an op on ``inputs``."""
+        return rotation_copies(self.l2_bytes, sum(t.nbytes for t in inputs))
+
+    def time(self, build: Callable[..., Op], inputs: tuple[Tensor, ...], copies: int) -> Timings:
+        """``build(*inputs)`` under the three harnesses; the graph's calls rotate over
+        ``copies`` ops, each built on its own clones of ``inputs`` (the first on them)."""
+
+        def make(i: int) -> Op:
+            return build(*(t if i == 0 else t.clone() for t in inputs))
+
+        op = build(*inputs)
+        return Timings(
+            time_cuda(op, self.repeats, self.clean_flush),
+            time_cuda(op, self.extra_repeats, self.dirty_flush),
+            time_graph(make, copies, self.extra_repeats, self.clean_flush),
+        )
+
+
+def harness_floor(harness: Harness) -> list[Floor]:
+    """What each harness times for a one-element ``add_`` and for device-to-device copies of
+    :data:`FLOOR_COPY_MIB` MiB: the fixed cost under every figure it gives."""
+    one = torch.zeros(1, device="cuda")
+    cases: list[tuple[str, int, Callable[..., Op], tuple[Tensor, ...]]] = [
+        ("add_, one element", 2 * one.nbytes, bound(Tensor.add_, 1), (one,))
+    ]
+    for mib in FLOOR_COPY_MIB:
+        src = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        cases.append((f"copy {mib} MiB", 2 * src.nbytes, bound(Tensor.copy_), (dst, src)))
+    floor = []
+    for case, moved, build, inputs in cases:
+        t = harness.time(build, inputs, harness.copies(*inputs))
+        floor.append(Floor(case, moved, t.clean_us, t.dirty_us, t.graph_us))
+    return floor
+
+
+def copy_bandwidth(harness: Harness) -> float:
+    """Device-to-device copy bandwidth in GB/s (read + write), on 1 GiB, clean flush."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    us = time_cuda(lambda: dst.copy_(src), repeats, flush)
+    us = time_cuda(partial(dst.copy_, src), harness.repeats, harness.clean_flush)
     return 2 * src.numel() / us / 1e3
 
 
@@ -127,27 +327,82 @@ def quantized(weight: Tensor, bits: int) -> tuple[Tensor, int]:
     return pack_codes(codes, bits), n1
 
 
+def dispatched_tiling(op: Op) -> int | None:
+    """Which candidate :func:`inq.kernels.triton.swar.choose` hands the linear kernels in one
+    call of ``op``, or None where it is not asked (the generic kernels run). Read from the call
+    itself, so that the choice's key stays ``swar_linear``'s alone.
+
+    Example::
+
+        x, packed = ...  # CUDA tensors
+        dispatched_tiling(partial(torch.ops.inq.shift_linear, x, packed, 4, n1, in_f, None))
+    """
+    from inq.kernels.triton import swar
+
+    picked: list[int] = []
+    choose = swar.choose
+
+    def record(*args: Any, **kwargs: Any) -> int:
+        picked.append(choose(*args, **kwargs))
+        return picked[-1]
+
+    swar.choose = record  # swar_linear looks it up in its module at every call
+    try:
+        op()
+    finally:
+        swar.choose = choose
+    return picked[-1] if picked else None
+
+
+def linear_tilings(
+    x: Tensor, packed: Tensor, bits: int, n1: int, harness: Harness
+) -> tuple[list[Tiling], int | None]:
+    """Every tiling the dispatcher offers for ``inq::shift_linear`` on ``x`` (2-d) and
+    ``packed``, each timed alone with the clean flush on the op's own cached kernel layout, and
+    the index of the one it runs; ``([], None)`` where the generic kernels run."""
+    from inq.kernels.triton import swar
+    from inq.kernels.triton.decode import sm_count
+
+    in_f = x.shape[1]
+    chosen = dispatched_tiling(partial(torch.ops.inq.shift_linear, x, packed, bits, n1, in_f, None))
+    layout = cached_kernel_weight(packed, bits, n1, in_f, x.dtype)  # the one that call made
+    if chosen is None or layout is None:  # the generic kernels
+        return [], None
+    n, kw = layout.words.shape
+    options = swar._launch_options(x.shape[0], n, kw // CHUNK_WORDS, x.dtype == torch.float32,
+                                   sm_count(x.device), None, layout.fmt == "bf16")  # fmt: skip
+    out = x.new_empty(x.shape[0], n)
+    tilings = []
+    for cfg in options:
+        run = partial(swar._launch, x, layout, None, out, cfg)
+        us = time_cuda(run, harness.extra_repeats, harness.clean_flush)
+        tilings.append(Tiling(cfg.kernel, cfg.block_m, cfg.block_n, cfg.split_k,
+                              cfg.num_warps, cfg.num_stages, us))  # fmt: skip
+    return tilings, chosen
+
+
 def bench_linear(
-    bits: int, dtype: torch.dtype, batches: list[int], repeats: int, flush: Tensor, copy: float
+    bits: int, dtype: torch.dtype, batches: list[int], harness: Harness, copy: float
 ) -> list[BenchResult]:
     results = []
     for out_f, in_f in LINEAR_SHAPES:
         packed, n1 = quantized(torch.randn(out_f, in_f, device="cuda") * 0.02, bits)
         weight = decode_weight(packed, bits, n1, (out_f, in_f), dtype)
+        op = bound(torch.ops.inq.shift_linear, bits, n1, in_f, None)
         for batch in batches:
             x = torch.randn(batch, in_f, device="cuda", dtype=dtype)
-            op = partial(torch.ops.inq.shift_linear, x, packed, bits, n1, in_f, None)
-            ours = time_cuda(op, repeats, flush)
-            base = time_cuda(partial(F.linear, x, weight), repeats, flush)
+            tilings, chosen = linear_tilings(x, packed, bits, n1, harness)
+            copies = harness.copies(x, packed)  # the fp16 weight's copies are larger
+            ours = harness.time(op, (x, packed), copies)
+            base = harness.time(bound(F.linear), (x, weight), copies)
             moved = packed.numel() + (x.numel() + batch * out_f) * x.element_size()
-            results.append(
-                _result("linear", f"{out_f}x{in_f}", batch, bits, dtype, ours, base, moved, copy)
-            )
+            results.append(_result("linear", f"{out_f}x{in_f}", batch, bits, dtype, ours, base,
+                                   moved, copy, copies, tilings, chosen))  # fmt: skip
     return results
 
 
 def bench_resnet18(
-    bits: int, dtype: torch.dtype, batches: list[int], repeats: int, flush: Tensor, copy: float
+    bits: int, dtype: torch.dtype, batches: list[int], harness: Harness, copy: float
 ) -> list[BenchResult]:
     results = []
     for batch in batches:
@@ -157,13 +412,15 @@ def bench_resnet18(
             weight = decode_weight(packed, bits, n1, tuple(wshape), dtype)
             weight_cl = weight.to(memory_format=torch.channels_last)
             x = torch.randn(shape, device="cuda", dtype=dtype)
-            x_cl = x.to(memory_format=torch.channels_last)
+            x_cl = x.to(memory_format=torch.channels_last)  # clones keep the memory format
             args = _geometry(conv)
-            op = partial(torch.ops.inq.shift_conv2d, x_cl, packed, bits, n1, wshape, None, *args)
-            ours = time_cuda(op, repeats, flush)
-            base = time_cuda(partial(F.conv2d, x_cl, weight_cl, None, *args), repeats, flush)
+            copies = harness.copies(x_cl, packed)
+            op = bound(torch.ops.inq.shift_conv2d, bits, n1, wshape, None, *args)
+            ours = harness.time(op, (x_cl, packed), copies)
+            base = harness.time(bound(F.conv2d, None, *args), (x_cl, weight_cl), copies)
             moved = packed.numel() + (x.numel() + math.prod(out_shape)) * x.element_size()
-            results.append(_result("conv2d", name, batch, bits, dtype, ours, base, moved, copy))
+            results.append(_result("conv2d", name, batch, bits, dtype, ours, base, moved, copy,
+                                   copies))  # fmt: skip
     return results
 
 
@@ -181,7 +438,7 @@ class EndToEnd:
     dtype: str
     float_eager_ms: float  # host latency of one forward, median (Python launch overhead in)
     inq_eager_ms: float
-    float_graph_ms: float  # GPU time of one CUDA-graph replay, median (L2 flushed before)
+    float_graph_ms: float  # GPU time of one CUDA-graph replay, median (clean flush before)
     inq_graph_ms: float
     int8_graph_ms: float | None = None  # the integer model (int8 activations), as a graph
     int8_logits_differ: int | None = None  # of its int32 logits, vs the CPU reference
@@ -283,8 +540,7 @@ def bench_end_to_end(
     bits: int,
     dtype: torch.dtype,
     batches: list[int],
-    repeats: int,
-    flush: Tensor,
+    harness: Harness,
     integer: IntegerFactory | None = None,
 ) -> list[EndToEnd]:
     """ResNet-18 (random weights, power-of-two quantized) as the float model in cuDNN, the
@@ -309,12 +565,13 @@ def bench_end_to_end(
         with torch.inference_mode():
             for name, model in models.items():
                 run = partial(model, x)
-                eager[name] = time_host(run, repeats)
-                graph[name] = time_cuda(cuda_graph(run), repeats, flush) / 1e3
+                eager[name] = time_host(run, harness.repeats)
+                graph[name] = time_cuda(cuda_graph(run), harness.repeats, harness.clean_flush) / 1e3
             int8_ms = None
             if int8 is not None:  # it quantizes fp32 images itself
                 images = torch.randn(batch, 3, 224, 224, device="cuda")
-                int8_ms = time_cuda(cuda_graph(partial(int8, images)), repeats, flush) / 1e3
+                replay = cuda_graph(partial(int8, images))
+                int8_ms = time_cuda(replay, harness.repeats, harness.clean_flush) / 1e3
         results.append(EndToEnd(batch, bits, _dtype_name(dtype), *eager.values(), *graph.values(),
                                 int8_ms, differ))  # fmt: skip
     return results
@@ -347,26 +604,63 @@ def _result(
     batch: int,
     bits: int,
     dtype: torch.dtype,
-    ours: float,
-    base: float,
+    ours: Timings,
+    base: Timings,
     moved: int,
     copy: float,
+    copies: int,
+    tilings: list[Tiling] | None = None,
+    chosen: int | None = None,
 ) -> BenchResult:
-    gbps = moved / ours / 1e3
+    gbps = moved / ours.clean_us / 1e3
     return BenchResult(
-        op, name, batch, bits, _dtype_name(dtype), ours, base, base / ours, moved, gbps, gbps / copy
-    )
+        op, name, batch, bits, _dtype_name(dtype), ours.clean_us, base.clean_us,
+        base.clean_us / ours.clean_us, moved, gbps, gbps / copy, ours.dirty_us, base.dirty_us,
+        ours.graph_us, base.graph_us, copies, tilings or [], chosen,
+    )  # fmt: skip
 
 
 def format_table(results: list[BenchResult]) -> str:
+    """The per-op table: microseconds of the inq op and of the baseline after a clean flush,
+    after a dirty one and back to back in a graph; speed-up, GB/s and % of copy bandwidth from
+    the clean figures; each tiling of a linear op, the one the dispatcher runs starred.
+
+    Example:
+        >>> t = Timings(clean_us=20.0, dirty_us=30.0, graph_us=10.0)
+        >>> row = _result("linear", "4096x4096", 1, 4, torch.float16, t, t, 8 << 20, 2000.0, 15,
+        ...               [Tiling("mma", 16, 128, 5, 4, 4, 20.0)], 0)
+        >>> print(format_table([row]).splitlines()[-1])
+        linear 4096x4096                  1    4  fp16     20.0    30.0    10.0     20.0    30.0    10.0    1.00x    419     21%  20.0*
+    """  # noqa: E501
     head = (
-        f"{'op':<7}{'shape/layer':<22}{'batch':>6}{'bits':>5}{'dtype':>6}{'inq us':>10}"
-        f"{'base us':>10}{'speedup':>9}{'GB/s':>9}{'% copy':>8}"
+        f"{'op':<7}{'shape/layer':<22}{'batch':>6}{'bits':>5}{'dtype':>6}"
+        f"{'inq us':>9}{'dirty':>8}{'graph':>8}{'base us':>9}{'dirty':>8}{'graph':>8}"
+        f"{'speedup':>9}{'GB/s':>7}{'% copy':>8}  tilings us (* chosen)"
     )
     rows = [
-        f"{r.op:<7}{r.name:<22}{r.batch:>6}{r.bits:>5}{r.dtype:>6}{r.time_us:>10.1f}"
-        f"{r.baseline_us:>10.1f}{r.speedup:>8.2f}x{r.gbps:>9.0f}{100 * r.copy_fraction:>7.0f}%"
+        f"{r.op:<7}{r.name:<22}{r.batch:>6}{r.bits:>5}{r.dtype:>6}"
+        f"{r.time_us:>9.1f}{r.time_dirty_us:>8.1f}{r.time_graph_us:>8.1f}"
+        f"{r.baseline_us:>9.1f}{r.baseline_dirty_us:>8.1f}{r.baseline_graph_us:>8.1f}"
+        f"{r.speedup:>8.2f}x{r.gbps:>7.0f}{100 * r.copy_fraction:>7.0f}%  "
+        + " ".join(f"{t.time_us:.1f}{'*' * (i == r.chosen)}" for i, t in enumerate(r.tilings))
         for r in results
+    ]
+    return _table(head, [row.rstrip() for row in rows])
+
+
+def format_floor(floor: list[Floor]) -> str:
+    """The harness floor: microseconds of each case under each harness.
+
+    Example:
+        >>> print(format_floor([Floor("add_, one element", 8, 4.0, 9.5, 1.5)]))
+        harness floor        clean us  dirty us  graph us
+        -------------------------------------------------
+        add_, one element         4.0       9.5       1.5
+    """
+    head = f"{'harness floor':<19}{'clean us':>10}{'dirty us':>10}{'graph us':>10}"
+    rows = [
+        f"{f.case:<19}{f.time_us:>10.1f}{f.time_dirty_us:>10.1f}{f.time_graph_us:>10.1f}"
+        for f in floor
     ]
     return _table(head, rows)
 
@@ -400,14 +694,25 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         >>> parser = argparse.ArgumentParser(prog="inq bench kernel")
         >>> add_bench_arguments(parser)
         >>> args = parser.parse_args(["--static", "--bits", "4"])
-        >>> args.static, args.bits, args.conv_batches
-        (True, [4], [1, 32])
+        >>> args.static, args.bits, args.conv_batches, args.repeats, args.extra_repeats
+        (True, [4], [1, 32], 50, 10)
     """
     parser.add_argument("--bits", type=int, nargs="+", default=[4, 8], help="code bits")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="fp16")
     parser.add_argument("--batches", type=int, nargs="+", default=LINEAR_BATCHES)
     parser.add_argument("--conv-batches", type=int, nargs="+", default=CONV_BATCHES)
-    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument(
+        "--repeats",
+        type=_runs,
+        default=50,
+        help="runs per op after a clean flush: the goals' figure",
+    )
+    parser.add_argument(
+        "--extra-repeats",
+        type=_runs,
+        default=10,
+        help="runs per op after a dirty flush, CUDA-graph replays per op, runs per linear tiling",
+    )
     parser.add_argument("--skip-conv", action="store_true", help="linear shapes only")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument(
@@ -425,6 +730,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="--static: also compare the time model with these measured records "
         "(experiments/gpu/model_*.json)",
     )
+
+
+def _runs(text: str) -> int:
+    """A count of timed runs: a whole number, at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is no count of runs (a whole number >= 1)")
+    return int(text)
 
 
 def run_static(args: argparse.Namespace) -> int:
@@ -503,37 +815,58 @@ def run_bench(args: argparse.Namespace, integer: IntegerFactory | None = None) -
         )
         return 1
     dtype = _DTYPES[args.dtype]
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    flush = torch.empty(2 * max(l2, 1 << 20), dtype=torch.uint8, device="cuda")
-    copy = copy_bandwidth(flush, args.repeats)
+    harness = Harness.for_device(args.repeats, args.extra_repeats)
+    copy = copy_bandwidth(harness)
     device = torch.cuda.get_device_name(0)
-    print(f"{device}: device-to-device copy {copy:.0f} GB/s, L2 {l2 >> 20} MiB")
+    print(f"{device}: device-to-device copy {copy:.0f} GB/s, L2 {harness.l2_bytes >> 20} MiB")
+    floor = harness_floor(harness)
+    print(format_floor(floor), flush=True)
     results: list[BenchResult] = []
     end_to_end: list[EndToEnd] = []
     for bits in args.bits:
-        results += bench_linear(bits, dtype, args.batches, args.repeats, flush, copy)
+        results += bench_linear(bits, dtype, args.batches, harness, copy)
         if not args.skip_conv:
-            results += bench_resnet18(bits, dtype, args.conv_batches, args.repeats, flush, copy)
-            end_to_end += bench_end_to_end(bits, dtype, args.conv_batches, args.repeats, flush,
-                                           integer)  # fmt: skip
+            results += bench_resnet18(bits, dtype, args.conv_batches, harness, copy)
+            end_to_end += bench_end_to_end(bits, dtype, args.conv_batches, harness, integer)
     print(format_table(results))
     if not args.skip_conv:
         print(_network_totals(results))
         print(format_end_to_end(end_to_end))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "device": device,
-            "copy_gbps": copy,
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "results": [asdict(r) for r in results],
-            "end_to_end": [asdict(r) for r in end_to_end],
-        }
+        record = bench_record(device, copy, harness, floor, results, end_to_end)
         with atomic_path(args.json) as tmp:
-            tmp.write_text(json.dumps(payload, indent=2) + "\n")
+            tmp.write_text(json.dumps(record, indent=2) + "\n")
         print(f"wrote {args.json}")
     if any(r.int8_logits_differ for r in end_to_end):
         print("inq bench kernel: integer logits on CUDA differ from the reference", file=sys.stderr)
         return 1
     return 0
+
+
+def bench_record(
+    device: str,
+    copy: float,
+    harness: Harness,
+    floor: list[Floor],
+    results: list[BenchResult],
+    end_to_end: list[EndToEnd],
+) -> dict[str, Any]:
+    """What ``--json`` writes: the device and software, the harness (its settings and floor),
+    a record per op (:class:`BenchResult`, tilings nested) and per end-to-end case."""
+    return {
+        "device": device,
+        "copy_gbps": copy,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "harness": {
+            "l2_bytes": harness.l2_bytes,
+            "repeats": harness.repeats,
+            "extra_repeats": harness.extra_repeats,
+            "graph_calls": GRAPH_CALLS,
+            "max_copies": MAX_COPIES,
+            "floor": [asdict(f) for f in floor],
+        },
+        "results": [asdict(r) for r in results],
+        "end_to_end": [asdict(r) for r in end_to_end],
+    }
