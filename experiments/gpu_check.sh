@@ -12,7 +12,10 @@
 #           inputs (10 replays); each tiling the linear dispatcher offers (clean, 10 runs each);
 #           each harness's floor first (an add_, copies of 8-128 MiB); and ResNet-18 end to end
 #           as CUDA graphs (cuDNN fp16, shift fp16, the integer model on int8 tensor cores, whose
-#           logits must equal its CPU reference's) (bench.log, kernel_bench.json);
+#           logits must equal its CPU reference's) (bench.log, kernel_bench.json); with the
+#           static step, the time model against this run (experiments/model_records.py, clean
+#           and dirty flush: model_clean.json, model_dirty.json; copy them into experiments/gpu/
+#           under a dated name, where CI checks the model against every one);
 #   ncu     Nsight Compute on the batch-1 and a batch-1024 linear kernel: DRAM throughput,
 #           issue slots, pipe utilisation, warp stall reasons (ncu_batch1.txt, ncu_batch1024.txt);
 #   train_speed  images/s of training steps, plain and with INQ attached (60 % frozen, with and
@@ -116,6 +119,15 @@ wanted static && step "static check" static.log python3 -m inq.cli bench kernel 
 if wanted bench; then
   step "kernel bench" bench.log python3 -m inq.cli bench kernel --json "$logs/kernel_bench.json" "$@"
   cat "$logs/bench.log"
+  if wanted static; then  # the time model against this run, each flush apart (model_*.json)
+    triton=$(awk '/triton/ {print $NF}' "$logs/gpu.txt")
+    for flush in clean dirty; do
+      step "time model vs this run ($flush flush)" "model_$flush.log" python3 \
+        experiments/model_records.py "$logs/kernel_bench.json" "$logs/static.json" \
+        --harness "$flush flush" --triton "${triton:-unknown}" -o "$logs/model_$flush.json"
+      tail -n 1 "$logs/model_$flush.log"
+    done
+  fi
 fi
 
 if wanted ncu; then

@@ -154,18 +154,21 @@ def test_all_steps_passed_and_no_log_dir_means_a_temporary_one(
 def test_the_default_steps_end_with_the_training_speed_benchmark_in_its_budget(
     tmp_path: Path, fake_gpu: Path
 ) -> None:
-    """STEPS empty is the default: the kernel tests, the static check, the benchmark, both
-    Nsight Compute runs, then bench_train.py on CUDA with 60 s to start groups in (its limit:
-    90 s of the 120 of STEP_TIMEOUT), its figures into LOG_DIR."""
+    """STEPS empty is the default: the kernel tests, the static check, the benchmark, the time
+    model against it (clean and dirty flush), both Nsight Compute runs, then bench_train.py on
+    CUDA with 60 s to start groups in (its limit: 90 s of the 120 of STEP_TIMEOUT), its figures
+    into LOG_DIR."""
     before = repo_state()
     logs, calls = tmp_path / "logs", tmp_path / "calls.txt"
     proc = gpu_check(str(logs), cwd=REPO, env={"STEPS": "", "CALLS": str(calls)}, path=fake_gpu)
     assert proc.returncode == 0, proc
-    assert proc.stdout.splitlines()[-1] == f"gpu_check.sh: all 7 steps passed (logs: {logs})"
+    assert proc.stdout.splitlines()[-1] == f"gpu_check.sh: all 9 steps passed (logs: {logs})"
     ran = calls.read_text().splitlines()
-    assert [line.split()[0] for line in ran] == ["-m"] * 4 + ["ncu"] * 2 + [
+    model = "experiments/model_records.py"
+    assert [line.split()[0] for line in ran] == ["-m"] * 4 + [model] * 2 + ["ncu"] * 2 + [
         "experiments/bench_train.py"
     ]
+    assert f"--harness clean flush --triton unknown -o {logs}/model_clean.json" in ran[4]
     assert ran[-1] == (
         f"experiments/bench_train.py --device cuda --json {logs}/train_speed.json --budget-s 60"
     )

@@ -124,11 +124,14 @@ def test_the_dense_model() -> None:
 
 
 def _bench(tilings: list[dict] | None = None) -> dict:
+    """A run before issue 47 (the dirty flush only), or with ``tilings`` one since."""
     record = {"op": "linear", "name": "4096x4096", "batch": 1, "bits": 4, "dtype": "fp16",
               "time_us": 14.0, "baseline_us": 17.6}  # fmt: skip
+    bench = {"device": "NVIDIA H200", "results": [record, record | {"op": "conv2d"}]}
     if tilings is not None:
-        record["tilings"] = tilings
-    return {"device": "NVIDIA H200", "results": [record, record | {"op": "conv2d"}]}
+        record |= {"tilings": tilings, "time_dirty_us": 15.0, "baseline_dirty_us": 20.0}
+        bench["harness"] = {"repeats": 50}
+    return bench
 
 
 def _static() -> list[dict]:
@@ -149,10 +152,15 @@ def test_calibration_records_keep_what_the_model_needs() -> None:
     assert record["tilings"][0]["figures"]["loop_instructions"] == 237
     assert record["tilings"][0]["figures"]["num_stages"] == 4  # from the launch
     assert [c.ranking for c in calibrate(data)] == [None, None]
+    with pytest.raises(ValueError, match="predates the clean flush"):
+        calibration_records(_bench(), _static(), CLEAN, "3.6.0")
     timed = [{"block_m": 16, "block_n": n, "time_us": t} for n, t in ((128, 9.0), (64, 12.0))]
-    predicted = calibrate(calibration_records(_bench(timed), _static(), DIRTY, "3.6.0"))
+    dirty = calibration_records(_bench(timed), _static(), DIRTY, "3.6.0")["records"][0]
+    assert (dirty["time_us"], dirty["baseline_us"]) == (15.0, 20.0)
+    assert [t["time_us"] for t in dirty["tilings"]] == [None, None]  # timed with a clean flush
+    predicted = calibrate(calibration_records(_bench(timed), _static(), CLEAN, "3.6.0"))
     swapped = [{"block_m": 16, "block_n": n, "time_us": t} for n, t in ((128, 12.0), (64, 9.0))]
-    found = calibrate(calibration_records(_bench(swapped), _static(), DIRTY, "3.6.0"))
+    found = calibrate(calibration_records(_bench(swapped), _static(), CLEAN, "3.6.0"))
     assert {predicted[0].ranking, found[0].ranking} == {True, False}
 
 

@@ -382,17 +382,23 @@ def calibration_records(
     bench: dict[str, Any], static_records: list[dict[str, Any]], harness: Harness, triton: str
 ) -> dict[str, Any]:
     """What the model needs of every fp16 linear record of ``inq bench kernel --json`` output
-    ``bench``: the tilings offered for it, each with its launch and the figures of its variant
-    in ``static_records`` (``inq bench kernel --static --json`` output, compiled with the
+    ``bench`` as ``harness`` timed it: the tilings offered for it, each with its launch, its own
+    time where the run timed each (clean flush), and the figures of its variant in
+    ``static_records`` (``inq bench kernel --static --json`` output, compiled with the
     GPU's Triton ``triton``), so the calibration can be recomputed after the kernels change."""
     device = DEVICES[_device_name(bench["device"])]
+    # runs since issue 47 time each op with every harness; older ones with the dirty flush only
+    if "harness" not in bench and not harness.dirty_l2:
+        raise ValueError("the bench file predates the clean flush: its figures are dirty-flush")
+    suffix = "_dirty" if "harness" in bench and harness.dirty_l2 else ""
     figures = {(r["name"], r["bits"]): r for r in static_records if r["dtype"] == "fp16"}
     records = []
     for r in bench["results"]:
         if r["op"] != "linear" or r["dtype"] != "fp16":
             continue
         out_f, in_f = map(int, r["name"].split("x"))
-        timed = {(t["block_m"], t["block_n"]): t["time_us"] for t in r.get("tilings", [])}
+        timed = {(t["block_m"], t["block_n"]): t["time_us"]
+                 for t in r.get("tilings", []) if not harness.dirty_l2}  # fmt: skip
         tilings = []
         for cfg in _swar_tilings(r["batch"], out_f, in_f, r["bits"], device.sms):
             static = figures[(variant_name(cfg.block_m, cfg.block_n), r["bits"])]
@@ -400,8 +406,9 @@ def calibration_records(
             tilings.append({"block_m": cfg.block_m, "block_n": cfg.block_n,
                             "split_k": cfg.split_k, "figures": asdict(fig),
                             "time_us": timed.get((cfg.block_m, cfg.block_n))})  # fmt: skip
-        records.append({key: r[key] for key in ("name", "batch", "bits", "time_us", "baseline_us")}
-                       | {"tilings": tilings})  # fmt: skip
+        measured = {"time_us": r[f"time{suffix}_us"], "baseline_us": r[f"baseline{suffix}_us"]}
+        common = {key: r[key] for key in ("name", "batch", "bits")}
+        records.append(common | measured | {"tilings": tilings})
     return {"device": device.name, "harness": harness.name, "triton": triton, "records": records}
 
 
