@@ -776,7 +776,9 @@ def run_static(args: argparse.Namespace) -> int:
         print(model.format_calibration(found, str(path)))
     print()
     print(static.format_roofline(rows))
-    failed = [r for r in results if r.problems] + [g for g in grids if g.problem]
+    table = [p for rows in estimates.values() for p in model.table_problems(rows)]
+    print(f"tiling tables against the model: {'; '.join(table) or 'each default within 10 %'}")
+    failed = [r for r in results if r.problems] + [g for g in grids if g.problem] + table
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {

@@ -65,6 +65,7 @@ __all__ = [
     "load_calibration",
     "predict_dense",
     "predict_linear",
+    "table_problems",
     "variant_name",
 ]
 
@@ -302,8 +303,13 @@ class Estimate:
     batch: int
     bits: int
     device: str
-    best: Prediction  # the fastest tiling on offer
+    options: tuple[Prediction, ...]  # each tiling on offer, the dispatcher's default first
     cublas_us: float
+
+    @property
+    def best(self) -> Prediction:
+        """The fastest tiling on offer (what the GPU's timed choice should keep)."""
+        return min(self.options, key=lambda p: p.total_us)
 
     @property
     def speedup(self) -> float:
@@ -336,10 +342,22 @@ def estimate_linear(
                         options.append(predict_linear(out_f, in_f, batch, bits, tiling, fig,
                                                       device, harness))  # fmt: skip
                 if options:
-                    best = min(options, key=lambda p: p.total_us)
                     cublas = predict_dense(out_f, in_f, batch, device, harness)
-                    out.append(Estimate(f"{out_f}x{in_f}", batch, bits, device.name, best, cublas))
+                    out.append(Estimate(f"{out_f}x{in_f}", batch, bits, device.name,
+                                        tuple(options), cublas))  # fmt: skip
     return out
+
+
+def table_problems(estimates: list[Estimate], slack: float = 0.10) -> list[str]:
+    """Where the dispatcher's default tiling (the first of its bucket, what runs until the GPU
+    has timed the others, and under CUDA-graph capture) is more than ``slack`` slower than the
+    model's fastest: the tables of tilings per batch bucket must pick by the model."""
+    return [
+        f"{e.name} batch {e.batch} {e.bits}-bit on {e.device}: default {e.options[0].tiling} "
+        f"{e.options[0].total_us:.1f} us, {e.best.tiling} {e.best.total_us:.1f} us"
+        for e in estimates
+        if e.options[0].total_us > (1 + slack) * e.best.total_us
+    ]
 
 
 def format_estimates(rows: list[Estimate], device: Device, harness: Harness = CLEAN) -> str:
