@@ -464,7 +464,8 @@ def _swar_variant(cfg: Any, dtype: str, per_word: int, bits: int) -> Variant:
         kind, kernel = "gemv", "_gemv_kernel"
         work = _work(cfg.block_m, cfg.block_n, cfg.block_w * per_word)
     else:
-        cx = common | {"BF16": dtype != "fp16", "IEEE": fp32, "BLOCK_N": cfg.block_n, "GROUP_N": 8}
+        cx = common | {"BF16": dtype != "fp16", "IEEE": fp32, "BLOCK_N": cfg.block_n, "GROUP_N": 8,
+                       "PACKED": not fp32}  # fmt: skip
         kind = "fp32 tile" if fp32 else "skinny" if cfg.block_m <= 64 else "large"
         kernel = "_mma_kernel"
         work = _work(cfg.block_m, cfg.block_n, CHUNK_WORDS * per_word)

@@ -6,8 +6,8 @@ the one rounding to the output dtype. Which kernel runs (:func:`swar_config`):
 
 - fp16/bf16 activations, every batch: :func:`_mma_kernel` on the tensor cores. The output is
   computed transposed (``out.T = W @ x.T``): the decoded weight tile is the MMA's register
-  operand and the batch its narrow side (16 at least), one K=16 step per code slot; codes and
-  activations arrive by multi-stage async copies.
+  operand and the batch its narrow side (16 at least), one K=32 dot per pair of code slots
+  (:func:`_chunk_dot`); codes and activations arrive by multi-stage async copies.
 - fp32 activations (IEEE fp32 products, no TF32), up to :data:`GEMV_MAX_ROWS` rows:
   :func:`_gemv_kernel` on CUDA cores. Each thread keeps per-word partial sums (no reduction,
   shuffle or barrier in the loop) and reduces once after it; codes come in 128-bit loads. More
@@ -68,7 +68,9 @@ _HIGH = tl.constexpr(_s32(0xFFFF0000))
 @triton.jit
 def decode_pair(w, G: tl.constexpr, PER_WORD: tl.constexpr, BF16: tl.constexpr):
     """Two 16-bit float patterns in one int32 (slot ``2G`` low, ``2G + 1`` high) from words
-    ``w`` of the layout (see :mod:`inq.kernels.layout` for the bit positions)."""
+    ``w`` of the layout (see :mod:`inq.kernels.layout` for the bit positions). Each half comes
+    from the same half of ``w`` alone (no shift carries a kept bit across), so a ``w`` made of
+    the low (or high) halves of two words decodes to slot ``2G`` (``2G + 1``) of both."""
     if PER_WORD == 8:
         if not BF16:
             shift: tl.constexpr = 0 if G == 0 else 2 if G == 1 else 8 if G == 2 else 10
@@ -160,11 +162,44 @@ def _gemv_kernel(
 
 
 @triton.jit
+def _chunk_dot(acc, words, x_ptrs, k0, K, PER_WORD: tl.constexpr, BF16: tl.constexpr,
+               IEEE: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """``acc + W @ x.T`` for one chunk ``words [BLOCK_N, 16]`` (its first column ``k0``): one
+    dot of depth 32 per pair of code slots, the activation tile ``x.T [32, cols]`` read at
+    ``x_ptrs + k0 + 32 * g`` (``MASKED``: columns from ``K`` on read as 0).
+
+    The low halves of words ``2j`` and ``2j + 1`` are packed into one int32 before decoding
+    (and the high halves into another): decoded, each holds two weights adjacent in K, the pair
+    the MMA's register operand keeps in one register, so no decoded weight is moved again. A
+    join and a permutation put slot ``2g`` before slot ``2g + 1``; they only rename registers."""
+    a, b = tl.split(tl.reshape(words, [BLOCK_N, 8, 2]))
+    lo = (a & 0xFFFF) | (b << 16)  # even slots of words 2j, 2j + 1
+    hi = ((a >> 16) & 0xFFFF) | (b & _HIGH)  # odd slots
+    cols = tl.arange(0, 32)
+    for g in tl.static_range(PER_WORD // 2):
+        both = tl.join(decode_pair(lo, g, PER_WORD, BF16), decode_pair(hi, g, PER_WORD, BF16))
+        pairs = tl.reshape(tl.permute(both, (0, 2, 1)), [BLOCK_N, 16])  # column pairs, K order
+        bits = tl.join(pairs.to(tl.int16), (pairs >> 16).to(tl.int16))
+        w = tl.reshape(bits, [BLOCK_N, 32]).to(tl.bfloat16 if BF16 else tl.float16, bitcast=True)
+        k = k0 + 32 * g
+        if MASKED:
+            xt = tl.load(x_ptrs + k, mask=(k + cols < K)[:, None], other=0.0)
+        else:
+            xt = tl.load(x_ptrs + k)
+        if IEEE:  # under the interpreter (see dot_upcast)
+            acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w.to(xt.dtype), xt, acc)
+    return acc
+
+
+@triton.jit
 def _mma_kernel(
     x_ptr, words_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr,
     M, N, K, KW, stride_xm, chunks_per_split,
     PER_WORD: tl.constexpr, BF16: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_N: tl.constexpr,
+    PACKED: tl.constexpr,
 ):  # fmt: skip
     pid_n, pid_m = grouped(tl.program_id(0), N, M, BLOCK_N, BLOCK_M, GROUP_N)
     pid_k = tl.program_id(1)
@@ -173,19 +208,34 @@ def _mma_kernel(
     x_rows = tl.minimum(rm, M - 1)  # rows past M read row M - 1 and are never stored
     w16 = tl.arange(0, 16)
     chunk: tl.constexpr = 16 * PER_WORD
-    word_ptrs = words_ptr + rn[:, None] * KW + w16[None, :]
-    x_ptrs = x_ptr + x_rows[None, :] * stride_xm + w16[:, None]  # x.T tile [16, BLOCK_M]
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     first = pid_k * chunks_per_split
     last = tl.minimum(first + chunks_per_split, KW // 16)
-    for c in range(first, last):
-        words = tl.load(word_ptrs + c * 16, mask=(rn < N)[:, None], other=0)
-        for g in tl.static_range(PER_WORD // 2):
-            pair = decode_pair(words, g, PER_WORD, BF16)
-            for high in tl.static_range(2):
-                k0 = c * chunk + (2 * g + high) * 16
-                xt = tl.load(x_ptrs + k0, mask=(k0 + w16 < K)[:, None], other=0.0)
-                acc = slot_dot(pair, high, xt, acc, IEEE)
+    if PACKED:
+        # two code slots per dot (_chunk_dot); rows past N read row N - 1 and are never stored, and
+        # only a chunk reaching past K (the last one, at most) masks its activations
+        word_ptrs = words_ptr + tl.minimum(rn, N - 1)[:, None] * KW + w16[None, :]
+        x_ptrs = x_ptr + x_rows[None, :] * stride_xm + tl.arange(0, 32)[:, None]
+        full = tl.maximum(first, tl.minimum(last, K // chunk))
+        for c in range(first, full):
+            words = tl.load(word_ptrs + c * 16)
+            acc = _chunk_dot(acc, words, x_ptrs, c * chunk, K, PER_WORD, BF16, IEEE, False,
+                             BLOCK_N)  # fmt: skip
+        if full < last:
+            words = tl.load(word_ptrs + full * 16)
+            acc = _chunk_dot(acc, words, x_ptrs, full * chunk, K, PER_WORD, BF16, IEEE, True,
+                             BLOCK_N)  # fmt: skip
+    else:  # fp32 activations: one K=16 dot per code slot
+        word_ptrs = words_ptr + rn[:, None] * KW + w16[None, :]
+        x_ptrs = x_ptr + x_rows[None, :] * stride_xm + w16[:, None]  # x.T tile [16, BLOCK_M]
+        for c in range(first, last):
+            words = tl.load(word_ptrs + c * 16, mask=(rn < N)[:, None], other=0)
+            for g in tl.static_range(PER_WORD // 2):
+                pair = decode_pair(words, g, PER_WORD, BF16)
+                for high in tl.static_range(2):
+                    k0 = c * chunk + (2 * g + high) * 16
+                    xt = tl.load(x_ptrs + k0, mask=(k0 + w16 < K)[:, None], other=0.0)
+                    acc = slot_dot(pair, high, xt, acc, IEEE)
     # acc is out.T: rows of the weight by rows of x
     finish(tl.trans(acc), rm, rn, rm < M, rn < N, pid_k, scale_ptr, bias_ptr, out_ptr, part_ptr,
            M, N, True, HAS_BIAS, SPLIT_K)  # fmt: skip
@@ -367,7 +417,7 @@ def _launch(x: Tensor, weight: KernelWeight, bias: Tensor | None, out: Tensor,
             m, n, k, kw, x.stride(0), per_split,
             PER_WORD=weight.per_word, BF16=weight.fmt == "bf16", HAS_BIAS=bias is not None,
             IEEE=fp32 or dot_upcast(x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            SPLIT_K=cfg.split_k, GROUP_N=8,
+            SPLIT_K=cfg.split_k, GROUP_N=8, PACKED=not fp32,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     if cfg.split_k > 1:
