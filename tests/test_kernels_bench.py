@@ -28,7 +28,6 @@ from inq.kernels.bench import (
     add_bench_arguments,
     bench_record,
     bound,
-    dispatched_tiling,
     format_end_to_end,
     format_floor,
     format_table,
@@ -244,37 +243,28 @@ def test_repeat_arguments() -> None:
             parser.parse_args(bad)
 
 
-def test_dispatched_tiling_records_the_choice_and_puts_choose_back() -> None:
+def test_offered_names_the_tiling_the_dispatcher_runs() -> None:
+    """``swar.offered`` gives the tilings of a call and the pick ``choose`` remembers for them
+    (the default before one); a weight the layout cannot hold (fp16 byte codes spanning 40
+    powers) has no layout: the generic kernels run."""
+    pytest.importorskip("triton")
+    from inq.kernels.layout import kernel_weight
     from inq.kernels.triton import swar
 
-    choose = swar.choose
-    key = ("test_kernels_bench",)
+    x = torch.full((2, 128), 2**-10, dtype=torch.float16)
+    nibbles = pack_codes(torch.randint(8, 16, (16, 128), dtype=torch.uint8), 4)
+    layout = kernel_weight(nibbles, 4, 0, 128, torch.float16)
+    options, chosen = swar.offered(x, layout, sms=132)
+    assert chosen == 0 and len(options) == swar.candidates(2, fp32=False) == 2
+    _, key = swar._offer(x, layout, 132, None)
+    swar._CHOSEN[key] = 1
     try:
-        times = [3.0, 1.0, 2.0]
-        assert dispatched_tiling(lambda: swar.choose(key, 3, print, lambda _, i: times[i])) == 1
+        assert swar.offered(x, layout, sms=132) == (options, 1)
     finally:
-        swar._CHOSEN.pop(key, None)
-    assert dispatched_tiling(lambda: None) is None
-    assert swar.choose is choose
-
-
-def test_dispatched_tiling_of_the_linear_kernels() -> None:
-    """The Triton launcher (the interpreter here) asks the dispatcher for a weight in the kernel
-    layout; one the layout cannot hold (fp16 byte codes spanning 40 powers) runs the generic
-    kernels, which do not ask."""
-    pytest.importorskip("triton")
-    from inq.kernels.triton import linear, swar
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    x = torch.full((2, 128), 2**-10, dtype=torch.float16, device=device)  # no sum overflows
-    nibbles = pack_codes(torch.randint(8, 16, (16, 128), dtype=torch.uint8), 4).to(device)
-    chosen = dispatched_tiling(partial(linear.shift_linear, x, nibbles, 4, 0, 128, None))
-    assert chosen is not None and 0 <= chosen < swar.candidates(2, fp32=False)
+        del swar._CHOSEN[key]
     wide = torch.full((16, 128), 128, dtype=torch.uint8)
     wide[:, 1] = 128 + 39  # 2**15 and 2**-24 in one row
-    wide = pack_codes(wide, 8).to(device)
-    assert dispatched_tiling(partial(linear.shift_linear, x, wide, 8, 15, 128, None)) is None
-    assert cached_kernel_weight(wide, 8, 15, 128, torch.float16) is None
+    assert cached_kernel_weight(pack_codes(wide, 8), 8, 15, 128, torch.float16) is None
 
 
 @pytest.mark.cuda

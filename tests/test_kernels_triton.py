@@ -462,7 +462,7 @@ def test_every_candidate_tiling_gives_the_same_bits(m: int, dtype) -> None:
         cfg = swar.swar_config(m, o, chunks, False, 4, None, choice, bf16)
         assert cfg.split_k == swar.swar_config(m, o, chunks, False, sms=4).split_k > 1
         out = torch.empty(m, o, dtype=dtype, device=DEVICE)
-        swar._launch(x, layout, None, out, cfg)
+        swar.launch(x, layout, None, out, cfg)
         outs.append(out.cpu())
     assert all(torch.equal(outs[0].view(torch.int16), y.view(torch.int16)) for y in outs[1:])
 

@@ -34,7 +34,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,7 @@ class Budget:
     int_per_mac: float | None = None  # integer-pipe lane-ops per MAC
     no_shuffles: bool = False  # no SHFL (a reduction) in the loop
     async_copies: bool = False  # LDGSTS/UTMALDG in the loop (operands fed to the MMA)
+    overlap: bool = False  # the loop's wgmma waited to depth >= 1 (decode overlaps the MMA)
 
 
 @dataclass(frozen=True)
@@ -470,9 +471,10 @@ def _swar_variant(cfg: Any, dtype: str, per_word: int, bits: int) -> Variant:
         kernel = "_mma_kernel"
         work = _work(cfg.block_m, cfg.block_n, CHUNK_WORDS * per_word)
     name = f"linear {cfg.kernel} {cfg.block_m}x{cfg.block_n}"
-    return Variant(name, "swar", kernel, dtype, cx, *launch, cfg.kernel == "gemv",
-                   not fp32 and cfg.kernel == "mma", **work,
-                   budget=_budget(kind, per_word, cfg.block_m))  # fmt: skip
+    mma = not fp32 and cfg.kernel == "mma"  # on the tensor cores, which must overlap decode
+    budget = replace(_budget(kind, per_word, cfg.block_m), overlap=mma)
+    return Variant(name, "swar", kernel, dtype, cx, *launch, cfg.kernel == "gemv", mma, **work,
+                   budget=budget)  # fmt: skip
 
 
 def _work(rows: int, cols: int, depth: int) -> dict[str, int]:
@@ -639,6 +641,8 @@ def _over_budget(result: CompiledVariant) -> list[str]:
         problems.append(f"{loop.shuffles} shuffles (SHFL) in the main loop")
     if budget.async_copies and not loop.async_copies:
         problems.append("no async copy (LDGSTS/UTMALDG) in the main loop")
+    if budget.overlap and not loop.wgmma_wait:
+        problems.append("wgmma waited to depth 0: decode and MMA take turns")
     return problems
 
 

@@ -6,8 +6,9 @@ the one rounding to the output dtype. Which kernel runs (:func:`swar_config`):
 
 - fp16/bf16 activations, every batch: :func:`_mma_kernel` on the tensor cores. The output is
   computed transposed (``out.T = W @ x.T``): the decoded weight tile is the MMA's register
-  operand and the batch its narrow side (16 at least), one K=32 dot per pair of code slots
-  (:func:`_chunk_dot`); codes and activations arrive by multi-stage async copies.
+  operand and the batch its narrow side (16 at least), one dot per chunk of codes
+  (:func:`_chunk_dot`), waited for an iteration later so that decode and MMA overlap; codes and
+  activations arrive by multi-stage async copies.
 - fp32 activations (IEEE fp32 products, no TF32), up to :data:`GEMV_MAX_ROWS` rows:
   :func:`_gemv_kernel` on CUDA cores. Each thread keeps per-word partial sums (no reduction,
   shuffle or barrier in the loop) and reduces once after it; codes come in 128-bit loads. More
@@ -44,6 +45,8 @@ __all__ = [
     "candidates",
     "choose",
     "decode_pair",
+    "launch",
+    "offered",
     "slot_dot",
     "swar_config",
     "swar_linear",
@@ -162,35 +165,52 @@ def _gemv_kernel(
 
 
 @triton.jit
+def _slot_pair(lo, hi, G: tl.constexpr, PER_WORD: tl.constexpr, BF16: tl.constexpr,
+               BLOCK_N: tl.constexpr):  # fmt: skip
+    """Code slots ``2G`` and ``2G + 1`` of a chunk as ``[BLOCK_N, 32]`` 16-bit patterns in K
+    order, from its packed low and high halves (see :func:`_chunk_dot`)."""
+    both = tl.join(decode_pair(lo, G, PER_WORD, BF16), decode_pair(hi, G, PER_WORD, BF16))
+    pairs = tl.reshape(tl.permute(both, (0, 2, 1)), [BLOCK_N, 16])  # column pairs, K order
+    bits = tl.join(pairs.to(tl.int16), (pairs >> 16).to(tl.int16))
+    return tl.reshape(bits, [BLOCK_N, 32])
+
+
+@triton.jit
+def _cat(a, b, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """``[a | b]`` for two ``[ROWS, COLS]`` tiles (a join and a permutation: register names)."""
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), [ROWS, 2 * COLS])
+
+
+@triton.jit
 def _chunk_dot(acc, words, x_ptrs, k0, K, PER_WORD: tl.constexpr, BF16: tl.constexpr,
                IEEE: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """``acc + W @ x.T`` for one chunk ``words [BLOCK_N, 16]`` (its first column ``k0``): one
-    dot of depth 32 per pair of code slots, the activation tile ``x.T [32, cols]`` read at
-    ``x_ptrs + k0 + 32 * g`` (``MASKED``: columns from ``K`` on read as 0).
+    """``acc + W @ x.T`` for one chunk ``words [BLOCK_N, 16]`` (its first column ``k0``) in one
+    dot over the whole chunk, the activation tile ``x.T [16 * PER_WORD, cols]`` read at
+    ``x_ptrs + k0`` (``MASKED``: columns from ``K`` on read as 0). One dot is one chain of
+    wgmma that Triton waits for an iteration later (depth 1), so the next chunk's decode runs
+    while the tensor cores work; a dot per slot waits for each (depth 0).
 
     The low halves of words ``2j`` and ``2j + 1`` are packed into one int32 before decoding
     (and the high halves into another): decoded, each holds two weights adjacent in K, the pair
-    the MMA's register operand keeps in one register, so no decoded weight is moved again. A
-    join and a permutation put slot ``2g`` before slot ``2g + 1``; they only rename registers."""
+    the MMA's register operand keeps in one register, so no decoded weight is moved again. Joins
+    and permutations put the slots in K order; they only rename registers."""
     a, b = tl.split(tl.reshape(words, [BLOCK_N, 8, 2]))
     lo = (a & 0xFFFF) | (b << 16)  # even slots of words 2j, 2j + 1
     hi = ((a >> 16) & 0xFFFF) | (b & _HIGH)  # odd slots
-    cols = tl.arange(0, 32)
-    for g in tl.static_range(PER_WORD // 2):
-        both = tl.join(decode_pair(lo, g, PER_WORD, BF16), decode_pair(hi, g, PER_WORD, BF16))
-        pairs = tl.reshape(tl.permute(both, (0, 2, 1)), [BLOCK_N, 16])  # column pairs, K order
-        bits = tl.join(pairs.to(tl.int16), (pairs >> 16).to(tl.int16))
-        w = tl.reshape(bits, [BLOCK_N, 32]).to(tl.bfloat16 if BF16 else tl.float16, bitcast=True)
-        k = k0 + 32 * g
-        if MASKED:
-            xt = tl.load(x_ptrs + k, mask=(k + cols < K)[:, None], other=0.0)
-        else:
-            xt = tl.load(x_ptrs + k)
-        if IEEE:  # under the interpreter (see dot_upcast)
-            acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w.to(xt.dtype), xt, acc)
-    return acc
+    w = _cat(_slot_pair(lo, hi, 0, PER_WORD, BF16, BLOCK_N),
+             _slot_pair(lo, hi, 1, PER_WORD, BF16, BLOCK_N), BLOCK_N, 32)  # fmt: skip
+    if PER_WORD == 8:
+        w = _cat(w, _cat(_slot_pair(lo, hi, 2, PER_WORD, BF16, BLOCK_N),
+                         _slot_pair(lo, hi, 3, PER_WORD, BF16, BLOCK_N), BLOCK_N, 32),
+                 BLOCK_N, 64)  # fmt: skip
+    w = w.to(tl.bfloat16 if BF16 else tl.float16, bitcast=True)
+    if MASKED:
+        xt = tl.load(x_ptrs + k0, mask=(k0 + tl.arange(0, 16 * PER_WORD) < K)[:, None], other=0.0)
+    else:
+        xt = tl.load(x_ptrs + k0)
+    if IEEE:  # under the interpreter (see dot_upcast)
+        return tl.dot(w.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(w.to(xt.dtype), xt, acc)
 
 
 @triton.jit
@@ -212,10 +232,10 @@ def _mma_kernel(
     first = pid_k * chunks_per_split
     last = tl.minimum(first + chunks_per_split, KW // 16)
     if PACKED:
-        # two code slots per dot (_chunk_dot); rows past N read row N - 1 and are never stored, and
+        # one dot a chunk (_chunk_dot); rows past N read row N - 1 and are never stored, and
         # only a chunk reaching past K (the last one, at most) masks its activations
         word_ptrs = words_ptr + tl.minimum(rn, N - 1)[:, None] * KW + w16[None, :]
-        x_ptrs = x_ptr + x_rows[None, :] * stride_xm + tl.arange(0, 32)[:, None]
+        x_ptrs = x_ptr + x_rows[None, :] * stride_xm + tl.arange(0, chunk)[:, None]
         full = tl.maximum(first, tl.minimum(last, K // chunk))
         for c in range(first, full):
             words = tl.load(word_ptrs + c * 16)
@@ -256,15 +276,19 @@ class SwarConfig:
 
 
 # candidates per batch bucket of the tensor-core kernel: (weight rows per tile, warps, stages),
-# the first the default. They differ in tiling only, never in the split of K or the order of
-# its loop, so whichever a GPU picks, every output is the same sum in the same order. Each is
-# a variant of the static check within its budget: the 64-row tiles of bf16 at batch <= 64 are
-# not (2.52-2.53 integer lane-ops per weight against 2.5), so bf16 has only the default there.
+# the first the default. The time model (inq.kernels.model) ranks one of them first at every
+# benchmark shape, and the default within 25 % of it (the static check fails otherwise): 256-row
+# tiles from batch 64 read each activation tile from the L2 half as often per weight (the
+# model's bound there); at batch <= 32, 64-row tiles win where K is split, 128-row ones on the
+# largest weights. They differ in tiling only, never in the split of K or the order of its
+# loop, so whichever a GPU picks, every output is the same sum in the same order. Each is a
+# variant of the static check within its budget: the narrower tiles of bf16 at batch <= 64 are
+# not (integer lane-ops per weight over 2.5), so bf16 has only the default there.
 _MMA_CANDIDATES = {
     16: [(128, 4, 4), (64, 4, 4)],
     32: [(128, 4, 4), (64, 4, 4)],
-    64: [(128, 4, 3), (64, 4, 3)],
-    128: [(128, 8, 3), (64, 4, 3)],
+    64: [(256, 8, 3), (128, 4, 3)],
+    128: [(256, 8, 3), (128, 8, 3)],
 }
 
 
@@ -383,18 +407,41 @@ def swar_linear(
     """``out = x @ W.T + bias`` for 2-d contiguous ``x`` and ``weight`` in the kernel layout;
     ``bias`` (if any) in ``x``'s dtype. On a GPU the first call of a shape times the
     candidate tilings (:func:`choose`); they give the same result."""
-    n, kw = weight.words.shape
-    fp32 = x.dtype == torch.float32
-    options = _launch_options(x.shape[0], n, kw // CHUNK_WORDS, fp32, sms, split_k,
-                              weight.fmt == "bf16")  # fmt: skip
-    key = (x.device, x.dtype, weight.per_word, options[0].block_m, n, kw, options[0].split_k)
+    options, key = _offer(x, weight, sms, split_k)
     count = len(options) if x.is_cuda else 1
-    best = choose(key, count, lambda i: _launch(x, weight, bias, out, options[i]))
-    _launch(x, weight, bias, out, options[best])
+    best = choose(key, count, lambda i: launch(x, weight, bias, out, options[i]))
+    launch(x, weight, bias, out, options[best])
 
 
-def _launch(x: Tensor, weight: KernelWeight, bias: Tensor | None, out: Tensor,
-            cfg: SwarConfig) -> None:  # fmt: skip
+def _offer(
+    x: Tensor, weight: KernelWeight, sms: int, split_k: int | None
+) -> tuple[tuple[SwarConfig, ...], tuple]:
+    """The tilings on offer for one call, and the key :func:`choose` remembers its pick by."""
+    n, kw = weight.words.shape
+    options = _launch_options(x.shape[0], n, kw // CHUNK_WORDS, x.dtype == torch.float32, sms,
+                              split_k, weight.fmt == "bf16")  # fmt: skip
+    return options, (x.device, x.dtype, weight.per_word, options[0].block_m, n, kw,
+                     options[0].split_k)  # fmt: skip
+
+
+def offered(
+    x: Tensor, weight: KernelWeight, sms: int, split_k: int | None = None
+) -> tuple[tuple[SwarConfig, ...], int]:
+    """The tilings :func:`swar_linear` offers for ``x`` and ``weight``, and the index of the
+    one it runs: the pick :func:`choose` remembers for them, else the default (0).
+
+    Example::
+
+        options, chosen = offered(x, weight, sm_count(x.device))
+        launch(x, weight, None, out, options[chosen])
+    """
+    options, key = _offer(x, weight, sms, split_k)
+    return options, _CHOSEN.get(key, 0)
+
+
+def launch(x: Tensor, weight: KernelWeight, bias: Tensor | None, out: Tensor,
+           cfg: SwarConfig) -> None:  # fmt: skip
+    """``out = x @ W.T + bias`` with the tiling ``cfg`` (one of :func:`offered`)."""
     m, k = x.shape
     n, kw = weight.words.shape
     fp32 = x.dtype == torch.float32
