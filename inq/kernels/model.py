@@ -416,15 +416,20 @@ def calibration_records(
         if r["op"] != "linear" or r["dtype"] != "fp16":
             continue
         out_f, in_f = map(int, r["name"].split("x"))
-        timed = {(t["block_m"], t["block_n"]): t["time_us"]
-                 for t in r.get("tilings", []) if not harness.dirty_l2}  # fmt: skip
+        # the tilings the run offered, as it recorded them; older runs recorded none, and get
+        # what the dispatcher offers now (so make their file at the commit of the run)
+        offered = r.get("tilings") or [
+            {"block_m": c.block_m, "block_n": c.block_n, "split_k": c.split_k,
+             "num_stages": c.num_stages, "time_us": None}
+            for c in _swar_tilings(r["batch"], out_f, in_f, r["bits"], device.sms)
+        ]  # fmt: skip
         tilings = []
-        for cfg in _swar_tilings(r["batch"], out_f, in_f, r["bits"], device.sms):
-            static = figures[(variant_name(cfg.block_m, cfg.block_n), r["bits"])]
-            fig = Figures.from_record(static | {"num_stages": cfg.num_stages})
-            tilings.append({"block_m": cfg.block_m, "block_n": cfg.block_n,
-                            "split_k": cfg.split_k, "figures": asdict(fig),
-                            "time_us": timed.get((cfg.block_m, cfg.block_n))})  # fmt: skip
+        for t in offered:
+            static = figures[(variant_name(t["block_m"], t["block_n"]), r["bits"])]
+            fig = Figures.from_record(static | {"num_stages": t["num_stages"]})
+            time = None if harness.dirty_l2 else t["time_us"]  # tilings are timed clean
+            tilings.append({key: t[key] for key in ("block_m", "block_n", "split_k")}
+                           | {"figures": asdict(fig), "time_us": time})  # fmt: skip
         measured = {"time_us": r[f"time{suffix}_us"], "baseline_us": r[f"baseline{suffix}_us"]}
         common = {key: r[key] for key in ("name", "batch", "bits")}
         records.append(common | measured | {"tilings": tilings})

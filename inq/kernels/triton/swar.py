@@ -310,21 +310,24 @@ def swar_config(
     operand of the MMA, the batch the narrow side (16 at least), and async copies keep code
     bytes in flight (the static check's figures per weight are below the GEMV's). fp32
     activations multiply in IEEE fp32 (no TF32): the GEMV up to :data:`GEMV_MAX_ROWS` rows, then
-    an FMA tile. ``split_k`` (default: enough splits for a CTA per SM where the default tiles
-    alone do not fill the GPU, at most 16) is clamped so that every split gets a chunk.
+    an FMA tile. ``split_k`` (default, where the default tiles alone leave SMs idle: the most
+    splits that still fit one CTA an SM, at most 16) is clamped so that every split gets a
+    chunk.
 
     Example:
         >>> swar_config(1, 4096, 32, fp32=False, sms=132)
-        SwarConfig(kernel='mma', block_m=16, block_n=128, block_w=16, split_k=5, num_warps=4, num_stages=4)
+        SwarConfig(kernel='mma', block_m=16, block_n=128, block_w=16, split_k=4, num_warps=4, num_stages=4)
     """  # noqa: E501
     tiles = _tilings(rows, fp32, bf16)
     if choice >= len(tiles):
         raise ValueError(f"no tiling {choice} for {rows} rows")
     default, cfg = tiles[0], tiles[choice]
     steps = -(-chunks * CHUNK_WORDS // cfg.block_w)
-    if split_k is None:  # the fewest splits that give every SM a CTA: each adds partial sums
+    if split_k is None:  # the most splits whose CTAs start in one round, one CTA an SM: a
+        # second round for a few SMs costs more than the SMs the last split leaves idle (the
+        # time model; inq.kernels.model)
         count = -(-rows // default.block_m) * -(-out_features // default.block_n)
-        split_k = min(_MAX_SPLIT, -(-sms // count)) if count < sms else 1
+        split_k = min(_MAX_SPLIT, max(1, sms // count)) if count < sms else 1
     split_k = max(1, min(split_k, steps))
     split_k = -(-steps // -(-steps // split_k))  # no empty split
     return SwarConfig(cfg.kernel, cfg.block_m, cfg.block_n, cfg.block_w, split_k,
