@@ -16,8 +16,9 @@ For one benchmark case and one tiling (the GPU keeps the fastest the dispatcher 
     :attr:`Device.issue_cycles`, since decode loops are integer ops, whose pipe is half a warp
     wide; with the wgmma waited to depth 0, as a register operand is, decode and MMA take
     turns and so do the SM's CTAs: the two add; with depth >= 1 they overlap), the SM's share
-    of DRAM bandwidth for the codes, or its share of L2 bandwidth for codes and activation
-    tiles (every weight-row tile reads the same activations, so they come from the L2);
+    of DRAM bandwidth for the codes (read from DRAM once for all the batch tiles that use
+    them), or its share of L2 bandwidth for codes and activation tiles (every weight-row tile
+    reads the same activations, so they come from the L2);
   * *latency*: each CTA's iterations wait for their async-copy stages, which must cover the
     DRAM latency (Little's law: an iteration takes at least ``latency / (stages - 1)``);
 
@@ -230,7 +231,9 @@ def predict_linear(
     # what one CTA's iteration takes of the SM's shared resources: its CTAs add up
     shared = {
         "compute": compute / clock,
-        "bandwidth": code_bytes / sm_bandwidth,  # x tiles come from the L2
+        # codes from DRAM once, for the first of the batch tiles that read them (the launch
+        # order groups those); activation tiles come from the L2
+        "bandwidth": code_bytes / -(-batch // tiling.block_m) / sm_bandwidth,
         "l2": (code_bytes + x_bytes) / sm_l2,
     }
     bound = max(shared, key=shared.__getitem__)
