@@ -535,10 +535,10 @@ def test_shift_conv2d_matches_reference(case, dtype, bits: int, channels_last: b
     layout = torch.channels_last if channels_last else torch.contiguous_format
     xd = x.to(DEVICE, memory_format=layout)
     ref = F.conv2d(x.double(), w, bias.double(), *args)
-    out, check = guarded(tuple(ref.shape), dtype)
+    out, check = guarded(tuple(ref.shape), dtype, channels_last=channels_last)
     y = tk.shift_conv2d(xd, packed.to(DEVICE), bits, 0, shape, bias.to(DEVICE), *args, out=out)
     check()
-    assert y.is_contiguous()
+    assert y.is_contiguous(memory_format=ops.output_format(xd))  # as F.conv2d's
     conv = lambda a, b: F.conv2d(a, b, None, *args)  # noqa: E731
     assert_close_fp32_sum(y, x, w, ref, math.prod(shape[1:]), 1, conv)
 
@@ -568,12 +568,13 @@ def test_shift_conv2d_tensor_core_path(case, dtype, bits: int, channels_last: bo
     x = torch.randn(n, cin, h, wd, generator=gen).to(dtype)
     args = (_pair(stride), _pair(padding), _pair(dilation), 1)
     layout = torch.channels_last if channels_last else torch.contiguous_format
-    out, check = guarded((n, cout, *ops.conv2d_output_size((h, wd), shape, *args[:3])), dtype)
-    y = tk.shift_conv2d(x.to(DEVICE, memory_format=layout), packed.to(DEVICE), bits,
-                        n1.to(DEVICE), shape, None, *args, out=out)  # fmt: skip
+    size = (n, cout, *ops.conv2d_output_size((h, wd), shape, *args[:3]))
+    out, check = guarded(size, dtype, channels_last=channels_last)
+    xd = x.to(DEVICE, memory_format=layout)
+    y = tk.shift_conv2d(xd, packed.to(DEVICE), bits, n1.to(DEVICE), shape, None, *args, out=out)
     check()
     conv = lambda a, b: F.conv2d(a, b, None, *args)  # noqa: E731
-    assert y.is_contiguous()
+    assert y.is_contiguous(memory_format=ops.output_format(xd))
     assert_close_fp32_sum(y.cpu(), x, w, conv(x.double(), w), k, 1, conv)
 
 

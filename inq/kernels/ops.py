@@ -35,6 +35,7 @@ from inq.codes import decode_weight
 __all__ = [
     "conv2d_output_size",
     "effective_n1",
+    "output_format",
     "shift_conv2d",
     "shift_conv2d_reference",
     "shift_linear",
@@ -81,7 +82,8 @@ def shift_conv2d_reference(
     groups: int,
     n1_rows: Tensor | None = None,
 ) -> Tensor:
-    """Decode + ``F.conv2d`` (contiguous result): the reference of ``inq::shift_conv2d``.
+    """Decode + ``F.conv2d`` (the result dense in :func:`output_format`): the reference of
+    ``inq::shift_conv2d``.
 
     On the CPU a bfloat16/float16 convolution runs in float32 and is rounded once: PyTorch's
     own (oneDNN) returns uninitialised values for some geometries (torch 2.15, a grouped,
@@ -92,8 +94,22 @@ def shift_conv2d_reference(
     if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
         b = None if b is None else b.float()
         y = F.conv2d(x.float(), weight.float(), b, stride, padding, dilation, groups)
-        return y.to(x.dtype).contiguous()
-    return F.conv2d(x, weight, b, stride, padding, dilation, groups).contiguous()
+        return y.to(x.dtype).contiguous(memory_format=output_format(x))
+    y = F.conv2d(x, weight, b, stride, padding, dilation, groups)
+    return y.contiguous(memory_format=output_format(x))
+
+
+def output_format(x: Tensor) -> torch.memory_format:
+    """The memory format of ``inq::shift_conv2d``'s result for input ``x``, as ``F.conv2d``'s:
+    channels_last where ``x`` is dense in it and not in NCHW (a channels_last batch), else
+    contiguous.
+
+    Example:
+        >>> output_format(torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last))
+        torch.channels_last
+    """
+    nhwc = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+    return torch.channels_last if nhwc and not x.is_contiguous() else torch.contiguous_format
 
 
 def conv2d_output_size(
@@ -171,7 +187,8 @@ def shift_conv2d(
 ) -> Tensor:
     """``F.conv2d`` with the weight ``[O, Cin/groups, kh, kw]`` that ``packed`` encodes.
 
-    ``x`` is ``[N, Cin, H, W]`` or unbatched ``[Cin, H, W]``; the result is contiguous.
+    ``x`` is ``[N, Cin, H, W]`` or unbatched ``[Cin, H, W]``; the result is dense in ``x``'s
+    memory format (:func:`output_format`): channels_last in, channels_last out, as ``F.conv2d``.
     """
     return shift_conv2d_reference(
         x, packed, bits, n1, weight_shape, bias, stride, padding, dilation, groups, n1_rows
@@ -196,7 +213,8 @@ def _(
         x.shape[-3] == weight_shape[1] * groups, lambda: "shift_conv2d: channels do not match"
     )
     spatial = conv2d_output_size(x.shape[-2:], weight_shape, stride, padding, dilation)
-    return x.new_empty((*x.shape[:-3], weight_shape[0], *spatial))
+    shape = (*x.shape[:-3], weight_shape[0], *spatial)
+    return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=output_format(x))
 
 
 # ---------------------------------------------------------------------------------- autograd

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from inq.codes import code_width
 from inq.kernels.layout import chunk_columns
-from inq.kernels.ops import conv2d_output_size, effective_n1
+from inq.kernels.ops import conv2d_output_size, effective_n1, output_format
 from inq.kernels.triton.conv_mma import conv_layout, conv_mma
 from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
@@ -90,6 +90,7 @@ def _implicit_gemm_kernel(
     BITS: tl.constexpr, WIDTH: tl.constexpr, MIN_EXP: tl.constexpr,
     PER_ROW_N1: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr,
 ):  # fmt: skip
     g, rp, rn = conv_tile(tl.program_id(0), P, OG, BLOCK_M, BLOCK_N)
     p_ok = rp < P
@@ -109,7 +110,8 @@ def _implicit_gemm_kernel(
         if not UPCAST:
             w = w.to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")  # exact: no rounding
         acc = dot(xt, tl.trans(w), acc, UPCAST, IEEE)
-    _store_nchw(acc, n, oh * OW + ow, oc, p_ok, n_ok, bias_ptr, out_ptr, COUT, OH * OW, HAS_BIAS)
+    _store_output(acc, n, oh * OW + ow, oc, p_ok, n_ok, bias_ptr, out_ptr, COUT, OH * OW, HAS_BIAS,
+                  CHANNELS_LAST)  # fmt: skip
 
 
 @triton.jit
@@ -121,7 +123,7 @@ def _depthwise_kernel(
     KH: tl.constexpr, KW: tl.constexpr,
     BITS: tl.constexpr, WIDTH: tl.constexpr, MIN_EXP: tl.constexpr,
     PER_ROW_N1: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHANNELS_LAST: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(P, BLOCK_M)
@@ -149,16 +151,21 @@ def _depthwise_kernel(
                          other=0.0)  # fmt: skip
             w = tl.sum(tl.where(taps[None, :] == r * KW + s, w_all, 0.0), axis=1)
             acc += xt.to(tl.float32) * w[None, :]
-    _store_nchw(acc, n, oh * OW + ow, oc, p_ok, c_ok, bias_ptr, out_ptr, COUT, OH * OW, HAS_BIAS)
+    _store_output(acc, n, oh * OW + ow, oc, p_ok, c_ok, bias_ptr, out_ptr, COUT, OH * OW, HAS_BIAS,
+                  CHANNELS_LAST)  # fmt: skip
 
 
 @triton.jit
-def _store_nchw(acc, n, pixel, oc, p_ok, c_ok, bias_ptr, out_ptr, COUT, PIXELS,
-                HAS_BIAS: tl.constexpr):  # fmt: skip
-    """Store an fp32 ``[pixels, channels]`` tile into contiguous NCHW, bias added, one rounding."""
+def _store_output(acc, n, pixel, oc, p_ok, c_ok, bias_ptr, out_ptr, COUT, PIXELS,
+                  HAS_BIAS: tl.constexpr, CHANNELS_LAST: tl.constexpr):  # fmt: skip
+    """Store an fp32 ``[pixels, channels]`` tile into a dense NCHW (or ``CHANNELS_LAST``)
+    output, bias added, one rounding."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + oc, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    offsets = (n * COUT * PIXELS + pixel)[:, None] + (oc * PIXELS)[None, :]
+    if CHANNELS_LAST:
+        offsets = ((n * PIXELS + pixel) * COUT)[:, None] + oc[None, :]
+    else:
+        offsets = (n * COUT * PIXELS + pixel)[:, None] + (oc * PIXELS)[None, :]
     y = downcast(acc, out_ptr.dtype.element_ty)  # to nearest even, also under the interpreter
     tl.store(out_ptr + offsets, y, p_ok[:, None] & c_ok[None, :])
 
@@ -201,7 +208,8 @@ def shift_conv2d(
     """``inq::shift_conv2d`` on Triton kernels (CUDA tensors, or CPU under the interpreter).
 
     ``x`` is ``[N, Cin, H, W]`` (any memory format) or unbatched ``[Cin, H, W]``; the result is
-    contiguous (``out``, a contiguous ``[N, O, OH, OW]`` tensor, receives it if given). ``n1``
+    dense in ``x``'s memory format, channels_last for a channels_last ``x``, as ``F.conv2d``'s
+    (``out``, such a ``[N, O, OH, OW]`` tensor, receives it if given). ``n1``
     may be an int32 tensor ``[O]``, or ``n1 + n1_rows`` the exponents per row (the op's form,
     which keeps the tensor-core kernel's layout cached with ``n1_rows``).
 
@@ -228,7 +236,9 @@ def shift_conv2d(
         )
     k = cg * kh * kw
     check_operands("shift_conv2d", packed, bits, o, k, bias, x.numel(), nb * o * oh * ow)
-    out = output_tensor(out, (nb, o, oh, ow), x.dtype, x.device)
+    memory_format = output_format(batched)
+    out = output_tensor(out, (nb, o, oh, ow), x.dtype, x.device, memory_format)
+    channels_last = memory_format == torch.channels_last
     effective = n1 if n1_rows is None else effective_n1(int(n1), n1_rows)
     n1_ptr, n1_value, per_row = n1_args(effective, o, x.dtype, x.device)  # checks n1
     if groups == 1 and x.dtype != torch.float32 and out.numel() and 2 * cg >= chunk_columns(bits):
@@ -253,7 +263,8 @@ def shift_conv2d(
             _depthwise_kernel[grid](
                 *args, o // groups, *geometry,
                 KH=kh, KW=kw, BITS=bits, WIDTH=width, MIN_EXP=min_exp, PER_ROW_N1=per_row,
-                HAS_BIAS=has_bias, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **launch,
+                HAS_BIAS=has_bias, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                CHANNELS_LAST=channels_last, **launch,
             )  # fmt: skip
         else:
             og = o // groups
@@ -262,6 +273,7 @@ def shift_conv2d(
                 *args, cg, og, k, groups, *geometry,
                 KH=kh, KW=kw, BITS=bits, WIDTH=width, MIN_EXP=min_exp, PER_ROW_N1=per_row,
                 HAS_BIAS=has_bias, UPCAST=dot_upcast(x.dtype), IEEE=x.dtype == torch.float32,
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **launch,
+                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                CHANNELS_LAST=channels_last, **launch,
             )  # fmt: skip
     return out.squeeze(0) if x.dim() == 3 else out

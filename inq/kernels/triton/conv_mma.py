@@ -105,6 +105,7 @@ def _conv_mma_kernel(
     KH: tl.constexpr, KW: tl.constexpr, PER_WORD: tl.constexpr, BF16: tl.constexpr,
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, EVEN_C: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr,
+    CHANNELS_LAST: tl.constexpr,
 ):  # fmt: skip
     pid_n, pid_m = grouped(tl.program_id(0), COUT, P, BLOCK_N, BLOCK_M, GROUP_N)
     pid_k = tl.program_id(1)
@@ -145,8 +146,10 @@ def _conv_mma_kernel(
         next_row = s == KW
         s = tl.where(next_row, 0, s)
         r = tl.where(next_row, r + 1, r)
-    # contiguous NCHW: out[n, o, pixel]
-    offsets = (rn * (OH * OW))[:, None] + (n * COUT * OH * OW + oh * OW + ow)[None, :]
+    if CHANNELS_LAST:  # out[pixel, o]: the pixels are in (n, oh, ow) order
+        offsets = rn[:, None] + (rm * COUT)[None, :]
+    else:  # contiguous NCHW: out[n, o, pixel]
+        offsets = (rn * (OH * OW))[:, None] + (n * COUT * OH * OW + oh * OW + ow)[None, :]
     mask = n_ok[:, None] & p_ok[None, :]
     if SPLIT_K > 1:  # unscaled fp32 partial sums, reduced in split order (reduce_partials)
         tl.store(part_ptr + pid_k * P * COUT + offsets, acc, mask)
@@ -181,7 +184,7 @@ def conv_mma(
     out: Tensor,
 ) -> None:
     """Write the convolution of fp16/bf16 ``x [N, C, H, W]`` (any memory format; checked by the
-    caller, ``groups=1``) into the contiguous ``out [N, O, OH, OW]``."""
+    caller, ``groups=1``) into ``out [N, O, OH, OW]``, dense NCHW or channels_last."""
     o, c, kh, kw = weight_shape
     nb, _, h, w = x.shape
     oh, ow = out.shape[-2:]
@@ -194,7 +197,10 @@ def conv_mma(
     tiles = triton.cdiv(pixels, block_m) * triton.cdiv(o, block_n)
     split = k_splits(kh * kw * per_tap, tiles, sm_count(x.device))
     per_split = triton.cdiv(kh * kw * per_tap, split)
-    part = out.new_empty((split, *out.shape), dtype=torch.float32) if split > 1 else out
+    channels_last = not out.is_contiguous()  # then dense channels_last (the caller's check)
+    # the partial sums in out's order, and out as the reduce sees it: channels last or second
+    target = out.permute(0, 2, 3, 1) if channels_last else out
+    part = target.new_empty((split, *target.shape), dtype=torch.float32) if split > 1 else out
     b = None if bias is None else bias.to(x.dtype).contiguous()
     _conv_mma_kernel[(tiles, split)](
         nhwc, weight.words, weight.scale, out if b is None else b, out, part,
@@ -202,7 +208,7 @@ def conv_mma(
         *stride, *padding, *dilation,
         KH=kh, KW=kw, PER_WORD=weight.per_word, BF16=weight.fmt == "bf16", HAS_BIAS=b is not None,
         IEEE=dot_upcast(x.dtype), EVEN_C=c % chunk == 0, SPLIT_K=split, BLOCK_M=block_m,
-        BLOCK_N=block_n, GROUP_N=8, num_warps=warps, num_stages=3,
+        BLOCK_N=block_n, GROUP_N=8, CHANNELS_LAST=channels_last, num_warps=warps, num_stages=3,
     )  # fmt: skip
     if split > 1:
-        reduce_partials(part, weight.scale, b, out, channel_dim=1)
+        reduce_partials(part, weight.scale, b, target, channel_dim=-1 if channels_last else 1)
