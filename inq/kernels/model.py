@@ -56,6 +56,7 @@ __all__ = [
     "Estimate",
     "Figures",
     "Harness",
+    "Launch",
     "Prediction",
     "Tiling",
     "calibrate",
@@ -64,6 +65,7 @@ __all__ = [
     "format_calibration",
     "format_estimates",
     "load_calibration",
+    "predict",
     "predict_dense",
     "predict_linear",
     "table_problems",
@@ -194,6 +196,64 @@ def _evicted(read: int, device: Device, harness: Harness) -> int:
     return min(read, device.l2_bytes) if harness.dirty_l2 else 0
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One launch of a tiled tensor-core kernel as the model sees it (bytes and MACs of one
+    CTA's main-loop iteration, the kernel's whole traffic)."""
+
+    name: str  # the tiling, as the tables print it
+    ctas: int
+    iterations: int  # main-loop iterations of one CTA
+    weight_bytes: int  # weights one CTA loads an iteration
+    sharers: int  # CTAs reading the same weights (they come from DRAM once for all)
+    act_bytes: int  # activations one CTA loads an iteration (re-read: from the L2)
+    macs: int  # multiply-accumulates of one CTA's iteration
+    mma_per_clock: int  # the tensor cores' rate for its operands, an SM
+    stored: int  # bytes all CTAs store (outputs or partial sums)
+    dram: int  # bytes the kernel must move
+    read: int  # bytes it reads from DRAM (what a dirty L2 writes back for)
+    reduce: int  # bytes of the split-K pass after it (0: none)
+
+
+def predict(launch: Launch, fig: Figures, device: Device = H200,
+            harness: Harness = CLEAN) -> Prediction:  # fmt: skip
+    """The time of ``launch`` with the compiled ``fig`` (see the module docstring)."""
+    clock = device.clock_ghz * 1e3  # cycles per microsecond
+    tensor = launch.macs / launch.mma_per_clock if fig.tensor_cores else 0.0
+    issue = fig.num_warps * fig.loop_instructions * device.issue_cycles / device.schedulers
+    overlap = fig.wgmma_wait is not None and fig.wgmma_wait >= 1
+    compute = max(tensor, issue) if overlap else tensor + issue  # cycles, one CTA's iteration
+    per_sm = -(-launch.ctas // device.sms)  # CTAs on the busiest SM
+    occupancy = max(1, fig.ctas_per_sm)
+    rounds = -(-per_sm // occupancy)  # they start in this many rounds
+    resident = min(occupancy, per_sm)
+    # what one CTA's iteration takes of the SM's shared resources: its CTAs add up
+    shared = {
+        "compute": compute / clock,
+        "bandwidth": launch.weight_bytes / launch.sharers / (device.dram_gbps * 1e3 / device.sms),
+        "l2": (launch.weight_bytes + launch.act_bytes) / (device.l2_gbps * 1e3 / device.sms),
+    }
+    bound = max(shared, key=shared.__getitem__)
+    busy = per_sm * launch.iterations * shared[bound]
+    # each CTA's iterations wait for their stages: at least latency / (stages in flight)
+    waiting = rounds * launch.iterations * device.latency_us / max(1, fig.num_stages - 1)
+    if waiting > busy:
+        bound = "latency"
+    loop = max(busy, waiting)
+    # a prologue and an epilogue a round, and the stores
+    kernel = 2 * rounds * device.latency_us + loop + launch.stored / device.dram_gbps / 1e3
+    evicted = _evicted(launch.read, device, harness)
+    if (launch.dram + evicted) / device.dram_gbps / 1e3 > kernel:
+        kernel, bound = (launch.dram + evicted) / device.dram_gbps / 1e3, "dram"
+    reduce = 0.0
+    if launch.reduce:
+        reduce = device.launch_gap_us + device.latency_us + launch.reduce / device.dram_gbps / 1e3
+    inflight = resident * max(1, fig.num_stages - 1) * launch.weight_bytes / 1024
+    return Prediction(launch.name, launch.ctas, rounds, resident,
+                      loop / (rounds * max(1, launch.iterations)), bound, inflight, kernel,
+                      reduce, harness.floor_us, launch.dram, evicted)  # fmt: skip
+
+
 def predict_linear(
     out_f: int, in_f: int, batch: int, bits: int, tiling: Tiling, fig: Figures,
     device: Device = H200, harness: Harness = CLEAN,
@@ -210,55 +270,20 @@ def predict_linear(
     per_word = 8 if bits <= 4 else 4
     chunks = -(-in_f // (16 * per_word))
     tiles = -(-batch // tiling.block_m) * -(-out_f // tiling.block_n)
-    ctas = tiles * tiling.split_k
-    iterations = -(-chunks // tiling.split_k)
-    clock = device.clock_ghz * 1e3  # cycles per microsecond
-    code_bytes = tiling.block_n * CHUNK_WORDS * 4  # one chunk of each weight row
-    x_bytes = tiling.block_m * 16 * per_word * 2
-    macs = tiling.block_m * tiling.block_n * 16 * per_word
-    tensor = macs / device.mma_per_clock if fig.tensor_cores else 0.0
-    issue = fig.num_warps * fig.loop_instructions * device.issue_cycles / device.schedulers
-    overlap = fig.wgmma_wait is not None and fig.wgmma_wait >= 1
-    compute = max(tensor, issue) if overlap else tensor + issue  # cycles, one CTA's iteration
-    partial = tiling.split_k > 1
-    out_tile = tiling.block_m * tiling.block_n * (4 if partial else 2)
-    sm_bandwidth = device.dram_gbps * 1e3 / device.sms  # bytes per microsecond
-    sm_l2 = device.l2_gbps * 1e3 / device.sms
-    per_sm = -(-ctas // device.sms)  # CTAs on the busiest SM
-    occupancy = max(1, fig.ctas_per_sm)
-    rounds = -(-per_sm // occupancy)  # they start in this many rounds
-    resident = min(occupancy, per_sm)
-    # what one CTA's iteration takes of the SM's shared resources: its CTAs add up
-    shared = {
-        "compute": compute / clock,
-        # codes from DRAM once, for the first of the batch tiles that read them (the launch
-        # order groups those); activation tiles come from the L2
-        "bandwidth": code_bytes / -(-batch // tiling.block_m) / sm_bandwidth,
-        "l2": (code_bytes + x_bytes) / sm_l2,
-    }
-    bound = max(shared, key=shared.__getitem__)
-    busy = per_sm * iterations * shared[bound]
-    # each CTA's iterations wait for their stages: at least latency / (stages in flight)
-    waiting = rounds * iterations * device.latency_us / max(1, fig.num_stages - 1)
-    if waiting > busy:
-        bound = "latency"
-    loop = max(busy, waiting)
-    stored = ctas * out_tile / device.dram_gbps / 1e3  # output tiles (or partial sums)
-    kernel = 2 * rounds * device.latency_us + loop + stored  # a prologue and an epilogue each
-    inflight = resident * max(1, fig.num_stages - 1) * code_bytes / 1024
+    split = tiling.split_k
     codes = out_f * chunks * CHUNK_WORDS * 4
     dram = codes + 2 * batch * (in_f + out_f)
-    if partial:  # fp32 partial sums out, and into the reduce
-        dram += 2 * 4 * tiling.split_k * batch * out_f
-    evicted = _evicted(codes + 2 * batch * in_f, device, harness)
-    if (dram + evicted) / device.dram_gbps / 1e3 > kernel:
-        kernel, bound = (dram + evicted) / device.dram_gbps / 1e3, "dram"
-    reduce = 0.0
-    if partial:
-        moved = 4 * tiling.split_k * batch * out_f + 2 * batch * out_f
-        reduce = device.launch_gap_us + device.latency_us + moved / device.dram_gbps / 1e3
-    return Prediction(tiling.name, ctas, rounds, resident, loop / (rounds * iterations), bound,
-                      inflight, kernel, reduce, harness.floor_us, dram, evicted)  # fmt: skip
+    partial = 4 * split * batch * out_f if split > 1 else 0  # fp32 partial sums
+    launch = Launch(
+        tiling.name, tiles * split, -(-chunks // split),
+        weight_bytes=tiling.block_n * CHUNK_WORDS * 4,  # one chunk of each weight row
+        sharers=-(-batch // tiling.block_m), act_bytes=tiling.block_m * 16 * per_word * 2,
+        macs=tiling.block_m * tiling.block_n * 16 * per_word, mma_per_clock=device.mma_per_clock,
+        stored=tiles * split * tiling.block_m * tiling.block_n * (4 if split > 1 else 2),
+        dram=dram + 2 * partial, read=codes + 2 * batch * in_f,
+        reduce=partial + 2 * batch * out_f if split > 1 else 0,
+    )  # fmt: skip
+    return predict(launch, fig, device, harness)
 
 
 _DENSE_TILE = 128  # the square tile of a Hopper fp16 GEMM, split along K to fill the SMs
