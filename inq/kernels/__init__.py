@@ -3,8 +3,10 @@
 Importing this package registers ``inq::shift_linear``, ``inq::shift_conv2d`` (pure-PyTorch
 reference, :mod:`inq.kernels.ops`, any device), ``inq::shift_linear_int8``,
 ``inq::shift_conv2d_int8``, their ``_requant`` forms, ``inq::requant_add`` and
-``inq::quantize_input`` (integer references, :mod:`inq.kernels.int8`), and the Triton kernels
-of :mod:`inq.kernels.triton` as their CUDA implementations (``torch.library.register_kernel``).
+``inq::quantize_input`` (integer references, :mod:`inq.kernels.int8`), ``inq::max_pool2d_int``
+and ``inq::avg_pool2d_requant`` (the integer model's pooling, :mod:`inq.kernels.pool`), and the
+Triton kernels of :mod:`inq.kernels.triton` as their CUDA implementations
+(``torch.library.register_kernel``).
 Triton compiles each kernel variant on its first call and caches it on disk. Where triton is
 not installed, the references run on CUDA too.
 """
@@ -23,8 +25,11 @@ from inq.kernels.ops import (
     shift_linear,
     shift_linear_reference,
 )
+from inq.kernels.pool import avg_pool2d_requant, max_pool2d_int
 
 __all__ = [
+    "avg_pool2d_requant",
+    "max_pool2d_int",
     "shift_conv2d",
     "shift_conv2d_int8",
     "shift_conv2d_int8_requant",
@@ -60,5 +65,5 @@ if _triton is not None:
     torch.library.register_kernel("inq::shift_linear_int8", "cuda", _triton.shift_linear_int8)
     torch.library.register_kernel("inq::shift_conv2d_int8", "cuda", _triton.shift_conv2d_int8)
     for _name in ("shift_linear_int8_requant", "shift_conv2d_int8_requant", "requant_add",
-                  "quantize_input"):  # fmt: skip
+                  "quantize_input", "max_pool2d_int", "avg_pool2d_requant"):  # fmt: skip
         torch.library.register_kernel(f"inq::{_name}", "cuda", getattr(_triton, _name))

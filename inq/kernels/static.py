@@ -246,6 +246,14 @@ def variants() -> list[Variant]:
                        {"BLOCK": 1024}, out_dtype="u8"))  # fmt: skip
     out.append(Variant("int8 input quantization", "int8", "_quantize_input_kernel", "fp32",
                        {"BLOCK": 1024}, out_dtype="u8"))  # fmt: skip
+    # the integer model's pooling, one pass each, channels_last (as the convs leave it) with
+    # the tiles of pool_tiles(True): ResNet's 3x3 max pool, its global average, a 2x2 average
+    pool = {"CHANNELS_LAST": True, "BLOCK_C": 64, "WIDE": False, "LOWEST": 0}
+    for name, kernel, window in (("int8 max pool 3x3", "_max_pool_kernel", 3),
+                                 ("int8 global average pool", "_global_avg_pool_kernel", 0),
+                                 ("int8 average pool 2x2", "_avg_pool_kernel", 2)):  # fmt: skip
+        cx = {**pool, "KH": window, "KW": window, "BLOCK_Q": 16, "BLOCK_P": 16}
+        out.append(Variant(name, "pool", kernel, "uint8", cx, out_dtype="u8"))
     tiles = {"BLOCK_M": int8.BLOCK_M, "BLOCK_O": int8.BLOCK_O, "BLOCK_K": int8.BLOCK_K}
     name = f"int8 shift-add {int8.BLOCK_M}x{int8.BLOCK_O}x{int8.BLOCK_K}"
     for dtype in ("int8", "uint8"):  # the load and its widening differ

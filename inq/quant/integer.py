@@ -15,8 +15,10 @@ its op clamps it to ``[lo, hi]``, which may be narrower than the dtype's range (
   steps run as one op, ``inq::shift_conv2d_int8_requant`` / ``shift_linear_int8_requant``
   (on a GPU, one int8 tensor-core kernel with the requantization in its epilogue);
 - ``add``: ``(a * m_a + b * m_b) >> shift``, clamped (residual connections, activation folded);
-- ``avgpool``: the window sum, ``* multiplier >> shift`` (the 1/count is in the multiplier);
-- ``maxpool``, ``relu``, ``flatten``, ``slice``, ``pad``: exact on the integers, same scale;
+- ``avgpool``: the window sum, ``* multiplier >> shift`` (the 1/count is in the multiplier),
+  one op, ``inq::avg_pool2d_requant`` (one kernel on a GPU);
+- ``maxpool`` (``inq::max_pool2d_int``), ``relu``, ``flatten``, ``slice``, ``pad``: exact on
+  the integers, same scale;
 - ``clamp``: ``x.clamp(lo, hi)``, same scale (a ReLU6 or Hardtanh no op folds), ``lo..hi``
   within its input's range.
 
@@ -226,25 +228,24 @@ def _add(op: IntOp, t: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
 
 def _avgpool(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
     a = op.attrs
-    if a["kernel"] is None:  # global: the calibrated input size only (count is in the multiplier)
-        if list(x.shape[2:]) != a["input_size"]:
-            raise ValueError(
-                f"{op.name}: global average pooling was calibrated on {a['input_size']} maps, "
-                f"got {list(x.shape[2:])}"
-            )
-        total = x.to(torch.int64).sum(dim=(2, 3), keepdim=True)
-    else:  # window sums of small integers are exact in float64
-        total = F.avg_pool2d(x.double(), a["kernel"], a["stride"], divisor_override=1)
-        total = total.to(torch.int64)
-    return _clamped(op, requantize(total, a["multiplier"], a["shift"], a["lo"], a["hi"]))
+    # global: the calibrated input size only (the count is in the multiplier)
+    if a["kernel"] is None and list(x.shape[2:]) != a["input_size"]:
+        raise ValueError(
+            f"{op.name}: global average pooling was calibrated on {a['input_size']} maps, "
+            f"got {list(x.shape[2:])}"
+        )
+    out: Tensor = torch.ops.inq.avg_pool2d_requant(
+        x, a["kernel"], a["stride"], a["multiplier"], a["shift"], a["lo"], a["hi"]
+    )
+    return out
 
 
 def _maxpool(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
-    a = op.attrs  # integers below 2**24 are exact in float32, and max picks one of them
-    y = F.max_pool2d(
-        x.float(), a["kernel"], a["stride"], a["padding"], a["dilation"], a["ceil_mode"]
+    a = op.attrs
+    out: Tensor = torch.ops.inq.max_pool2d_int(
+        x, a["kernel"], a["stride"], a["padding"], a["dilation"], a["ceil_mode"]
     )
-    return y.to(x.dtype)
+    return out
 
 
 def _slice(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:

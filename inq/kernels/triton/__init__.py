@@ -16,10 +16,13 @@ from inq.kernels.triton.int8 import (
     shift_linear_int8_requant,
 )
 from inq.kernels.triton.linear import shift_linear
+from inq.kernels.triton.pool import avg_pool2d_requant, max_pool2d_int
 
 __all__ = [
     "FLOAT_DTYPES",
+    "avg_pool2d_requant",
     "decode_weight",
+    "max_pool2d_int",
     "quantize_input",
     "requant_add",
     "shift_conv2d",
