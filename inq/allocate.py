@@ -66,6 +66,7 @@ __all__ = [
     "LayerAllocation",
     "allocate",
     "allocate_bits",
+    "check_budget",
     "hessian_traces",
     "layer_bytes",
     "loss_sensitivities",
@@ -301,14 +302,105 @@ def allocate(
             that matches no layer, no batches, a non-finite loss, or a model the Hessian
             method cannot differentiate twice.
     """
-    choices = _checked_choices(choices)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {SIZES}, got {size!r}")
     check_level_options(n1_rule, granularity)
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
+    plan = _plan(model, avg_bits, max_bytes, choices, pinned, include, exclude, size)
+    choices, free, shapes = plan.choices, plan.free, plan.shapes
+    sensitivity: dict[str, dict[int, float]] = {}
+    if free:
+        data = _materialized(batches, model)
+        weights = {name: weight for name, weight in plan.targets if name in free}
+        if method == "loss":
+            sensitivity = loss_sensitivities(
+                model, loss_fn, data, weights, choices, n1_rule, granularity
+            )
+        else:
+            traces = hessian_traces(model, loss_fn, data, weights, samples, seed)
+            sensitivity = {
+                name: {
+                    b: traces[name] / max(1, w.numel()) * _squared_error(w, b, n1_rule, granularity)
+                    for b in choices
+                }
+                for name, w in weights.items()
+            }
+    values = [[sensitivity[n][b] for b in choices] for n in free]
+    picks = solve_knapsack(plan.costs, values, plan.budget - plan.fixed_bytes)
+    bits = {**plan.own, **{n: choices[j] for n, j in zip(free, picks, strict=True)}}
+    layers = tuple(
+        LayerAllocation(
+            name=n,
+            shape=shapes[n],
+            sensitivity=sensitivity.get(n, {}),
+            bits=bits[n],
+            pinned=n not in free,
+            nbytes=layer_bytes(shapes[n], bits[n], size),
+        )
+        for n in plan.own
+    )
+    settings = {"n1_rule": n1_rule, "granularity": granularity, "samples": samples, "seed": seed}
+    return Allocation(method, size, choices, plan.budget, layers, settings)
+
+
+def check_budget(
+    model: nn.Module,
+    *,
+    avg_bits: float | None = None,
+    max_bytes: int | None = None,
+    choices: Sequence[int] = DEFAULT_CHOICES,
+    pinned: Mapping[str, int] | None = None,
+    include: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
+    size: str = "packed",
+) -> int:
+    """The budget in bytes, once :func:`allocate`'s checks that need no data have passed (so
+    an app can refuse a budget before it trains anything).
+
+    Example:
+        >>> check_budget(nn.Linear(16, 4), avg_bits=4.0, choices=(2, 4))
+        32
+        >>> check_budget(nn.Linear(16, 4), avg_bits=3.0, choices=(2, 4))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: no allocation of [2, 4] bits fits 24 bytes ...: the smallest takes 32 bytes ...
+
+    Raises:
+        ValueError: as :func:`allocate`, for the budget, the choices and the globs.
+    """
+    return _plan(model, avg_bits, max_bytes, choices, pinned, include, exclude, size).budget
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the budget check finds: the targets, each layer's default or pinned bits (module
+    order), the free layers, their shapes, the budget, the pinned bytes, each free layer's cost
+    per choice."""
+
+    choices: tuple[int, ...]
+    targets: list[tuple[str, nn.Parameter]]
+    own: dict[str, int]
+    free: list[str]
+    shapes: dict[str, tuple[int, ...]]
+    budget: int
+    fixed_bytes: int
+    costs: list[list[int]]
+
+
+def _plan(
+    model: nn.Module,
+    avg_bits: float | None,
+    max_bytes: int | None,
+    choices: Sequence[int],
+    pinned: Mapping[str, int] | None,
+    include: str | Sequence[str] | None,
+    exclude: str | Sequence[str] | None,
+    size: str,
+) -> _Plan:
+    choices = _checked_choices(choices)
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {SIZES}, got {size!r}")
     targets = _select_targets(model, include, exclude)
     names = [name for name, _ in targets]
     own = assign_layer_bits(names, choices[0], pinned)  # checks every glob and its bits
@@ -332,40 +424,7 @@ def allocate(
             f"({_avg(budget, params)} average bits): the smallest takes {least} bytes "
             f"({_avg(least, params)} average bits)"
         )
-    sensitivity: dict[str, dict[int, float]] = {}
-    if free:
-        data = _materialized(batches, model)
-        weights = {name: weight for name, weight in targets if name in free}
-        if method == "loss":
-            sensitivity = loss_sensitivities(
-                model, loss_fn, data, weights, choices, n1_rule, granularity
-            )
-        else:
-            traces = hessian_traces(model, loss_fn, data, weights, samples, seed)
-            sensitivity = {
-                name: {
-                    b: traces[name] / max(1, w.numel()) * _squared_error(w, b, n1_rule, granularity)
-                    for b in choices
-                }
-                for name, w in weights.items()
-            }
-    picks = solve_knapsack(
-        costs, [[sensitivity[n][b] for b in choices] for n in free], budget - fixed_bytes
-    )
-    bits = {**own, **{n: choices[j] for n, j in zip(free, picks, strict=True)}}
-    layers = tuple(
-        LayerAllocation(
-            name=n,
-            shape=shapes[n],
-            sensitivity=sensitivity.get(n, {}),
-            bits=bits[n],
-            pinned=n in fixed,
-            nbytes=layer_bytes(shapes[n], bits[n], size),
-        )
-        for n in names
-    )
-    settings = {"n1_rule": n1_rule, "granularity": granularity, "samples": samples, "seed": seed}
-    return Allocation(method, size, choices, budget, layers, settings)
+    return _Plan(choices, targets, own, free, shapes, budget, fixed_bytes, costs)
 
 
 def solve_knapsack(
