@@ -63,6 +63,7 @@ __all__ = [
     "METHODS",
     "SIZES",
     "Allocation",
+    "BudgetError",
     "LayerAllocation",
     "allocate",
     "allocate_bits",
@@ -78,6 +79,15 @@ METHODS = ("loss", "hessian")
 SIZES = ("packed", "nominal")
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class BudgetError(ValueError):
+    """No allocation meets the budget; ``argument`` says what to change: ``"pinned"`` (the
+    pinned layers alone exceed it) or ``"budget"``."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
 
 
 def layer_bytes(shape: Sequence[int], bits: int, size: str = "packed") -> int:
@@ -296,6 +306,8 @@ def allocate(
     differ. Deterministic: the same model, batches and arguments give the same bits.
 
     Raises:
+        BudgetError: (a ValueError) in one line: a budget no allocation meets (naming the
+            smallest one that is met), or pinned layers alone over the budget.
         ValueError: in one line: no budget or both, a budget no allocation meets (naming the
             smallest one that is met), pinned layers alone over the budget, an empty choice
             set, bits outside 2..8, an unknown method, size, n1 rule or granularity, a glob
@@ -364,9 +376,10 @@ def check_budget(
         >>> check_budget(nn.Linear(16, 4), avg_bits=3.0, choices=(2, 4))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: no allocation of [2, 4] bits fits 24 bytes ...: the smallest takes 32 bytes ...
+        inq.allocate.BudgetError: no allocation of [2, 4] bits fits 24 bytes ...: the smallest ...
 
     Raises:
+        BudgetError: (a ValueError) if no allocation meets the budget.
         ValueError: as :func:`allocate`, for the budget, the choices and the globs.
     """
     return _plan(model, avg_bits, max_bytes, choices, pinned, include, exclude, size).budget
@@ -413,16 +426,18 @@ def _plan(
     costs = [[layer_bytes(shapes[n], b, size) for b in choices] for n in free]
     least = fixed_bytes + sum(min(c) for c in costs)
     if fixed_bytes > budget:
-        raise ValueError(
+        raise BudgetError(
+            "pinned",
             f"the pinned layers alone take {fixed_bytes} bytes "
             f"({_avg(fixed_bytes, params)} average bits), over the budget of {budget} bytes "
-            f"({_avg(budget, params)}); raise the budget or pin fewer bits"
+            f"({_avg(budget, params)}); raise the budget or pin fewer bits",
         )
     if least > budget:
-        raise ValueError(
+        raise BudgetError(
+            "budget",
             f"no allocation of {list(choices)} bits fits {budget} bytes "
             f"({_avg(budget, params)} average bits): the smallest takes {least} bytes "
-            f"({_avg(least, params)} average bits)"
+            f"({_avg(least, params)} average bits)",
         )
     return _Plan(choices, targets, own, free, shapes, budget, fixed_bytes, costs)
 
