@@ -134,7 +134,7 @@ LAYERS = (  # README's code map, top to bottom; a module may import its own laye
     ("inq.codes",),
     ("inq.kernels",),
     ("inq.masked", "inq.export", "inq.sparse", "inq.packed"),
-    ("inq.models", "inq.data", "inq.evaluation", "inq.errors", "inq.fit"),
+    ("inq.models", "inq.data", "inq.evaluation", "inq.errors", "inq.fit", "inq.allocate"),
     # the opener returns integer models too (inq.quant.integer), so it, and what finds and
     # checks files through it, sit on the integer model's line
     (

@@ -1,6 +1,8 @@
 """``inq-train``: Algorithm 1 of the INQ paper as a Hydra app.
 
-Float weights come from ``model.checkpoint`` or are pretrained here; then, for each portion,
+Float weights come from ``model.checkpoint`` or are pretrained here; with ``inq.bits=auto``,
+each layer's bits are then chosen under ``inq.budget`` (:mod:`inq.train.allocation`); then, for
+each portion,
 partition + snap, restart the LR schedule (and the optimizer if ``inq.reset_optimizer``), retrain
 and evaluate; optionally train only biases/norms at the end. ``inq.method`` selects a baseline on
 the same level sets instead: ``oneshot`` snaps every weight at once without retraining, ``ste``
@@ -19,6 +21,7 @@ Example (shell)::
     inq-train                                # digits, small CNN, 5-bit INQ
     inq-train inq.bits=4 trainer.float_epochs=10
     inq-train inq.method=ste inq.bits=3      # the STE baseline
+    inq-train inq.bits=auto inq.budget.avg_bits=5   # per-layer bits under a size budget
     inq-train trainer.resume=outputs/2024-01-01/12-00-00   # continue a killed run
 """
 
@@ -50,6 +53,7 @@ from inq.packed import export_packed
 from inq.quant.pipeline import QuantSettings
 from inq.runfiles import INTEGER, MASKED, PACKED
 from inq.scheduler import INQScheduler
+from inq.train.allocation import allocation_phase
 from inq.train.checkpoint import load_checkpoint, resumed_config
 from inq.train.config import Config, check_given, composition_error, register, validate
 from inq.train.distributed import Dist, setup, teardown
@@ -122,6 +126,8 @@ def train(cfg: Config, out_dir: Path, env: Dist, saved: dict[str, Any] | None) -
     trainer = Trainer(cfg, out_dir, env, saved)  # the model, INQ scheduler, data and optimizer
     with trainer.bars.running():
         for phase in trainer.phases_left():  # float, prune1.., stage1.. (oneshot, ste), bias_norm
+            if phase.name != "float":
+                allocation_phase(trainer)  # inq.bits=auto: once, before anything is quantized
             train_phase(trainer, phase)
         summary = summarize(
             cfg, trainer.sched, trainer.phases, trainer.history, trainer.timings,

@@ -8,9 +8,11 @@ the config key to fix.
 from __future__ import annotations
 
 import contextlib
+import glob
 import math
 import random
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
 from inq import models
+from inq.allocate import BudgetError, check_budget
 from inq.data import build_datasets, build_eval_loader, build_train_loader
 from inq.errors import ConfigError
 from inq.prune import layer_targets
@@ -28,11 +31,13 @@ from inq.quant.lower import IntegerModelError, check_expressible
 from inq.quant.pipeline import trainable
 from inq.scheduler import INQScheduler, TargetError
 from inq.train import checkpoint as ckpt
-from inq.train.config import Config, LRConfig, Method, OptimConfig, PruneConfig
+from inq.train.config import AUTO, Config, LRConfig, Method, OptimConfig, PruneConfig
 from inq.train.distributed import Dist
+from inq.train.phases import ALLOCATE
 
 __all__ = [
     "NORM_TYPES",
+    "allocation_options",
     "bias_norm_parameters",
     "build_loaders",
     "build_lr_schedule",
@@ -220,18 +225,27 @@ def build_model(
     return model
 
 
-def build_scheduler(model: nn.Module, cfg: Config) -> INQScheduler:
+def build_scheduler(
+    model: nn.Module, cfg: Config, saved: Mapping[str, Any] | None = None
+) -> INQScheduler:
     """The INQ scheduler of ``inq.*`` (one stage for the baselines) over ``model``'s targets.
+
+    With ``inq.bits=auto``, every layer at the bits the run allocated (the ``allocate`` record
+    of ``saved``'s history, :mod:`inq.train.allocation`); before that, the budget checked and
+    the layers ``inq.layer_bits`` pins at their bits, the others at the largest choice.
 
     Raises:
         ConfigError: the target layers ``inq.include``, ``inq.exclude`` or ``inq.layer_bits``
-            name do not fit the model (``model.name``: it has no layer to quantize).
+            name do not fit the model (``model.name``: it has no layer to quantize), or no
+            allocation meets ``inq.budget``.
     """
     inq = cfg.inq
+    record = (saved or {}).get("history", {}).get(ALLOCATE)
     try:
+        bits, layer_bits = _scheduler_bits(model, cfg, record)
         return INQScheduler(
             model,
-            bits=inq.bits,
+            bits=bits,
             portions=inq.portions if inq.method == Method.inq else (1.0,),
             strategy=inq.strategy.name,
             seed=cfg.trainer.seed,
@@ -239,12 +253,58 @@ def build_scheduler(model: nn.Module, cfg: Config) -> INQScheduler:
             exclude=inq.exclude,
             n1_rule=inq.n1_rule.name,
             granularity=inq.granularity.name,
-            layer_bits=inq.bits_by_glob,
+            layer_bits=layer_bits,
             cache_values=_on_cuda(model) if inq.cache_values is None else inq.cache_values,
         )
     except TargetError as err:
         key = "model.name" if err.argument == "model" else f"inq.{err.argument}"
         raise ConfigError(key, str(err)) from None
+    except BudgetError as err:
+        budget = "avg_bits" if inq.budget.avg_bits is not None else "bytes"
+        key = "inq.layer_bits" if err.argument == "pinned" else f"inq.budget.{budget}"
+        raise ConfigError(key, str(err)) from None
+
+
+def allocation_options(cfg: Config) -> dict[str, Any]:
+    """The keyword arguments of :func:`inq.allocate.allocate` that ``inq.*`` sets (all but the
+    sensitivity's: ``method``, ``samples``, ``seed``, the level-set options).
+
+    Example:
+        >>> from inq.train.config import INQConfig
+        >>> inq = INQConfig(bits="auto", layer_bits=["fc:8"])
+        >>> inq.budget.avg_bits = 4.5
+        >>> allocation_options(Config(inq=inq))["pinned"]
+        {'fc': 8}
+    """
+    inq = cfg.inq
+    return {
+        "avg_bits": inq.budget.avg_bits,
+        "max_bytes": inq.budget.bytes,
+        "choices": tuple(inq.auto.choices),
+        "pinned": inq.bits_by_glob,
+        "include": inq.include,
+        "exclude": inq.exclude,
+        "size": inq.auto.size.name,
+    }
+
+
+def _scheduler_bits(
+    model: nn.Module, cfg: Config, record: Mapping[str, Any] | None
+) -> tuple[int, dict[str, int]]:
+    """The scheduler's ``bits`` and ``layer_bits``: the config's; with ``inq.bits=auto``, the
+    allocation ``record``'s (each layer by its name, the default the bits most weights got), or
+    before it, the largest choice and the pinned layers'."""
+    inq = cfg.inq
+    if inq.bits != AUTO:
+        return int(inq.bits), inq.bits_by_glob
+    if record is None:
+        check_budget(model, **allocation_options(cfg))
+        return max(inq.auto.choices), inq.bits_by_glob
+    weights: Counter[int] = Counter()
+    for row in record["layers"]:
+        weights[int(row["bits"])] += int(row["params"])
+    default = min(weights, key=lambda bits: (-weights[bits], bits))
+    return default, {glob.escape(row["name"]): int(row["bits"]) for row in record["layers"]}
 
 
 def _on_cuda(model: nn.Module) -> bool:

@@ -34,8 +34,11 @@ from inq.quant.pipeline import QuantSettings
 from inq.scheduler import check_portions
 
 __all__ = [
+    "AUTO",
     "OPTIMIZERS",
     "AdamWConfig",
+    "AutoConfig",
+    "BudgetConfig",
     "Config",
     "INQConfig",
     "LRConfig",
@@ -76,6 +79,16 @@ class Method(Enum):
     inq = 1  # incremental: partition, snap, retrain, per portion (the paper)
     oneshot = 2  # baseline: snap every weight at once, no retraining
     ste = 3  # baseline: straight-through fine-tuning of all weights, INQ's epoch budget
+
+
+class AutoMethod(Enum):  # inq.allocate.METHODS
+    loss = 1  # the loss increase with one layer alone snapped to b bits
+    hessian = 2  # Hutchinson's Hessian trace times the squared rounding error (HAWQ-v2)
+
+
+class SizeUnit(Enum):  # inq.allocate.SIZES
+    packed = 1  # bytes of the packed file's codes (nibbles for 2-4 bits, bytes for 5-8)
+    nominal = 2  # ceil(n * b / 8) bytes a layer
 
 
 class PruneSchedule(Enum):  # inq.prune.SCHEDULES
@@ -174,10 +187,42 @@ class DistillConfig:
         _check_positive({"inq.distill.temperature": self.temperature})
 
 
+AUTO = "auto"  # inq.bits: each layer's bits chosen after the float phase (inq.allocate)
+
+
+@dataclass
+class BudgetConfig:
+    """The size budget of ``inq.bits=auto``: give one."""
+
+    avg_bits: float | None = None  # mean bits a quantized weight costs (8 * bytes / weights)
+    bytes: int | None = None  # bytes of all quantized layers' codes, headers aside
+
+
+@dataclass
+class AutoConfig:
+    """How ``inq.bits=auto`` chooses (:func:`inq.allocate.allocate`)."""
+
+    choices: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 8])
+    method: AutoMethod = AutoMethod.loss
+    size: SizeUnit = SizeUnit.packed  # how a layer's bytes are counted
+    batches: int = 4  # calibration batches of data.eval_batch_size training images
+    samples: int = 8  # Hutchinson vectors (method=hessian)
+
+    def check(self) -> None:
+        _check_positive({"inq.auto.batches": self.batches, "inq.auto.samples": self.samples})
+        if not self.choices:
+            raise ConfigError("inq.auto.choices", "is empty; give bit-widths, e.g. [2, 3, 4, 5, 8]")
+        for bits in self.choices:
+            try:
+                check_bits(bits)
+            except ValueError as err:
+                raise ConfigError("inq.auto.choices", str(err)) from None
+
+
 @dataclass
 class INQConfig:
     method: Method = Method.inq  # oneshot/ste: baselines on the same level sets (inq.baselines)
-    bits: int = 5
+    bits: int | str = 5  # or auto: per-layer bits under inq.budget (inq.auto)
     portions: list[float] = field(default_factory=lambda: [0.3, 0.6, 0.8, 1.0])
     strategy: Strategy = Strategy.magnitude
     n1_rule: N1Rule = N1Rule.max
@@ -193,6 +238,8 @@ class INQConfig:
     # each layer's mask and frozen values kept between stages: 2 kernels a layer per training
     # step instead of 6, for 5 more bytes a float32 weight; the same bits; null = on CUDA only
     cache_values: bool | None = None
+    budget: BudgetConfig = field(default_factory=BudgetConfig)  # with bits=auto
+    auto: AutoConfig = field(default_factory=AutoConfig)
 
     @cached_property
     def bits_by_glob(self) -> dict[str, int]:
@@ -209,9 +256,11 @@ class INQConfig:
         return _glob_values(self.layer_bits, "inq.layer_bits", "GLOB:BITS, e.g. conv1:8", int)
 
     def check(self) -> None:
-        """Bits, portions, epochs, lr, each ``layer_bits`` entry and the distillation."""
+        """Bits (or ``auto`` with its budget), portions, epochs, lr, each ``layer_bits`` entry and
+        the distillation."""
+        self._check_auto()
         for key, check in (
-            ("inq.bits", lambda: check_bits(self.bits)),
+            ("inq.bits", lambda: isinstance(self.bits, str) or check_bits(self.bits)),
             ("inq.portions", lambda: check_portions(self.portions)),
         ):
             try:
@@ -226,6 +275,33 @@ class INQConfig:
             except ValueError as err:
                 raise ConfigError("inq.layer_bits", f"{glob!r}: {err}") from None
         self.distill.check()
+
+    def _check_auto(self) -> None:
+        """``inq.bits=auto`` with one budget and good choices; no budget or ``inq.auto``
+        setting without it."""
+        if isinstance(self.bits, str) and self.bits != AUTO:
+            raise ConfigError("inq.bits", f"an integer from 2 to 8, or auto; got {self.bits!r}")
+        given = {k: v for k, v in to_dict(self.budget).items() if v is not None}
+        if self.bits != AUTO:
+            unused = [f"budget.{k}" for k in given] + [
+                f"auto.{f.name}"
+                for f in fields(AutoConfig)
+                if to_dict(self.auto)[f.name] != to_dict(AutoConfig())[f.name]
+            ]
+            if unused:
+                raise ConfigError(
+                    f"inq.{unused[0]}", "has no effect without inq.bits=auto; set that too"
+                )
+            return
+        if len(given) != 1:
+            raise ConfigError(
+                "inq.budget",
+                "inq.bits=auto needs one budget: inq.budget.avg_bits (mean bits a weight) or "
+                f"inq.budget.bytes; got {given or 'none'}",
+            )
+        _check_positive({"inq.budget.avg_bits": self.budget.avg_bits}, null=True)
+        _check_at_least(0, {"inq.budget.bytes": self.budget.bytes or 0})
+        self.auto.check()
 
 
 @dataclass

@@ -78,7 +78,7 @@ class Trainer:
         self.model_info = {k: v for k, v in to_dict(cfg.model).items() if k != "checkpoint"}
         self.data_info = data_record(self.data)  # what the run's model files record
         self.model = build_model(cfg, self.model_info, env.device, fresh=saved is None)
-        self.sched = build_scheduler(self.model, cfg)
+        self.sched = build_scheduler(self.model, cfg, saved)
         self.prune_targets = prune_targets(self.sched, cfg.prune) if cfg.prune.active else {}
         self._steps_per_epoch = batches_per_epoch(self._train_loader)
         self.phases = plan_phases(cfg)  # the weight phases

@@ -5,7 +5,8 @@ Tags: ``train/{loss,acc,lr}`` (and ``train/kd_loss``, the distillation term, whe
 ``inq/quantized_fraction`` (total) and ``inq/quantized_fraction/<layer>``, with pruning
 ``prune/sparsity`` and ``prune/sparsity/<layer>`` (the pruned fractions),
 ``inq/quant_error/<layer>`` (mean |w - Q(w)| over the layer's still-float weights) and
-``weights/<layer>`` histograms at stage boundaries.
+``weights/<layer>`` histograms at stage boundaries; with ``inq.bits=auto``, ``inq/auto/*`` (the
+allocation: its table as text, a bar chart of the bits, the average bits and bytes).
 
 Events reach the event file only when a checkpoint is saved (:meth:`Monitor.commit`), so the file
 is a function of the checkpoints: a resumed run purges whatever a killed process wrote at or
@@ -30,7 +31,8 @@ from inq.scheduler import INQScheduler
 __all__ = ["Monitor"]
 
 
-Event = tuple[str, str, Any, int]  # (kind: "scalar" | "histogram", tag, value, step)
+Event = tuple[str, str, Any, int]  # (kind: "scalar" | "histogram" | "text" | "image", tag, value,
+# step); an image is a uint8 tensor [H, W, 3]
 
 
 class Monitor:
@@ -64,6 +66,14 @@ class Monitor:
         """Log each ``tag: value`` at ``step`` (replacing a value logged for it at ``step``)."""
         self._add([("scalar", tag, float(value), step) for tag, value in values.items()])
 
+    def text(self, step: int, tag: str, text: str) -> None:
+        """Log ``text`` (markdown) under ``tag`` at ``step``."""
+        self._add([("text", tag, text, step)])
+
+    def image(self, step: int, tag: str, image: torch.Tensor) -> None:
+        """Log an RGB ``image`` (``uint8 [H, W, 3]``) under ``tag`` at ``step``."""
+        self._add([("image", tag, image, step)])
+
     def _add(self, events: list[Event]) -> None:
         """Buffer ``events``; the last one logged for a tag at a step is the one kept (at a
         stage boundary, the end-of-stage state and the next stage's start share a step)."""
@@ -89,6 +99,10 @@ class Monitor:
             for kind, tag, value, step in events:
                 if kind == "scalar":
                     self.writer.add_scalar(tag, value, step)
+                elif kind == "text":
+                    self.writer.add_text(tag, value, step)
+                elif kind == "image":
+                    self.writer.add_image(tag, value, step, dataformats="HWC")
                 else:
                     self.writer.add_histogram(tag, value, step)
             self.writer.flush()

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 
 from inq.train.config import Config, Method
 
-__all__ = ["INTEGER", "Phase", "integer_phase", "plan_phases"]
+__all__ = ["ALLOCATE", "INTEGER", "Phase", "integer_phase", "plan_phases"]
 
 INTEGER = "integer"  # the integer model's phase, after the weight phases and the exports
+# inq.bits=auto: the per-layer bits chosen after the float phase (inq.train.allocation); its
+# record in a run's history and summary, not a phase of epochs
+ALLOCATE = "allocate"
 
 
 @dataclass(frozen=True)

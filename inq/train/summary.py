@@ -5,7 +5,8 @@ settings (``bits`` and, where ``inq.layer_bits`` gives some layers other bits, `
 every quantized layer's own), ``distill`` (weight, temperature) where the run distilled, the
 timings and, added by :mod:`inq.train.app`, the files the run
 wrote (``files``), the packed file's sizes (``packed``) and the integer model's accuracy
-(``integer``).
+(``integer``); with ``inq.bits=auto``, ``allocation`` (:meth:`inq.allocate.Allocation.as_dict`:
+per layer its weights, sensitivity at each choice, bits and bytes; the average bits and bytes).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from inq.fileio import atomic_path
 from inq.runfiles import SUMMARY
 from inq.scheduler import INQScheduler
 from inq.train.config import Config, to_dict
-from inq.train.phases import Phase
+from inq.train.phases import ALLOCATE, Phase
 
 __all__ = ["METHOD_LABELS", "summarize", "table", "write_summary", "zero_fraction"]
 
@@ -63,6 +64,7 @@ def summarize(
         "final_acc": history[phases[-1].name]["acc"],
         "bits": sched.bits,
         **({"layer_bits": sched.layer_bits} if mixed else {}),
+        **({"allocation": history[ALLOCATE]} if ALLOCATE in history else {}),
         "portions": list(sched.portions),
         "strategy": sched.strategy,
         "n1_rule": sched.n1_rule,
@@ -149,6 +151,12 @@ def table(summary: Mapping[str, Any]) -> str:
         if bits != summary["bits"]:
             others.setdefault(bits, []).append(name)
     own = "".join(f" ({bits}-bit: {', '.join(names)})" for bits, names in sorted(others.items()))
+    if "allocation" in summary:
+        a = summary["allocation"]
+        lines.append(
+            f"bits chosen ({a['method']}): {a['avg_bits']:.3f} average bits, "
+            f"{a['total_bytes']} bytes of {a['budget_bytes']}"
+        )
     lines.append(
         f"float {100 * summary['float_acc']:.2f}% -> {summary['bits']}-bit "
         f"{METHOD_LABELS[summary['method']]}{own} "
