@@ -55,3 +55,18 @@ def rewritten(
     else:
         save_file(tensors, dst, metadata=metadata)
     return dst
+
+
+# whether the ops' test-only CPU kernels (route_on_cpu) run the Triton kernels (the interpreter)
+CPU_ROUTE = {"triton": False}
+
+
+def route_on_cpu(pairs: list[tuple[object, Callable[..., object], Callable[..., object]]]) -> None:
+    """For each ``(op, kernel, reference)`` of a custom op, register a CPU kernel that runs
+    ``kernel`` while ``CPU_ROUTE["triton"]`` is set and ``reference`` otherwise."""
+    for op, kernel, reference in pairs:
+
+        def route(*args, kernel=kernel, reference=reference):
+            return (kernel if CPU_ROUTE["triton"] else reference)(*args)
+
+        op.register_kernel("cpu")(route)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import CPU_ROUTE, route_on_cpu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -236,9 +237,6 @@ def test_kernels_match_the_reference_on_random_geometry(data) -> None:
 # ---------------------------------------------------------------------------------- ops
 
 
-_CPU_ROUTE = {"triton": False}
-
-
 def _register_cpu_route() -> None:
     """On CPU, a test-only kernel sends the ops to the interpreter while ``triton_ops`` is
     active and to the reference otherwise (as ``tests/test_kernels_triton.py`` does)."""
@@ -246,12 +244,7 @@ def _register_cpu_route() -> None:
         (pool.max_pool2d_int, tp.max_pool2d_int, pool.max_pool2d_int_reference),
         (pool.avg_pool2d_requant, tp.avg_pool2d_requant, pool.avg_pool2d_requant_reference),
     ]
-    for op, kernel, reference in pairs:
-
-        def route(*args, kernel=kernel, reference=reference):
-            return (kernel if _CPU_ROUTE["triton"] else reference)(*args)
-
-        op.register_kernel("cpu")(route)
+    route_on_cpu(pairs)
 
 
 if DEVICE == "cpu":
@@ -261,11 +254,11 @@ if DEVICE == "cpu":
 @pytest.fixture(params=[False, True], ids=["reference", "triton"])
 def triton_ops(request):
     """The ops with their reference, then with the Triton kernels behind them."""
-    _CPU_ROUTE["triton"] = request.param and DEVICE == "cpu"
+    CPU_ROUTE["triton"] = request.param and DEVICE == "cpu"
     try:
         yield
     finally:
-        _CPU_ROUTE["triton"] = False
+        CPU_ROUTE["triton"] = False
 
 
 def test_opcheck(triton_ops) -> None:

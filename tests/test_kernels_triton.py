@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from helpers import random_codes
+from helpers import CPU_ROUTE, random_codes, route_on_cpu
 
 import inq.kernels  # registers torch.ops.inq.* and their CUDA implementations
 from inq.codes import decode_weight, pack_codes
@@ -955,14 +955,11 @@ def triton_ops():
     if DEVICE == "cuda":
         yield
         return
-    _CPU_ROUTE["triton"] = True
+    CPU_ROUTE["triton"] = True
     try:
         yield
     finally:
-        _CPU_ROUTE["triton"] = False
-
-
-_CPU_ROUTE = {"triton": False}
+        CPU_ROUTE["triton"] = False
 
 
 def _register_cpu_route() -> None:
@@ -982,12 +979,7 @@ def _register_cpu_route() -> None:
             int8.shift_conv2d_int8_requant_reference,
         ),
     ]
-    for op, kernel, reference in pairs:
-
-        def route(*args, kernel=kernel, reference=reference):
-            return (kernel if _CPU_ROUTE["triton"] else reference)(*args)
-
-        op.register_kernel("cpu")(route)
+    route_on_cpu(pairs)
 
 
 if DEVICE == "cpu":
@@ -1069,7 +1061,7 @@ def test_compile_fullgraph(triton_ops) -> None:
     x = torch.randn(2, 2, 4, 4, device=DEVICE)
     compiled = torch.compile(net, fullgraph=True, backend="aot_eager")
     got = compiled(x)
-    _CPU_ROUTE["triton"] = False  # the reference, eagerly, for comparison
+    CPU_ROUTE["triton"] = False  # the reference, eagerly, for comparison
     expected = torch.ops.inq.shift_linear(
         torch.relu(ops.shift_conv2d_reference(x, conv, 3, 0, [3, 2, 3, 3], None, [1, 1],
                                               [1, 1], [1, 1], 1)).flatten(1)[:, :12],
@@ -1159,11 +1151,11 @@ def test_integer_model_on_the_kernels_is_its_reference(tmp_path) -> None:
     int_model, _ = quantize_on(packed, DIGITS_DATA, QuantSettings(act_bits=8, batches=1))
     x = build_datasets(DIGITS_DATA)[1].tensors[0][:12]
     expected = int_model(x)  # CPU: the reference
-    _CPU_ROUTE["triton"] = DEVICE == "cpu"
+    CPU_ROUTE["triton"] = DEVICE == "cpu"
     try:
         got = int_model.to(DEVICE)(x.to(DEVICE))
     finally:
-        _CPU_ROUTE["triton"] = False
+        CPU_ROUTE["triton"] = False
     assert got.dtype == torch.int32
     assert torch.equal(got.cpu(), expected)
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from train_helpers import TINY, inq_train, killed_and_resumed
 
 from inq.errors import ConfigError
 from inq.masked import load_masked
@@ -20,7 +21,6 @@ from inq.packed import load_packed
 from inq.train.build import build_scheduler
 from inq.train.config import Config, SGDConfig, validate
 from inq.train.phases import ALLOCATE
-from tests.train_helpers import TINY, inq_train
 
 AUTO = ("inq.bits=auto", "inq.budget.avg_bits=6", "inq.auto.choices=[4,8]", "inq.auto.batches=1")
 
@@ -130,17 +130,11 @@ def test_an_auto_run_shows_and_uses_the_chosen_bits(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_killed_allocation_resumes_to_the_same_bits(tmp_path: Path) -> None:
-    from inq.train.checkpoint import KILL_ENV
-
     settings = (*TINY, *AUTO, "inq.auto.method=hessian", "inq.auto.samples=2")
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     inq_train(*settings, f"hydra.run.dir={whole}")
     # killed before the allocation's save (measured again), after it (read back), then done
-    for kill_at in ("allocate:1", "allocate:2", None):
-        resume = (f"trainer.resume={killed}",) if killed.exists() else ()
-        proc = inq_train(*settings, f"hydra.run.dir={killed}", *resume,
-                         env={KILL_ENV: kill_at or ""}, check=kill_at is None)  # fmt: skip
-        assert proc.returncode == (-9 if kill_at else 0), proc.stderr[-2000:]
+    killed_and_resumed(settings, killed, ("allocate:1", "allocate:2"))
     first, again = (json.loads((d / "summary.json").read_text()) for d in (whole, killed))
     assert again["allocation"] == first["allocation"]
     for name in ("model_masked.safetensors", "model.inq.safetensors"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from train_helpers import TINY, inq_train, refused_run
+from train_helpers import TINY, inq_train, killed_and_resumed, refused_run
 
 from inq import INQScheduler, pow2_levels
 from inq.errors import ConfigError
@@ -331,18 +331,14 @@ def test_pruned_run_keeps_its_zeros_everywhere_and_resumes_exactly(tmp_path: Pat
     from inq.cli import main
     from inq.export_onnx import export_onnx
     from inq.quant.integer import load_integer
-    from inq.train.checkpoint import KILL_ENV
 
     prune = ("prune.sparsity=0.6", "prune.layers=[12:0.9]", "prune.steps=2", "prune.epochs=1")
     prune += ("quant.act_bits=8", "quant.batches=1")  # the integer model keeps the zeros too
     settings = (*TINY, *prune, "trainer.checkpoint_every=3", "trainer.keep_checkpoints=null")
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     inq_train(*settings, f"hydra.run.dir={whole}")
-    for kill_at in ("step:14", "prune:2", None):  # mid-round 1 (steps 9-16); after round 2
-        resume = (f"trainer.resume={killed}",) if killed.exists() else ()
-        proc = inq_train(*settings, f"hydra.run.dir={killed}", *resume,
-                         env={KILL_ENV: kill_at or ""}, check=kill_at is None)  # fmt: skip
-        assert proc.returncode == (-9 if kill_at else 0), proc.stderr[-2000:]
+    # killed mid-round 1 (steps 9-16), then after round 2
+    killed_and_resumed(settings, killed, ("step:14", "prune:2"))
     for name in ("model_masked.safetensors", "model.inq.safetensors", "model.int.safetensors"):
         assert (killed / name).read_bytes() == (whole / name).read_bytes(), name
 

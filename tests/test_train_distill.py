@@ -17,7 +17,7 @@ from export_fixtures import quantize_on
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from train_helpers import INQ_TRAIN, TINY, inq_train
+from train_helpers import INQ_TRAIN, TINY, inq_train, killed_and_resumed
 
 from inq.distill import frozen_teacher
 from inq.errors import ConfigError
@@ -227,11 +227,7 @@ def test_a_distilled_run_killed_mid_stage_resumes_byte_for_byte(tmp_path: Path) 
     # step:13: mid stage 1 (steps 9-16), a step after the checkpoint of step 12; step:52: in
     # the middle of the integer phase's fine-tuning epoch (steps 49-56), a step after the
     # checkpoint of step 51: it resumes there, distilling, as every phase does
-    for kill_at in ("step:13", "step:52", None):
-        resume = (f"trainer.resume={killed}",) if killed.exists() else ()
-        proc = inq_train(*RESUMABLE_KD, f"hydra.run.dir={killed}", *resume,
-                         env={KILL_ENV: kill_at or ""}, check=kill_at is None)  # fmt: skip
-        assert proc.returncode == (-9 if kill_at else 0), proc.stderr[-2000:]
+    killed_and_resumed(RESUMABLE_KD, killed, ("step:13", "step:52"))
     for name in FILES:
         assert (killed / name).read_bytes() == (whole / name).read_bytes(), name
     points = scalar_points(killed)

@@ -50,6 +50,19 @@ def inq_train(
     return proc
 
 
+def killed_and_resumed(settings: tuple[str, ...], run_dir: Path, kills: tuple[str, ...]) -> None:
+    """Run ``inq-train`` with ``settings`` into ``run_dir``, killed (SIGKILL) at each point of
+    ``kills`` in turn (``inq.train.checkpoint``'s kill points) and resumed after each, then to
+    the end."""
+    from inq.train.checkpoint import KILL_ENV
+
+    for kill_at in (*kills, None):
+        resume = (f"trainer.resume={run_dir}",) if run_dir.exists() else ()
+        proc = inq_train(*settings, f"hydra.run.dir={run_dir}", *resume,
+                         env={KILL_ENV: kill_at or ""}, check=kill_at is None)  # fmt: skip
+        assert proc.returncode == (-9 if kill_at else 0), proc.stderr[-2000:]
+
+
 def load_experiment(name: str) -> ModuleType:
     """Import ``experiments/<name>.py`` (not a package) under ``name``."""
     path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"

@@ -65,17 +65,24 @@ def _requantize(total, mult, half, shift, lo, hi):
 
 
 @triton.jit
+def _tile(C, OH, OW, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's image ``n``, output pixels ``q`` (row ``oh``, column ``ow``), channels
+    ``c`` and which of ``[q, c]`` exist (``live``): grid (images x pixel tiles, channel tiles)."""
+    tiles = tl.cdiv(OH * OW, BLOCK_Q)
+    n = tl.program_id(0) // tiles
+    q = (tl.program_id(0) % tiles) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    live = (q < OH * OW)[:, None] & (c < C)[None, :]
+    return n, q, c, live, q // OW, q % OW
+
+
+@triton.jit
 def _max_pool_kernel(x_ptr, out_ptr, C, H, W, OH, OW, SH, SW, PH, PW, DH, DW,
                      KH: tl.constexpr, KW: tl.constexpr, LOWEST: tl.constexpr,
                      CHANNELS_LAST: tl.constexpr, BLOCK_Q: tl.constexpr,
                      BLOCK_C: tl.constexpr):  # fmt: skip
+    n, q, c, live, oh, ow = _tile(C, OH, OW, BLOCK_Q, BLOCK_C)
     pixels = OH * OW
-    tiles = tl.cdiv(pixels, BLOCK_Q)
-    n = tl.program_id(0) // tiles
-    q = (tl.program_id(0) % tiles) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    live = (q < pixels)[:, None] & (c < C)[None, :]
-    oh, ow = q // OW, q % OW
     x_img = x_ptr + n.to(tl.int64) * (C * H * W)
     # padding loads the dtype's minimum. It never decides the result: PyTorch keeps padding
     # within half the kernel and, with ceil_mode, starts every window before the input's end,
@@ -99,13 +106,8 @@ def _avg_pool_kernel(x_ptr, out_ptr, C, H, W, OH, OW, SH, SW, mult, half, shift,
                      KH: tl.constexpr, KW: tl.constexpr, WIDE: tl.constexpr,
                      CHANNELS_LAST: tl.constexpr, BLOCK_Q: tl.constexpr,
                      BLOCK_C: tl.constexpr):  # fmt: skip
+    n, q, c, live, oh, ow = _tile(C, OH, OW, BLOCK_Q, BLOCK_C)
     pixels = OH * OW
-    tiles = tl.cdiv(pixels, BLOCK_Q)
-    n = tl.program_id(0) // tiles
-    q = (tl.program_id(0) % tiles) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    live = (q < pixels)[:, None] & (c < C)[None, :]
-    oh, ow = q // OW, q % OW
     x_img = x_ptr + n.to(tl.int64) * (C * H * W)
     acc = tl.zeros((BLOCK_Q, BLOCK_C), tl.int64 if WIDE else tl.int32)
     for r in tl.static_range(KH):
