@@ -139,7 +139,7 @@ def test_multirun_gives_each_job_its_own_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [  # the console's paths: Hydra's errors and a ConfigError, each in one line
-        (["inq.bitz=5"], "inq-train: error: inq.bitz: unknown key; inq has ['bits', "),
+        (["inq.bitz=5"], "inq-train: error: inq.bitz: unknown key; inq has ['auto', 'bits', "),
         (["prune.schedule=exp"], "prune.schedule: must be one of cubic, linear, got 'exp'\n"),
         (["inq.bits=9"], "inq-train: error: inq.bits: bits must be an integer from 2 to 8"),
     ],

@@ -204,14 +204,15 @@ def avg_pool2d_requant(
     if out.numel():
         block_q, block_c = pool_tiles(channels_last)
         requant = (multiplier, (1 << shift) >> 1, shift, lo, hi)
-        tiles = {"CHANNELS_LAST": channels_last, "BLOCK_C": block_c}
         if kernel is None:
             grid = (n, triton.cdiv(c, block_c))
             _global_avg_pool_kernel[grid](x, out, c, h * w, *requant, WIDE=_wide(x, h * w),
-                                          BLOCK_P=block_q, **tiles)  # fmt: skip
+                                          CHANNELS_LAST=channels_last, BLOCK_P=block_q,
+                                          BLOCK_C=block_c)  # fmt: skip
         else:
             oh, ow = out.shape[2:]
             grid = (n * triton.cdiv(oh * ow, block_q), triton.cdiv(c, block_c))
             _avg_pool_kernel[grid](x, out, c, h, w, oh, ow, sh, sw, *requant, KH=kh, KW=kw,
-                                   WIDE=_wide(x, kh * kw), BLOCK_Q=block_q, **tiles)  # fmt: skip
+                                   WIDE=_wide(x, kh * kw), CHANNELS_LAST=channels_last,
+                                   BLOCK_Q=block_q, BLOCK_C=block_c)  # fmt: skip
     return out
