@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch._prims_common import suggest_memory_format
 
 from inq.codes import decode_weight
 
@@ -100,16 +101,15 @@ def shift_conv2d_reference(
 
 
 def output_format(x: Tensor) -> torch.memory_format:
-    """The memory format of ``inq::shift_conv2d``'s result for input ``x``, as ``F.conv2d``'s:
-    channels_last where ``x`` is dense in it and not in NCHW (a channels_last batch), else
+    """The memory format of a convolution's or pooling's result for input ``x``, as PyTorch
+    picks it (``F.conv2d``, ``F.max_pool2d``): channels_last for a channels_last batch, else
     contiguous.
 
     Example:
         >>> output_format(torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last))
         torch.channels_last
     """
-    nhwc = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
-    return torch.channels_last if nhwc and not x.is_contiguous() else torch.contiguous_format
+    return suggest_memory_format(x)
 
 
 def conv2d_output_size(

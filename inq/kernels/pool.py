@@ -30,9 +30,9 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch._prims_common import suggest_memory_format
 
 from inq.kernels.int8 import requantize, value_dtype
+from inq.kernels.ops import output_format
 
 __all__ = [
     "POOL_DTYPES",
@@ -42,7 +42,6 @@ __all__ = [
     "check_max_pool_args",
     "max_pool2d_int",
     "max_pool2d_int_reference",
-    "pool_memory_format",
     "pool_output_size",
 ]
 
@@ -64,12 +63,6 @@ def pool_output_size(size: int, kernel: int, stride: int, padding: int, dilation
     if ceil_mode and (out - 1) * stride >= size + padding:
         out -= 1
     return out
-
-
-def pool_memory_format(x: Tensor) -> torch.memory_format:
-    """The memory format of the pooled output: what PyTorch's pooling (and its meta kernel)
-    suggest for ``x``: channels_last for a channels_last ``x``, else contiguous."""
-    return suggest_memory_format(x)
 
 
 @cache
@@ -207,7 +200,7 @@ def _(x, kernel, stride, padding, dilation, ceil_mode):
     geometry = zip(x.shape[-2:], kernel, stride, padding, dilation, strict=True)
     out = [pool_output_size(*g, ceil_mode) for g in geometry]
     return torch.empty((*x.shape[:2], *out), dtype=x.dtype, device=x.device,
-                       memory_format=pool_memory_format(x))  # fmt: skip
+                       memory_format=output_format(x))  # fmt: skip
 
 
 @torch.library.custom_op(
@@ -253,7 +246,7 @@ def avg_pool2d_requant_reference(
     else:
         oh, ow = (x.shape[2] - kh) // sh + 1, (x.shape[3] - kw) // sw + 1
         total = torch.empty((*x.shape[:2], oh, ow), dtype=torch.int64, device=x.device,
-                            memory_format=pool_memory_format(x)).zero_()  # fmt: skip
+                            memory_format=output_format(x)).zero_()  # fmt: skip
         for r in range(kh):
             for s in range(kw):
                 total += wide[:, :, r : r + sh * (oh - 1) + 1 : sh, s : s + sw * (ow - 1) + 1 : sw]
@@ -268,4 +261,4 @@ def _(x, kernel, stride, multiplier, shift, lo, hi):
     stride = kernel if stride is None else stride
     out = [(n - k) // s + 1 for n, k, s in zip(x.shape[-2:], kernel, stride, strict=True)]
     return torch.empty((*x.shape[:2], *out), dtype=value_dtype(lo, hi), device=x.device,
-                       memory_format=pool_memory_format(x))  # fmt: skip
+                       memory_format=output_format(x))  # fmt: skip

@@ -27,12 +27,12 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.kernels.int8 import value_dtype
+from inq.kernels.ops import output_format
 from inq.kernels.pool import (
     avg_pool2d_requant_reference,
     check_avg_pool_args,
     check_max_pool_args,
     max_pool2d_int_reference,
-    pool_memory_format,
 )
 
 __all__ = ["avg_pool2d_requant", "max_pool2d_int", "pool_tiles"]
@@ -169,7 +169,7 @@ def max_pool2d_int(
     oh, ow = check_max_pool_args(x, kernel, stride, padding, dilation, ceil_mode)
     n, c, h, w = x.shape
     out = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device,
-                      memory_format=pool_memory_format(x))  # fmt: skip
+                      memory_format=output_format(x))  # fmt: skip
     channels_last = _layout(x, out)
     if channels_last is None:
         return max_pool2d_int_reference(x, kernel, stride, padding, dilation, ceil_mode)
@@ -197,7 +197,7 @@ def avg_pool2d_requant(
         out = torch.empty((n, c, 1, 1), dtype=dtype, device=x.device)
     else:
         shape = (n, c, (h - kh) // sh + 1, (w - kw) // sw + 1)
-        out = torch.empty(shape, dtype=dtype, device=x.device, memory_format=pool_memory_format(x))
+        out = torch.empty(shape, dtype=dtype, device=x.device, memory_format=output_format(x))
     channels_last = _layout(x, out)
     if channels_last is None:
         return avg_pool2d_requant_reference(x, kernel, stride, multiplier, shift, lo, hi)
