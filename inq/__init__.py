@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from inq import prune
-    from inq.allocate import allocate, allocate_bits
+    from inq.allocate import allocate_bits
     from inq.partition import grow_mask, quantized_count
     from inq.pow2 import pow2_decode, pow2_encode, pow2_levels, pow2_n1, pow2_n2, pow2_quantize
     from inq.scheduler import DEFAULT_PORTIONS, INQScheduler
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 _HOMES = {  # public name -> the module that defines it
     "DEFAULT_PORTIONS": "inq.scheduler",
     "INQScheduler": "inq.scheduler",
-    "allocate": "inq.allocate",
     "allocate_bits": "inq.allocate",
     "grow_mask": "inq.partition",
     "quantized_count": "inq.partition",
@@ -41,7 +40,6 @@ _HOMES = {  # public name -> the module that defines it
 __all__ = [
     "DEFAULT_PORTIONS",
     "INQScheduler",
-    "allocate",
     "allocate_bits",
     "grow_mask",
     "pow2_decode",

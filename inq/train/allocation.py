@@ -27,7 +27,7 @@ from inq.allocate import Allocation, BudgetError, allocate
 from inq.data import calibration_loader
 from inq.errors import ConfigError
 from inq.train import checkpoint as ckpt
-from inq.train.build import allocation_options, build_scheduler
+from inq.train.build import allocation_options, budget_error, build_scheduler
 from inq.train.config import AUTO
 from inq.train.distributed import share
 from inq.train.loop import Trainer
@@ -56,7 +56,7 @@ def allocation_phase(trainer: Trainer) -> None:
         allocation = allocate(
             trainer.model,
             cross_entropy,
-            ((x, y) for x, y in batches),
+            batches,
             method=inq.auto.method.name,
             n1_rule=inq.n1_rule.name,
             granularity=inq.granularity.name,
@@ -65,8 +65,7 @@ def allocation_phase(trainer: Trainer) -> None:
             **options,
         )
     except BudgetError as err:  # build_scheduler checked the budget already: not reached
-        key = "inq.budget.avg_bits" if options["avg_bits"] is not None else "inq.budget.bytes"
-        raise ConfigError(key, str(err)) from None
+        raise budget_error(cfg, err) from None
     except ValueError as err:
         raise ConfigError("inq.auto.method", str(err)) from None
     record: dict[str, Any] = share(allocation.as_dict())  # rank 0's on every rank

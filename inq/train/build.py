@@ -39,6 +39,7 @@ __all__ = [
     "NORM_TYPES",
     "allocation_options",
     "bias_norm_parameters",
+    "budget_error",
     "build_loaders",
     "build_lr_schedule",
     "build_model",
@@ -260,9 +261,15 @@ def build_scheduler(
         key = "model.name" if err.argument == "model" else f"inq.{err.argument}"
         raise ConfigError(key, str(err)) from None
     except BudgetError as err:
-        budget = "avg_bits" if inq.budget.avg_bits is not None else "bytes"
-        key = "inq.layer_bits" if err.argument == "pinned" else f"inq.budget.{budget}"
-        raise ConfigError(key, str(err)) from None
+        raise budget_error(cfg, err) from None
+
+
+def budget_error(cfg: Config, err: BudgetError) -> ConfigError:
+    """``err`` as the one-line error of the key it concerns: ``inq.layer_bits`` for pinned
+    layers over the budget, else the budget key given."""
+    budget = "avg_bits" if cfg.inq.budget.avg_bits is not None else "bytes"
+    key = "inq.layer_bits" if err.argument == "pinned" else f"inq.budget.{budget}"
+    return ConfigError(key, str(err))
 
 
 def allocation_options(cfg: Config) -> dict[str, Any]:
