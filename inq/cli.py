@@ -126,8 +126,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "source",
         help="a run directory or a masked checkpoint; with --onnx also a packed file or an "
-        "integer model (inq calibrate); with --qonnx or --hls4ml an integer model, or a run "
-        "directory holding one",
+        "integer model (inq calibrate); with --qonnx, --hls4ml or --rtl an integer model, or a "
+        "run directory holding one",
     )
     p.add_argument(
         "-o",
@@ -154,13 +154,20 @@ def _export_args(p: argparse.ArgumentParser) -> None:
         "pip install 'inq[fpga]') and compile its C simulation with g++: it computes the integer "
         "model bit for bit",
     )
+    p.add_argument(
+        "--rtl",
+        action="store_true",
+        help="write the integer model (a file, or a run's) as a Verilog project (-o DIR needed; "
+        "pip install 'inq[rtl]'): streaming layers of constant adder graphs, no multiplier; "
+        "simulated with Verilator and checked bit for bit before it is kept",
+    )
     p.add_argument("--io", choices=("parallel", "stream"),
                    help="with --hls4ml: hls4ml's io_type (parallel, the default: every layer "
                    "unrolled; stream: line buffers, for images larger than digits' 8x8: "
                    "compiles in minutes where parallel does not)")  # fmt: skip
     p.add_argument("--data", nargs="*", default=[], metavar="NAME|KEY=VALUE",
-                   help="with --onnx/--qonnx/--hls4ml, for a file that records no data: the input "
-                   "size")  # fmt: skip
+                   help="with --onnx/--qonnx/--hls4ml/--rtl, for a file that records no data: the "
+                   "input size")  # fmt: skip
     p.add_argument(
         "--dense",
         action="store_true",
@@ -171,7 +178,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
 
 
 def _force_arg(p: argparse.ArgumentParser, project: bool = False) -> None:
-    hls4ml = ", or an hls4ml project inq wrote and nobody changed since" if project else ""
+    hls4ml = ", or an hls4ml or RTL project inq wrote and nobody changed since" if project else ""
     p.add_argument(
         "--force",
         action="store_true",
@@ -278,7 +285,7 @@ def _run_files(folder: Path) -> set[Path]:
 
 
 def _export(args: argparse.Namespace) -> int:
-    chosen = [flag for flag in ("onnx", "qonnx", "hls4ml") if getattr(args, flag)]
+    chosen = [flag for flag in ("onnx", "qonnx", "hls4ml", "rtl") if getattr(args, flag)]
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join('--' + flag for flag in chosen)}: choose one")
     if args.io is not None and not args.hls4ml:
@@ -288,7 +295,7 @@ def _export(args: argparse.Namespace) -> int:
         raise ValueError(f"--dense: only with the packed export, not with --{chosen[0]}")
     if args.data and not chosen:
         raise ValueError(
-            "--data: only with --onnx, --qonnx or --hls4ml (the packed file keeps the data "
+            "--data: only with --onnx, --qonnx, --hls4ml or --rtl (the packed file keeps the data "
             "record of the checkpoint it is made from)"
         )
     if args.onnx:
@@ -297,6 +304,8 @@ def _export(args: argparse.Namespace) -> int:
         return _export_qonnx(args)
     if args.hls4ml:
         return _export_hls4ml(args)
+    if args.rtl:
+        return _export_rtl(args)
     header = command_file(args.source, "export", (RUN, MASKED_CHECKPOINT), MASKED_FORMATS,
                           MASKED_CHECKPOINT)  # fmt: skip
     source = header.path
@@ -391,6 +400,33 @@ def _export_hls4ml(args: argparse.Namespace) -> int:
           f"multipliers: {scales}; C simulation == integer model on 64 random inputs")  # fmt: skip
     print(f"synthesis (Vitis HLS, not run here): cd {output} && vitis-run --tcl build_prj.tcl "
           "--mode hls")  # fmt: skip
+    return 0
+
+
+def _export_rtl(args: argparse.Namespace) -> int:
+    header = command_file(args.source, "export --rtl", (RUN, INTEGER_MODEL), (INT_FORMAT,),
+                          INTEGER_MODEL)  # fmt: skip
+    if not args.output:
+        raise ValueError("--rtl needs -o DIR (the project's directory)")
+    from inq.rtl import export_rtl  # da4ml and Verilator: the rtl extra
+
+    output = Path(args.output)
+    with writing(output, header.path, args.force, suffix=""):
+        int_model = open_artefact(header)
+        data, _ = command_data(int_model.info.get("data", {}), args.data)
+        int_model.info["data"] = data
+        note = f"{header.path} -> {output}: Verilog written; building its Verilator simulation"
+        record = export_rtl(int_model, output, input_shape(data), args.force,
+                            before_build=lambda: print(note + " ...", flush=True))  # fmt: skip
+    print(f"{'layer':<10} {'op':<8} {'window':<7} {'input':<10} {'adders':>7} {'stages':>6}"
+          f" {'flush':>5}")  # fmt: skip
+    for layer in record["layers"]:
+        print(f"{layer['name']:<10} {layer['op']:<8} {layer['window']:<7} {layer['frame']:<10} "
+              f"{layer['adders']:>7} {layer['stages']:>6} {layer['flush']:>5}")  # fmt: skip
+    multipliers = sum(layer["multipliers"] for layer in record["layers"])
+    print(f"multipliers: {multipliers}; a frame every {record['interval_cycles']} cycles, "
+          f"latency {record['latency_cycles']} cycles; Verilator simulation == integer model "
+          "on random inputs, with and without stalls")  # fmt: skip
     return 0
 
 

@@ -40,8 +40,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import hashlib
-import json
 import math
 import os
 import re
@@ -60,11 +58,11 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from inq import project
 from inq.codes import decode_weight
-from inq.fileio import abandoned, atomic_dir, atomic_path, describe_os_error
+from inq.fileio import abandoned, atomic_dir, describe_os_error
 from inq.pow2 import exact_log2
 from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
-from inq.runfiles import PROJECT_MANIFEST
 
 __all__ = [
     "BACKEND",
@@ -447,7 +445,7 @@ def export_hls4ml(
     out = Path(out_dir)
     dims = _input_dims(model, shape)
     shadow, input_type, layers = hls_shadow(model, dims)  # refusals come before any writing
-    _may_write(out, force)
+    project.may_write(out, force, PROJECT_FORMAT, _WHAT)
     _stop_abandoned_builds(out)
     try:
         with atomic_dir(out) as staging:  # making it checks the place is writable
@@ -475,91 +473,21 @@ def _write_error(err: OSError) -> str:
     return describe_os_error(err)
 
 
-MANIFEST = PROJECT_MANIFEST  # in a project: its format and every file's sha256
-PROJECT_FORMAT = "inq-hls4ml/1"
+MANIFEST = project.MANIFEST  # in a project: its format and every file's sha256
+PROJECT_FORMAT = project.HLS4ML_FORMAT
+_WHAT = "an hls4ml project"
 
 
 def write_manifest(folder: Path) -> None:
     """Record every file under ``folder`` with its sha256 in ``folder/MANIFEST``."""
-    files = {path: _sha256(folder / path) for path in _files(folder)}
-    text = json.dumps({"format": PROJECT_FORMAT, "files": files}, indent=1, sort_keys=True)
-    with atomic_path(folder / MANIFEST) as tmp:
-        tmp.write_text(text + "\n")
+    project.write_manifest(folder, PROJECT_FORMAT)
 
 
 def project_problem(folder: Path) -> str | None:
     """Why the directory ``folder`` is not an hls4ml project this module wrote, exactly as it
-    wrote it (a file it did not write, or one changed since), or None if it is.
-
-    Example:
-        >>> import tempfile
-        >>> folder = Path(tempfile.mkdtemp())
-        >>> _ = (folder / "a.cpp").write_text("int x;")
-        >>> project_problem(folder)
-        'holds no inq_project.json: it is not an hls4ml project inq wrote'
-        >>> write_manifest(folder)
-        >>> project_problem(folder) is None
-        True
-        >>> _ = (folder / "notes.txt").write_text("mine")
-        >>> project_problem(folder)
-        'holds a file the export did not write: notes.txt'
-    """
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        listed = manifest["files"] if manifest.get("format") == PROJECT_FORMAT else None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        listed = None
-    if not isinstance(listed, dict):
-        return f"holds no {MANIFEST}: it is not an hls4ml project inq wrote"
-    found = [path for path in _files(folder) if path != MANIFEST]
-    others = [path for path in found if path not in listed]
-    if others:
-        more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
-        return f"holds a file the export did not write: {others[0]}{more}"
-    changed = next((path for path in found if _sha256(folder / path) != listed[path]), None)
-    return None if changed is None else f"{changed} was changed since the export wrote it"
-
-
-def _files(folder: Path) -> list[str]:
-    """Every file (or link, not followed) under ``folder``, as sorted relative POSIX paths."""
-    return sorted(
-        path.relative_to(folder).as_posix()
-        for path in folder.rglob("*")
-        if path.is_symlink() or not path.is_dir()
-    )
-
-
-def _sha256(path: Path) -> str:
-    if path.is_symlink():
-        return "link:" + os.readlink(path)
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _may_write(out: Path, force: bool) -> None:
-    """Refuse ``out`` unless it is absent, empty, or (``force``) a project inq wrote, as it
-    wrote it (:func:`project_problem`).
-
-    Raises:
-        ValueError: ``out`` is a file, the current directory or one holding it, a directory
-            that is not empty and no ``force``, or with ``force`` not an unchanged project.
-    """
-    if out.is_symlink():
-        raise ValueError(f"-o {out}: a symbolic link; name the directory itself")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"-o {out}: a file; the hls4ml project is a directory")
-    here = Path.cwd()
-    if out.exists() and (here == out.resolve() or out.resolve() in here.parents):
-        raise ValueError(f"-o {out}: the current directory (or one holding it); name another")
-    if not out.is_dir() or not any(out.iterdir()):
-        return
-    if not force:
-        raise ValueError(f"{out} is not empty; choose another -o, or --force to replace it")
-    problem = project_problem(out)
-    if problem is not None:
-        raise ValueError(
-            f"{out} {problem}; --force replaces only an hls4ml project inq wrote, as it wrote "
-            "it: choose another -o"
-        )
+    wrote it (a file it did not write, or one changed since), or None if it is
+    (:func:`inq.project.project_problem`)."""
+    return project.project_problem(folder, PROJECT_FORMAT, _WHAT)
 
 
 def _hls4ml() -> Any:

@@ -28,6 +28,8 @@ from inq.artefact import (
 from inq.fileio import DirBusy, lock_holder
 from inq.masked import MASKED_FORMATS, MaskedCheckpoint
 from inq.packed import PACKED_FORMATS, PackedFile, packed_from_masked
+from inq.project import MANIFEST as PROJECT_MANIFEST
+from inq.project import RTL_FORMAT, project_format
 from inq.quant.integer import INT_FORMAT
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "PACKED",
     "PACKED_FILE",
     "PROJECT_MANIFEST",
+    "RTL_PROJECT",
     "RUN",
     "SUMMARY",
     "command_file",
@@ -56,7 +59,6 @@ __all__ = [
     "refuse_kind",
 ]
 
-PROJECT_MANIFEST = "inq_project.json"  # in an hls4ml project (inq.export_hls4ml): its files
 MASKED = "model_masked.safetensors"  # the masked checkpoint (inq.masked)
 PACKED = "model.inq.safetensors"  # its packed codes (inq.packed)
 INTEGER = "model.int.safetensors"  # the integer model, with quant.act_bits (inq.quant)
@@ -67,6 +69,7 @@ OWN_FILES = (MASKED, PACKED, INTEGER)  # the model files a run writes for itself
 # What a directory can be (file_kind); a file's kinds are inq.artefact's
 RUN = "run directory"
 HLS_PROJECT = "hls4ml project (inq export --hls4ml)"
+RTL_PROJECT = "RTL project (inq export --rtl)"
 DIRECTORY = "directory"
 
 MODEL_FORMATS = (*PACKED_FORMATS, *MASKED_FORMATS)  # what load_model reads (as packed)
@@ -158,7 +161,7 @@ def file_kind(path: str | os.PathLike[str]) -> str:
 
 def _directory_kind(path: Path) -> str:
     if (path / PROJECT_MANIFEST).is_file():
-        return HLS_PROJECT
+        return RTL_PROJECT if project_format(path) == RTL_FORMAT else HLS_PROJECT
     return RUN if is_run(path) or any((path / n).is_file() for n in OWN_FILES) else DIRECTORY
 
 
@@ -211,7 +214,7 @@ def _refuse(path: str | os.PathLike[str], kind: str, command: str, takes: Sequen
 
 
 def _a(noun: str) -> str:
-    return ("an " if noun[0] in "aeiouAEIOU" or noun.startswith("hls") else "a ") + noun
+    return ("an " if noun[0] in "aeiouAEIOU" or noun.startswith(("hls", "RTL")) else "a ") + noun
 
 
 def _instead(path: str | os.PathLike[str], kind: str) -> str:
@@ -224,7 +227,7 @@ def _instead(path: str | os.PathLike[str], kind: str) -> str:
     if kind in (RUN, DIRECTORY):
         own = [str(path / n) for n in OWN_FILES if (path / n).is_file()]
         return f"; pass one of its files: {', '.join(own)}" if own else "; pass a model file"
-    if kind in (ONNX_MODEL, HLS_PROJECT):
+    if kind in (ONNX_MODEL, HLS_PROJECT, RTL_PROJECT):
         return "; pass the file it was exported from"
     return ""
 

@@ -248,7 +248,7 @@ def test_cli_refuses_bad_requests_in_one_line_and_loses_nothing(int_file, tmp_pa
         ([], "--hls4ml needs -o DIR (the project's directory)"),
         (["--qonnx", "-o", str(tmp_path / "a.onnx")], "--qonnx and --hls4ml: choose one"),
         (["-o", str(busy)], f"{busy} is not empty; choose another -o, or --force to replace it"),
-        (["-o", str(int_file)], f"-o {int_file}: a file; the hls4ml project is a directory"),
+        (["-o", str(int_file)], f"-o {int_file}: a file; an hls4ml project is a directory"),
         (
             ["-o", str(int_file / "p")],
             f"-o {int_file / 'p'}: cannot write the project (File exists)",

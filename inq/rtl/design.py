@@ -1,0 +1,367 @@
+"""The integer model as a streaming Verilog design: one layer per op, each a window over the
+stream (``window.v``: line buffers) feeding one pipelined adder graph (:mod:`inq.rtl.logic`)
+that is reused for every output pixel, at one pixel a cycle.
+
+Layers and the top level:
+
+- conv, maxpool, avgpool, relu, clamp: a window of the op's kernel over its input; relu and
+  clamp a 1x1 window; a global average pool a window the size of its input;
+- flatten + linear: one window over the whole input frame (in the flatten's order);
+- the top level ``inq_top``: a valid/ready input stream of pixels (raster order, channels
+  packed, channel 0 at the least significant bits) and a valid/ready output stream of the last
+  op's pixels (int32 fields). After a frame's last pixel it holds ``in_ready`` low for
+  :attr:`Design.frame_gap` cycles, the layers' flush ticks, and it starts a frame only while
+  its output buffer has room for it (``FRAMES`` frames), so a consumer that stalls loses
+  nothing.
+
+One pixel enters per cycle: a frame takes ``H * W + frame_gap`` cycles (the initiation
+interval, :attr:`Design.interval`).
+
+Refused, in one line naming the op: residual adds and other branching graphs, slices and
+pads, dilated or grouped convolutions, padded pooling, windows whose outputs are not due in
+raster order.
+
+Example::
+
+    design = plan(load_integer("model.int.safetensors"), (1, 8, 8))
+    files, pipelines = write_design(design, stage_delay=6.0)  # {file name: Verilog text}
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from da4ml.codegen.rtl.verilog.pipeline import pipeline_logic_gen
+from da4ml.types import Pipeline
+from torch import Tensor
+
+from inq.quant.integer import IntegerModel, IntOp
+from inq.rtl.logic import OutputField, Window, field_width, layer_graph, output_fields, pipelined
+
+__all__ = ["OUT_WIDTH", "Design", "Layer", "RtlRefusal", "plan", "write_design"]
+
+OUT_WIDTH = 32  # bits of each field of the last op's output (int32, as the integer model's)
+FRAMES = 4  # frames the top level's output buffer holds
+_POINTWISE = ("relu", "clamp")
+
+
+class RtlRefusal(ValueError):
+    """An op the RTL export has no streaming form for (the message names it)."""
+
+
+@dataclass
+class Layer:
+    """One streaming layer: ``op`` on windows of ``window`` over an ``h x w`` input frame."""
+
+    op: IntOp
+    window: Window
+    h: int
+    w: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    out_h: int
+    out_w: int
+    out_channels: int
+    out_lo: int
+    out_hi: int
+    tensors: dict[str, Tensor]
+
+    @property
+    def name(self) -> str:
+        return "layer" + self.op.name if self.op.name[0] == "_" else "layer_" + self.op.name
+
+    @property
+    def in_width(self) -> int:
+        return field_width(self.window.lo, self.window.hi)
+
+    @property
+    def out_width(self) -> int:
+        return field_width(self.out_lo, self.out_hi)
+
+    def due(self, i: int, j: int) -> int:
+        """Raster index of the input pixel after which output ``(i, j)`` is due."""
+        (sh, sw), (ph, pw) = self.stride, self.padding
+        return (i * sh - ph + self.window.kh - 1) * self.w + j * sw - pw + self.window.kw - 1
+
+    @property
+    def flush(self) -> int:
+        return max(0, self.due(self.out_h - 1, self.out_w - 1) - (self.h * self.w - 1))
+
+
+@dataclass
+class Design:
+    """The layers of a model in stream order, with the frame's geometry."""
+
+    layers: list[Layer]
+    in_channels: int
+    in_h: int
+    in_w: int
+    in_lo: int
+    in_hi: int
+
+    @property
+    def frame_gap(self) -> int:
+        """Idle cycles after each frame's last pixel: every layer's flush."""
+        return sum(layer.flush for layer in self.layers)
+
+    @property
+    def interval(self) -> int:
+        """Cycles from one frame's first pixel to the next one's, at full rate."""
+        return self.in_h * self.in_w + self.frame_gap
+
+
+def _pair(value: int | list[int] | None, default: int) -> tuple[int, int]:
+    if value is None:
+        return default, default
+    if isinstance(value, int):
+        return value, value
+    return int(value[0]), int(value[1])
+
+
+def _refuse(op: IntOp, why: str) -> RtlRefusal:
+    return RtlRefusal(f"{op.name} ({op.op}): {why}")
+
+
+def plan(model: IntegerModel, shape: tuple[int, int, int]) -> Design:
+    """The streaming layers of ``model`` for inputs of ``shape`` ``(C, H, W)``.
+
+    Raises:
+        RtlRefusal: an op (or graph shape) with no streaming form here, naming it.
+    """
+    ops = model.ops
+    if not ops or ops[0].op != "input":
+        raise RtlRefusal("the program does not start with its input op")
+    channels, h, w = shape
+    lo, hi = ops[0].attrs["lo"], ops[0].attrs["hi"]
+    design = Design([], channels, h, w, lo, hi)
+    flat: tuple[int, int, int] | None = None  # (C, H, W) a flatten hands to a linear op
+    previous = ops[0].name
+    for op in ops[1:]:
+        if op.inputs != [previous]:
+            raise _refuse(op, "branches (a residual add or a reused value): only chains stream")
+        a = op.attrs
+        if op.op == "flatten":
+            flat = (channels, h, w)
+            previous = op.name
+            continue
+        if flat is not None and op.op != "linear":
+            raise _refuse(op, "follows a flatten; only a linear op may")
+        window, stride, padding = _window_of(op, channels, h, w, lo, hi, flat)
+        out_h = (h + 2 * padding[0] - window.kh) // stride[0] + 1
+        out_w = (w + 2 * padding[1] - window.kw) // stride[1] + 1
+        out_channels = (
+            a["weight_shape"][0] if op.op == "conv"
+            else a["out_features"] if op.op == "linear" else channels
+        )  # fmt: skip
+        layer = Layer(op, window, h, w, stride, padding, out_h, out_w, out_channels,
+                      a["lo"], a["hi"], model.op_tensors(op.name))  # fmt: skip
+        _check_order(layer)
+        design.layers.append(layer)
+        channels, h, w, lo, hi = out_channels, out_h, out_w, a["lo"], a["hi"]
+        flat, previous = None, op.name
+    if flat is not None:
+        raise RtlRefusal("the program ends in a flatten: end it in a linear op")
+    if not design.layers:
+        raise RtlRefusal("the program has no layer to stream")
+    return design
+
+
+def _window_of(
+    op: IntOp, channels: int, h: int, w: int, lo: int, hi: int,
+    flat: tuple[int, int, int] | None,
+) -> tuple[Window, tuple[int, int], tuple[int, int]]:  # fmt: skip
+    a = op.attrs
+    if op.op == "linear":
+        c, fh, fw = flat if flat is not None else (channels, h, w)
+        if c * fh * fw != a["in_features"]:
+            raise _refuse(op, f"{a['in_features']} inputs from a {c}x{fh}x{fw} frame")
+        return Window(fh, fw, c, lo, hi), (1, 1), (0, 0)
+    if op.op == "conv":
+        _o, cg, kh, kw = a["weight_shape"]
+        if a["groups"] != 1 or list(a["dilation"]) != [1, 1]:
+            raise _refuse(op, "grouped or dilated convolutions do not stream here yet")
+        if cg != channels:
+            raise _refuse(op, f"{cg} input channels, the stream has {channels}")
+        return Window(kh, kw, channels, lo, hi), _pair(a["stride"], 1), _pair(a["padding"], 0)
+    if op.op in ("maxpool", "avgpool"):
+        if a.get("kernel") is None:  # global average pooling
+            return Window(h, w, channels, lo, hi), (1, 1), (0, 0)
+        padding = _pair(a.get("padding"), 0)
+        if padding != (0, 0) or a.get("ceil_mode") or _pair(a.get("dilation"), 1) != (1, 1):
+            raise _refuse(op, "padded, dilated or ceil-mode pooling does not stream here yet")
+        kernel = _pair(a["kernel"], 1)
+        return Window(*kernel, channels, lo, hi), _pair(a["stride"], kernel[0]), (0, 0)
+    if op.op in _POINTWISE:
+        return Window(1, 1, channels, lo, hi), (1, 1), (0, 0)
+    raise _refuse(op, "no streaming form for this op in the RTL export")
+
+
+def _check_order(layer: Layer) -> None:
+    """Refuse a window whose outputs would not fall due one after another in raster order."""
+    dues = [layer.due(i, j) for i in range(layer.out_h) for j in range(layer.out_w)]
+    if dues[0] < 0 or any(b <= a for a, b in itertools.pairwise(dues)):
+        raise _refuse(layer.op, "its windows are not due in raster order (padding too large)")
+
+
+def window_source() -> str:
+    """The window module's Verilog (``window.v``, shipped with inq)."""
+    return resources.files("inq.rtl").joinpath("window.v").read_text()
+
+
+def _field_expr(raw: str, field: OutputField, width: int) -> str:
+    """A ``width``-bit two's complement expression of one da4ml output field."""
+    if field.width == 0:
+        return f"{width}'d{field.const % (1 << width)}"
+    bits = f"{raw}[{field.offset + field.width - 1}:{field.offset}]"
+    value = f"$signed({bits})" if field.signed else f"$signed({{1'b0, {bits}}})"
+    if field.frac < 0:
+        value = f"({value} <<< {-field.frac})"
+    return f"{value}"
+
+
+def _layer_module(layer: Layer, pipeline: Pipeline, graph_name: str, last: bool) -> str:
+    win = layer.window
+    (sh, sw), (ph, pw) = layer.stride, layer.padding
+    in_b, out_b = layer.in_width, OUT_WIDTH if last else layer.out_width
+    raw_bits = max((f.offset + f.width for f in output_fields(pipeline)), default=1)
+    latency = len(pipeline.solutions) + 1
+    nb = max(8, (layer.h * layer.w + layer.flush + 2).bit_length() + 2)
+    fields = []
+    for c, field in enumerate(output_fields(pipeline)):
+        fields.append(f"    wire signed [63:0] value{c} = {_field_expr('raw', field, 64)};")
+        fields.append(f"    assign out_data[{c * out_b} +: {out_b}] = value{c}[{out_b - 1}:0];")
+    body = "\n".join(fields)
+    size = f"{layer.out_h}x{layer.out_w}x{layer.out_channels}"
+    frame = f"{layer.h}x{layer.w}x{win.channels} -> {size}"
+    return f"""// {layer.op.name}: {layer.op.op}, {win.kh}x{win.kw} windows, {frame}
+// values {layer.out_lo}..{layer.out_hi}
+module {layer.name} (
+    input clk,
+    input rst,
+    input in_valid,
+    input [{win.channels * in_b - 1}:0] in_data,
+    output out_valid,
+    output [{layer.out_channels * out_b - 1}:0] out_data
+);
+    wire window_valid;
+    wire [{win.taps * in_b - 1}:0] window;
+    inq_window #(.H({layer.h}), .W({layer.w}), .C({win.channels}), .B({in_b}), .KH({win.kh}),
+        .KW({win.kw}), .SH({sh}), .SW({sw}), .PH({ph}), .PW({pw}), .OH({layer.out_h}),
+        .OW({layer.out_w}), .FLUSH({layer.flush}), .NB({nb})) lines (
+        .clk(clk), .rst(rst), .in_valid(in_valid), .in_data(in_data),
+        .out_valid(window_valid), .out_data(window));
+    wire [{raw_bits - 1}:0] raw;
+    {graph_name} graph (.clk(clk), .model_inp(window), .model_out(raw));
+    reg [{latency - 1}:0] valid;  // the graph's {latency} register stages
+    always @(posedge clk) valid <= rst ? {latency}'d0 : {{valid[{latency - 2}:0], window_valid}};
+    assign out_valid = valid[{latency - 1}];
+    // verilator lint_off UNUSEDSIGNAL
+{body}
+    // verilator lint_on UNUSEDSIGNAL
+endmodule
+"""
+
+
+def _top_module(design: Design) -> str:
+    first, last = design.layers[0], design.layers[-1]
+    in_bits = design.in_channels * first.in_width
+    out_bits = last.out_channels * OUT_WIDTH
+    beats = last.out_h * last.out_w
+    pixels = design.in_h * design.in_w
+    depth = FRAMES * beats
+    chain, prev = [], ("fire", "in_data")
+    for layer in design.layers:
+        bits = layer.out_channels * (OUT_WIDTH if layer is last else layer.out_width)
+        chain.append(
+            f"    wire {layer.name}_valid;\n    wire [{bits - 1}:0] {layer.name}_data;\n"
+            f"    {layer.name} {layer.name}_i (.clk(clk), .rst(rst), .in_valid({prev[0]}), "
+            f".in_data({prev[1]}), .out_valid({layer.name}_valid), .out_data({layer.name}_data));"
+        )
+        prev = (f"{layer.name}_valid", f"{layer.name}_data")
+    layers = "\n".join(chain)
+    ab = max(depth.bit_length(), 1) + 1
+    pb = max(pixels.bit_length(), 1) + 1
+    gb = max(design.frame_gap.bit_length(), 1) + 1
+    bb = max(beats.bit_length(), 1) + 1
+    return f"""// inq_top: the integer model as a stream. Input: one pixel a beat (raster order,
+// {design.in_channels} channel(s) of {first.in_width} bits, channel 0 at bit 0). Output: one
+// pixel of the last op a beat ({last.out_channels} int32 fields), {beats} beat(s) a frame.
+// A frame takes {design.interval} cycles at full rate ({pixels} pixels + {design.frame_gap} idle).
+module inq_top (
+    input clk,
+    input rst,
+    input in_valid,
+    output in_ready,
+    input [{in_bits - 1}:0] in_data,
+    output out_valid,
+    input out_ready,
+    output [{out_bits - 1}:0] out_data
+);
+    localparam PIXELS = {pixels}, GAP = {design.frame_gap}, FRAMES = {FRAMES}, BEATS = {beats};
+    reg [{pb - 1}:0] pixel;       // pixels of the current frame taken
+    reg [{gb - 1}:0] gap;         // idle cycles still owed to the layers' flush
+    reg [{ab - 1}:0] frames;      // frames started and not yet read out whole
+    reg [{bb - 1}:0] beat;        // beats of the frame being read out
+    assign in_ready = gap == 0 && (pixel != 0 || frames < FRAMES);
+    wire fire = in_valid && in_ready;
+
+{layers}
+
+    // the output buffer: FRAMES frames of BEATS beats
+    reg [{out_bits - 1}:0] buffer [0:{depth - 1}];
+    reg [{ab - 1}:0] head, tail, count;
+    wire push = {prev[0]};
+    wire pop = out_valid && out_ready;
+    assign out_valid = count != 0;
+    assign out_data = buffer[head];
+    always @(posedge clk) begin
+        if (rst) begin
+            pixel <= 0; gap <= 0; frames <= 0; beat <= 0; head <= 0; tail <= 0; count <= 0;
+        end else begin
+            if (gap != 0) gap <= gap - 1;
+            if (fire) begin
+                if (pixel == PIXELS - 1) begin
+                    pixel <= 0;
+                    gap <= GAP;
+                end else pixel <= pixel + 1;
+            end
+            if (push) begin
+                buffer[tail] <= {prev[1]};
+                tail <= tail == {depth - 1} ? 0 : tail + 1;
+            end
+            if (pop) begin
+                head <= head == {depth - 1} ? 0 : head + 1;
+                beat <= beat == BEATS - 1 ? 0 : beat + 1;
+            end
+            count <= count + push - pop;
+            frames <= frames + (fire && pixel == 0) - (pop && beat == BEATS - 1);
+        end
+    end
+endmodule
+"""
+
+
+def write_design(design: Design, stage_delay: float) -> tuple[dict[str, str], list[Pipeline]]:
+    """Every Verilog file of ``design`` (name -> text): ``inq_top.v``, one file per layer with
+    its adder graph's stages, ``window.v`` and the da4ml cells they use; and each layer's
+    pipelined graph."""
+    files = {"window.v": window_source()}
+    pipelines = []
+    for index, layer in enumerate(design.layers):
+        last = index == len(design.layers) - 1
+        pipeline = pipelined(layer_graph(layer.op, layer.tensors, layer.window), stage_delay)
+        pipelines.append(pipeline)
+        graph_name = f"{layer.name}_graph"
+        modules = pipeline_logic_gen(pipeline, graph_name, timescale=None)
+        text = "\n".join(modules[name] for name in sorted(modules))
+        files[f"{layer.name}.v"] = _layer_module(layer, pipeline, graph_name, last) + "\n" + text
+    files["inq_top.v"] = _top_module(design)
+    text = "\n".join(files.values())
+    for cell in sorted(resources.files("da4ml.codegen.rtl.verilog").joinpath("source").iterdir(),
+                       key=lambda f: f.name):  # fmt: skip
+        if cell.name.endswith(".v") and re.search(rf"\b{cell.name[:-2]}\b\s*#?\s*\(", text):
+            files[cell.name] = cell.read_text()
+    return files, pipelines

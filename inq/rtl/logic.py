@@ -1,0 +1,223 @@
+"""Each streaming layer's arithmetic as one constant adder graph (da4ml), from a window of
+integer activations to the layer's integer outputs, exactly as :mod:`inq.quant.integer` computes
+them.
+
+A window is ``KH x KW x C`` activations in tap order ``(u, v, c)``; the graph computes, per
+output channel, one of:
+
+- conv/linear: the shift-add sum (every ``(x << frac) >> offset`` term, floored where the
+  offset exceeds ``frac``: :func:`inq.kernels.int8.term_classes`), ``+ bias``,
+  ``* multiplier`` (a constant: shifts and adds, no multiplier), rounded half up by
+  ``>> shift`` and clamped to ``[lo, hi]``;
+- maxpool: the largest tap; avgpool: the taps' sum, ``* multiplier >> shift``, clamped;
+- relu/clamp: the single tap, clamped.
+
+da4ml traces these with exact fixed-point ranges and solves each constant matrix-vector
+product as an adder graph with shared subexpressions; :func:`pipelined` cuts the graph into
+register stages. Every activation of a layer's input shares one range, so the window is a bus
+of equal ``width``-bit fields (:func:`field_width`).
+
+Example::
+
+    graph = layer_graph(op, tensors, window=(3, 3, 16), in_range=(0, 255))
+    pipeline = pipelined(graph, stage_delay=6.0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from da4ml.trace import FixedVariable, FixedVariableArray, HWConfig, comb_trace, to_pipeline
+from da4ml.types import CombLogic, Pipeline, QInterval, minimal_kif
+from torch import Tensor
+
+from inq.codes import unpack_codes
+from inq.kernels.int8 import term_classes
+from inq.quant.integer import IntOp
+
+__all__ = [
+    "Window",
+    "adders",
+    "field_width",
+    "layer_graph",
+    "multipliers",
+    "output_fields",
+    "pipelined",
+]
+
+_HW = HWConfig(1, -1, -1)  # da4ml's defaults: 1-bit adder cells, no carry lookahead limit
+# one decomposition search, not all of them: 5x faster, the same adders on INQ's kernels
+_SOLVER = {"search_all_decompose_dc": False}
+
+
+@dataclass(frozen=True)
+class Window:
+    """The activations a layer's graph reads per output pixel: ``kh x kw`` taps of
+    ``channels`` values in ``[lo, hi]``."""
+
+    kh: int
+    kw: int
+    channels: int
+    lo: int
+    hi: int
+
+    @property
+    def taps(self) -> int:
+        return self.kh * self.kw * self.channels
+
+
+def field_width(lo: int, hi: int) -> int:
+    """Bits of one activation in ``[lo, hi]`` on a bus (two's complement if ``lo < 0``).
+
+    Example:
+        >>> field_width(0, 255), field_width(-128, 127), field_width(0, 192)
+        (8, 8, 8)
+    """
+    return int(sum(minimal_kif(QInterval(float(lo), float(hi), 1.0))))
+
+
+def _inputs(window: Window) -> FixedVariableArray:
+    n = window.taps
+    return FixedVariableArray.from_lhs(
+        np.full(n, float(window.lo)), np.full(n, float(window.hi)), np.ones(n), hwconf=_HW
+    )
+
+
+def _clamp(v: FixedVariable, lo: int, hi: int) -> FixedVariable:
+    """``clamp(v, lo, hi)`` as ReLUs of differences: ``lo + relu(v - lo)``, ``hi - relu(hi - v)``
+    (not da4ml's min/max mux, whose Verilog misaligns a constant kept at a finer step than the
+    value: it gave 254 for ``min(260, 255)`` when the value carried a factor of ``2**-32``)."""
+    if v.low < lo:
+        v = (v - float(lo)).relu() + float(lo) if lo else v.relu()
+    if v.high > hi:
+        v = float(hi) - (float(hi) - v).relu()
+    return v
+
+
+def _requantize(v: FixedVariable, multiplier: int, shift: int, lo: int, hi: int) -> FixedVariable:
+    """``clamp((v * multiplier + 2**(shift-1)) >> shift, lo, hi)`` (round half up)."""
+    scaled = v * float(multiplier) * 2.0**-shift
+    return _clamp(scaled.quantize(1, 40, 0, round_mode="RND"), lo, hi)
+
+
+def _weight_taps(op: IntOp, tensors: dict[str, Tensor], window: Window) -> Tensor:
+    """Codes ``[O, taps]`` in the window's tap order ``(u, v, c)``."""
+    a = op.attrs
+    k = window.taps
+    codes = unpack_codes(tensors["codes"], a["bits"], k).to(torch.int64)
+    o = codes.shape[0]
+    # the packed row order is the weight's (c, u, v) (a linear op's flatten order too)
+    return codes.view(o, window.channels, window.kh, window.kw).permute(0, 2, 3, 1).reshape(o, k)
+
+
+def _weight_outputs(op: IntOp, tensors: dict[str, Tensor], x: FixedVariableArray, window: Window):
+    a = op.attrs
+    codes = _weight_taps(op, tensors, window)
+    classes, weights = term_classes(codes, a["bits"], a["frac"])
+    columns = []
+    for sign, d in classes:
+        if (sign, d) == (1, 0):
+            columns.append(x)
+        else:  # floor(sign * x / 2**d): an arithmetic shift of x or -x
+            columns.append((x * (sign * 2.0**-d)).quantize(1, 9, 0))
+    stacked = FixedVariableArray(
+        np.concatenate([c._vars for c in columns]), solver_options=_SOLVER, hwconf=_HW
+    )
+    kernel = weights.permute(0, 2, 1).reshape(-1, codes.shape[0]).numpy()  # [P * taps, O]
+    acc = stacked @ kernel
+    bias, multiplier, shift = (tensors[key].tolist() for key in ("bias", "multiplier", "shift"))
+    lo, hi = a["lo"], a["hi"]
+    return [
+        _requantize(acc._vars[o] + float(bias[o]), multiplier[o], shift[o], lo, hi)
+        for o in range(codes.shape[0])
+    ]
+
+
+def _per_channel(
+    x: FixedVariableArray, window: Window, reduce: Callable[[list[Any]], FixedVariable]
+) -> list[FixedVariable]:
+    taps = x._vars.reshape(window.kh * window.kw, window.channels)
+    return [reduce(list(taps[:, c])) for c in range(window.channels)]
+
+
+def _max(values: list[Any]) -> FixedVariable:
+    best = values[0]
+    for v in values[1:]:
+        best = best.max_of(v)
+    return best
+
+
+def layer_graph(op: IntOp, tensors: dict[str, Tensor], window: Window) -> CombLogic:
+    """The adder graph of ``op`` (conv, linear, maxpool, avgpool, relu, clamp) on ``window``.
+
+    Raises:
+        ValueError: for another op kind.
+    """
+    a = op.attrs
+    x = _inputs(window)
+    if op.op in ("conv", "linear"):
+        outputs = _weight_outputs(op, tensors, x, window)
+    elif op.op == "maxpool":
+        outputs = _per_channel(x, window, _max)
+    elif op.op == "avgpool":
+        outputs = _per_channel(
+            x,
+            window,
+            lambda v: _requantize(sum(v[1:], v[0]), a["multiplier"], a["shift"], a["lo"], a["hi"]),
+        )
+    elif op.op in ("relu", "clamp"):
+        outputs = _per_channel(x, window, lambda v: _clamp(v[0], a["lo"], a["hi"]))
+    else:
+        raise ValueError(f"{op.name}: no adder graph for a {op.op} op")
+    return comb_trace(list(x._vars), outputs, keep_dead_inputs=True)
+
+
+def pipelined(graph: CombLogic, stage_delay: float) -> Pipeline:
+    """``graph`` cut into register stages of at most ``stage_delay`` (da4ml's delay units:
+    about one carry-chain adder each)."""
+    return to_pipeline(graph, stage_delay, verbose=False)
+
+
+def adders(pipeline: Pipeline) -> int:
+    """Adders and subtractors in ``pipeline`` (da4ml opcodes 0, 1 and 4: with a variable or a
+    constant); a multiplier would be opcode 7, which the graphs here never hold."""
+    return sum(op.opcode in (0, 1, 4) for stage in pipeline.solutions for op in stage.ops)
+
+
+def multipliers(pipeline: Pipeline) -> int:
+    """Multipliers in ``pipeline`` (da4ml opcode 7): 0 for every graph built here."""
+    return sum(op.opcode == 7 for stage in pipeline.solutions for op in stage.ops)
+
+
+@dataclass(frozen=True)
+class OutputField:
+    """Where output ``index`` sits on da4ml's output bus and how to read it: ``width`` raw bits
+    from ``offset`` (two's complement if ``signed``), times ``2**-frac``; a ``width`` of 0 is
+    the constant ``const``."""
+
+    offset: int
+    width: int
+    signed: bool
+    frac: int
+    const: int
+
+
+def output_fields(pipeline: Pipeline) -> list[OutputField]:
+    """The output bus layout of ``pipeline`` (da4ml packs each output in its minimal width)."""
+    last = pipeline.solutions[-1]
+    fields, offset = [], 0
+    for index, qint in zip(last.out_idxs, pipeline.out_qint, strict=True):
+        k, i, f = minimal_kif(qint)
+        width = int(k + i + f)
+        const = int(qint.min) if index < 0 or width == 0 else 0
+        if index < 0:
+            width_used, width = width, 0
+        else:
+            width_used = width
+        fields.append(OutputField(offset, width, bool(k), int(f), const))
+        offset += width_used
+    return fields
