@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 import inq
-from inq import runfiles
+from inq import project, runfiles
 from inq.artefact import open_artefact
 from inq.bench_onnx import ONNX_HELP, add_onnx_arguments, run_onnx
 from inq.data import (
@@ -435,8 +435,8 @@ def _export_rtl(args: argparse.Namespace) -> int:
 
 def _verify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="a masked checkpoint, a packed file, an integer model, a QONNX "
-                   "file (inq export --qonnx) or an hls4ml project directory (inq export "
-                   "--hls4ml: every file as the export wrote it)")  # fmt: skip
+                   "file (inq export --qonnx) or an hls4ml or RTL project directory (inq export "
+                   "--hls4ml/--rtl: every file as the export wrote it)")  # fmt: skip
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -468,13 +468,19 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _verify_project(path: str) -> int:
-    """``inq verify`` of an hls4ml project: every file as the export wrote it (its sha256 in
-    the project's manifest), no other file; 1 otherwise."""
-    problem = project_problem(Path(path))
+    """``inq verify`` of an hls4ml or RTL project: every file as the export wrote it (its sha256
+    in the project's manifest), no other file; 1 otherwise."""
+    rtl = project.project_format(Path(path)) == project.RTL_FORMAT
+    flag, what = ("rtl", "RTL project") if rtl else ("hls4ml", "hls4ml project")
+    problem = (
+        project.project_problem(Path(path), project.RTL_FORMAT, "an " + what)
+        if rtl
+        else project_problem(Path(path))
+    )
     if problem is not None:
         print(f"inq verify: {path}: {problem}", file=sys.stderr)
         return 1
-    print(f"{path} (hls4ml project): OK: every file is as inq export --hls4ml wrote it (sha256)")
+    print(f"{path} ({what}): OK: every file is as inq export --{flag} wrote it (sha256)")
     return 0
 
 
@@ -672,8 +678,8 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
         "file",
         help="a packed file (inq export), an integer model (inq calibrate), an ONNX model (inq "
         "export --onnx; run in ONNX Runtime on the CPU), a QONNX model (inq export --qonnx; run "
-        "in qonnx's executor, pip install 'inq[fpga]'), a masked checkpoint or a run directory "
-        "(its packed file)",
+        "in qonnx's executor, pip install 'inq[fpga]'), an RTL project (inq export --rtl; its "
+        "Verilator simulation), a masked checkpoint or a run directory (its packed file)",
     )
     _data_args(p, "; ONNX files run on the CPU")
     p.add_argument(
@@ -712,15 +718,22 @@ def _data_args(p: argparse.ArgumentParser, device_note: str = "") -> None:
 def _eval(args: argparse.Namespace) -> int:
 
     device = eval_device(args.device)
-    header = command_file(
-        args.file, "eval", (PACKED_FILE, INTEGER_MODEL, ONNX_MODEL, MASKED_CHECKPOINT, RUN)
-    )
     read = args.file
-    if args.runtime != RUNTIMES[0] and header.kind != ONNX_MODEL:
-        raise ValueError(
-            f"--runtime {args.runtime} runs ONNX files; {read} is not one ({header.kind})"
-        )
-    if header.kind == ONNX_MODEL:
+    rtl = Path(read).is_dir() and runfiles.file_kind(read) == runfiles.RTL_PROJECT
+    header = None if rtl else command_file(
+        args.file, "eval", (PACKED_FILE, INTEGER_MODEL, ONNX_MODEL, MASKED_CHECKPOINT, RUN)
+    )  # fmt: skip
+    kind = runfiles.RTL_PROJECT if header is None else header.kind
+    if args.runtime != RUNTIMES[0] and kind != ONNX_MODEL:
+        raise ValueError(f"--runtime {args.runtime} runs ONNX files; {read} is not one ({kind})")
+    if header is None:
+        from inq.rtl import RtlModel  # Verilator's build of the project: the rtl extra
+
+        model = RtlModel(read)
+        description, recorded = model.record["model"], model.record["data"]
+        device = torch.device("cpu")
+        what = "its Verilog, simulated by Verilator"
+    elif header.kind == ONNX_MODEL:
         onnx_model, what = _onnx_model(args.file, args.runtime)
         description, recorded = onnx_model.model, onnx_model.data
         model: torch.nn.Module = onnx_model

@@ -134,6 +134,9 @@ def plan(model: IntegerModel, shape: tuple[int, int, int]) -> Design:
     ops = model.ops
     if not ops or ops[0].op != "input":
         raise RtlRefusal("the program does not start with its input op")
+    add = next((op for op in ops if op.op == "add"), None)
+    if add is not None:
+        raise _refuse(add, "a residual add: branching graphs do not stream here yet")
     channels, h, w = shape
     lo, hi = ops[0].attrs["lo"], ops[0].attrs["hi"]
     design = Design([], channels, h, w, lo, hi)
@@ -141,7 +144,7 @@ def plan(model: IntegerModel, shape: tuple[int, int, int]) -> Design:
     previous = ops[0].name
     for op in ops[1:]:
         if op.inputs != [previous]:
-            raise _refuse(op, "branches (a residual add or a reused value): only chains stream")
+            raise _refuse(op, "reads a value other than the previous op's: only chains stream")
         a = op.attrs
         if op.op == "flatten":
             flat = (channels, h, w)

@@ -171,7 +171,9 @@ def rtl_problem(folder: Path) -> str | None:
 
 class RtlModel(torch.nn.Module):
     """An RTL project as a module: float images in (quantized as the integer model's input
-    op does), the simulated design's int32 outputs out, in the integer model's shape.
+    op does), the simulated design's outputs out as real values (float64, the int32 outputs
+    times the output scale, as :class:`inq.quant.pipeline.RealOutput` gives the integer
+    model's), in the integer model's shape; :meth:`integers` gives the int32 outputs.
 
     Raises:
         ValueError: ``folder`` is not an RTL project inq wrote, unchanged.
@@ -185,9 +187,12 @@ class RtlModel(torch.nn.Module):
         self.folder = Path(folder)
         self.record = json.loads((self.folder / DESIGN).read_text())
 
-    def forward(self, x: Tensor) -> Tensor:
+    def integers(self, x: Tensor) -> Tensor:
         q = self.record["input"]
         frames = quantize_input(x.cpu(), q["scale"], q["lo"], q["hi"]).numpy().astype(np.int64)
         out, _ = simulate(self.folder, frames)
         result = torch.from_numpy(out.copy())
         return result.flatten(1) if self.record["output_shape"][1:] == [1, 1] else result
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.integers(x).double() * self.record["output_scale"]

@@ -1,0 +1,159 @@
+"""inq export --rtl: the Verilog's Verilator simulation equals the integer model, bit for bit."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from export_fixtures import (
+    DIGITS_DATA,
+    DIGITS_MODEL,
+    packed_model,
+    quantize_on,
+    residual_integer_model,
+    trained_run,
+)
+from torch import nn
+
+from inq.cli import main
+from inq.data import build_datasets
+from inq.masked import load_masked
+from inq.packed import packed_from_masked
+from inq.quant.integer import IntegerModel, save_integer
+from inq.quant.pipeline import QuantSettings
+
+pytest.importorskip("da4ml")
+from inq.rtl import RtlModel, export_rtl
+from inq.rtl.design import RtlRefusal, plan
+from inq.rtl.logic import layer_graph
+from inq.rtl.sim import simulate
+
+SMALL_DIGITS = {**DIGITS_MODEL, "width": 4}  # the README's digits CNN, narrow: a fast build
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> tuple[IntegerModel, Path, str]:
+    """A narrow digits CNN (4-bit INQ, 8-bit activations) as an integer model file and the RTL
+    project ``inq export --rtl`` makes of it, with what the command printed."""
+    folder = tmp_path_factory.mktemp("rtl")
+    masked, _ = trained_run(folder, SMALL_DIGITS, DIGITS_DATA, bits=4, epochs=2)
+    model, _ = quantize_on(packed_from_masked(load_masked(masked)), DIGITS_DATA,
+                           QuantSettings(act_bits=8))  # fmt: skip
+    save_integer(folder / "d.int.safetensors", model)
+    argv = ["export", str(folder / "d.int.safetensors"), "--rtl", "-o", str(folder / "prj")]
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert main(argv) == 0
+    return model, folder / "prj", out.getvalue()
+
+
+@pytest.mark.slow
+def test_simulation_equals_the_integer_model_on_the_whole_digits_test_split(digits) -> None:
+    model, project, _ = digits
+    x, _ = build_datasets(DIGITS_DATA)[1].tensors
+    got = RtlModel(project).integers(x)
+    want = model(x)
+    assert got.shape == want.shape and got.dtype == want.dtype == torch.int32
+    assert int((got != want).any(dim=1).sum()) == 0  # 0 differing logits, of 450 images
+
+
+@pytest.mark.slow
+def test_export_reports_no_multiplier_and_the_project_verifies(digits, capsys) -> None:
+    _, project, printed = digits
+    assert "multipliers: 0;" in printed
+    record = json.loads((project / "design.json").read_text())
+    assert [layer["op"] for layer in record["layers"]] == [
+        "conv", "conv", "maxpool", "conv", "avgpool", "linear"
+    ]  # fmt: skip
+    assert all(layer["multipliers"] == 0 and layer["adders"] > 0 for layer in record["layers"])
+    assert record["interval_cycles"] == 64 + record["frame_gap"]
+    assert 0 < record["latency_cycles"] < 4 * record["interval_cycles"]
+    assert main(["verify", str(project)]) == 0
+    (project / "inq_top.v").write_text("// changed\n")
+    assert main(["verify", str(project)]) == 1
+    assert "inq_top.v was changed since the export wrote it" in capsys.readouterr().err
+
+
+class Geometry(nn.Module):
+    """Strided, padded and 5x5 convolutions over an odd, non-square frame; a negative BatchNorm
+    scale; a ReLU6 (a clamp narrower than its type); max pooling; flatten and linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 3, 3, stride=2, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(3)
+        self.conv2 = nn.Conv2d(3, 4, 5, padding=2)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(4 * 2 * 2, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.conv1(x)))  # [N, 3, 4, 5]
+        x = self.pool(nn.functional.relu6(self.conv2(x)))  # [N, 4, 2, 2]
+        return self.fc(x.flatten(1))
+
+
+def _integer_model(net: nn.Module, shape: tuple[int, ...]) -> IntegerModel:
+    from inq.quant.lower import Lowering
+
+    lowering = Lowering(packed_model(net, bits=4), act_bits=8)
+    lowering.calibrate([torch.randn(16, *shape)])
+    return lowering.integer_model({"model": {}, "data": {}, "act_bits": 8, "input_bits": 8})
+
+
+@pytest.mark.slow
+def test_windows_with_stride_padding_and_clamps_stream_exactly(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    net = Geometry()
+    with torch.no_grad():
+        net.bn.weight.copy_(torch.tensor([1.0, -0.7, 0.4]))
+        net.conv2.weight.mul_(20.0)  # past 6: the ReLU6 clamps, at 0..192 of a uint8
+    model = _integer_model(net, (2, 7, 9))
+    ops = {op.op for op in model.ops}
+    assert {"conv", "maxpool", "linear"} <= ops
+    assert any(op.attrs.get("hi", 0) < 255 for op in model.ops if op.op == "conv")  # ReLU6
+    export_rtl(model, tmp_path / "prj", (2, 7, 9))
+    x = torch.randn(40, 2, 7, 9) * 2
+    values = model.run(x)
+    frames = values["input"].numpy().astype(np.int64)
+    want = values[model.ops[-1].name].numpy()
+    for seed in (0, 3):  # without, then with, random input gaps and output stalls
+        got, stats = simulate(tmp_path / "prj", frames, seed)
+        assert np.array_equal(got.reshape(want.shape), want)
+        assert stats["latency"] > 0
+
+
+def test_a_residual_add_is_refused_in_one_line_before_anything_is_written(tmp_path) -> None:
+    model = residual_integer_model()
+    with pytest.raises(RtlRefusal, match=r"^\S+ \(add\): a residual add") as err:
+        export_rtl(model, tmp_path / "prj", (2, 4, 4))
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "prj").exists() and not list(tmp_path.iterdir())
+
+
+def test_the_cli_refuses_an_rtl_export_without_a_directory(tmp_path, capsys) -> None:
+    path = tmp_path / "r.int.safetensors"
+    save_integer(path, residual_integer_model())
+    assert main(["export", str(path), "--rtl"]) != 0
+    assert "--rtl needs -o DIR" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("op_kind", ["conv", "maxpool"])
+def test_each_layer_graph_equals_the_integer_op_on_random_windows(op_kind: str) -> None:
+    """da4ml's graph, executed in Python, against the integer model's op (no Verilog)."""
+    model = _integer_model(Geometry(), (2, 7, 9))
+    design = plan(model, (2, 7, 9))
+    layer = next(layer for layer in design.layers if layer.op.op == op_kind)
+    graph = layer_graph(layer.op, layer.tensors, layer.window)
+    values = model.run(torch.randn(8, 2, 7, 9) * 2)
+    x = values[layer.op.inputs[0]].to(torch.int64)
+    (kh, kw), (sh, sw), (ph, pw) = (layer.window.kh, layer.window.kw), layer.stride, layer.padding
+    cols = nn.functional.unfold(x.double(), (kh, kw), padding=(ph, pw), stride=(sh, sw))
+    n, c = x.shape[:2]
+    windows = cols.view(n, c, kh, kw, -1).permute(0, 4, 2, 3, 1).reshape(-1, kh * kw * c)
+    want = values[layer.op.name].to(torch.int64).permute(0, 2, 3, 1).reshape(len(windows), -1)
+    got = np.array([graph(w.numpy().astype(float)) for w in windows])
+    assert np.array_equal(got, want.numpy())
