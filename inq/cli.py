@@ -888,6 +888,14 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
         f"(default: {defaults.symmetric_tolerance})",
     )
     p.add_argument(
+        "--requant-terms",
+        type=int,
+        metavar="K",
+        help="each requantization multiplier a sum of at most K signed powers of two (1: a "
+        "pure shift), so that hardware needs no multiplier (inq export --rtl); default: 31-bit "
+        "multipliers",
+    )
+    p.add_argument(
         "-o",
         "--output",
         help=f"integer model, *{SAFETENSORS} (default: <source stem>{INT_SUFFIX} beside the "
@@ -906,6 +914,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         symmetric=args.symmetric,
         symmetric_tolerance=args.symmetric_tolerance,
+        requant_terms=args.requant_terms,
     )
     problem = settings.problem()
     if problem is not None:  # before any work

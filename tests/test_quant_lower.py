@@ -15,7 +15,7 @@ from torch import nn
 
 from inq.models import ResNetCIFAR
 from inq.quant.integer import IntegerModel, program_problems
-from inq.quant.lower import IntegerModelError, Lowering, quantize_multiplier
+from inq.quant.lower import IntegerModelError, Lowering, quantize_multiplier, signed_powers
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -60,6 +60,57 @@ def test_quantize_multiplier_is_a_31_bit_fraction(value: float) -> None:
     assert abs(m) < 2**31 and 0 <= s <= 62
     assert s == 0 or m % 2 == 1  # normalised
     assert abs(m * 2.0**-s - value) <= abs(value) * 2**-30
+
+
+def _nonzero_digits(m: int) -> int:
+    """Non-zero digits of ``m`` in canonical signed-digit form (no two adjacent)."""
+    count = 0
+    while m:
+        if m % 2:
+            m -= 2 - (m % 4)  # digit +1 where m = 1 mod 4, -1 where m = 3 mod 4
+            count += 1
+        m //= 2
+    return count
+
+
+@given(
+    st.floats(min_value=-1e6, max_value=1e6).filter(lambda v: abs(v) > 1e-9),
+    st.integers(min_value=1, max_value=6),
+)
+def test_requant_terms_make_a_multiplier_of_that_many_signed_powers(value: float, terms: int):
+    m, s = quantize_multiplier(value, terms=terms)
+    assert m * 2.0**-s == sum(signed_powers(value, terms))  # exactly the greedy sum
+    assert _nonzero_digits(abs(m)) <= terms and (s == 0 or m % 2 == 1)
+    assert math.copysign(1, m) == math.copysign(1, value)
+    # each greedy term at least halves what is left: the error shrinks with every term
+    assert abs(m * 2.0**-s - value) <= abs(value) * 2.0**-terms
+    if terms == 1:  # the nearest power of two
+        lower = 2.0 ** math.floor(math.log2(abs(value)))
+        assert abs(abs(m * 2.0**-s) - abs(value)) == min(abs(value) - lower, 2 * lower - abs(value))
+
+
+@pytest.mark.parametrize("terms", [1, 2])
+def test_requant_terms_leave_no_multiplier_of_more_terms_in_the_model(terms: int) -> None:
+    """``Lowering(requant_terms=K)``: every conv channel's multiplier has at most K non-zero
+    signed digits (K=1: a pure shift), and the model still computes what the float one does
+    within the bound the multipliers' own error allows (each within ``2**-K`` of its value)."""
+    model = _conv_block()
+    x = torch.randn(8, 3, 7, 7, generator=_gen(1))
+    lowering = Lowering(model, act_bits=8, requant_terms=terms)
+    lowering.calibrate([x])
+    int_model = lowering.integer_model()
+    t = int_model.tensors()
+    for op in int_model.ops:
+        if op.op == "conv":
+            assert all(_nonzero_digits(abs(int(m))) <= terms for m in t[f"{op.name}.multiplier"])
+    exact = Lowering(model, act_bits=8)
+    exact.calibrate([x])
+    reference = exact.integer_model()
+    assert [op.attrs["scale"] for op in int_model.ops] == [
+        op.attrs["scale"] for op in reference.ops
+    ]  # the same scales: only the multipliers differ
+    got, want = int_model(x).double(), reference(x).double()
+    assert float(((got - want).abs() <= want.abs() * 2.0**-terms + 2).double().mean()) > 0.9
 
 
 @pytest.mark.parametrize("k", range(-20, 20, 3))

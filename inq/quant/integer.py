@@ -357,6 +357,7 @@ _INFO: dict[str, _Rule] = {
     "calibration_batches": _COUNT,
     "finetune_epochs": (lambda v: _is_int(v, 0), "an integer >= 0"),
     "symmetric": (lambda v: isinstance(v, bool), "true or false"),
+    "requant_terms": (lambda v: v is None or _is_int(v, 1, 8), "null or an integer from 1 to 8"),
 }
 
 # The attributes of each op kind besides scale/lo/hi, and their ranges (cross-checks below).

@@ -68,15 +68,22 @@ __all__ = [
     "check_expressible",
     "clamp_range",
     "quantize_multiplier",
+    "signed_powers",
 ]
 
 MULTIPLIER_BITS = 31
 SAMPLE_IMAGES = 256  # calibration images kept to measure what symmetric activations cost
 
 
-def quantize_multiplier(value: float, bits: int = MULTIPLIER_BITS) -> tuple[int, int]:
+def quantize_multiplier(
+    value: float, bits: int = MULTIPLIER_BITS, terms: int | None = None
+) -> tuple[int, int]:
     """``(m, s)`` with ``m * 2**-s`` closest to ``value``, ``|m| < 2**bits``, ``0 <= s <= 62``,
     normalised: ``m`` odd unless ``s == 0`` (so a power of two ``2**-k`` gives ``(1, k)``).
+
+    With ``terms``, ``m * 2**-s`` is instead a sum of at most ``terms`` signed powers of two
+    (:func:`signed_powers`): a constant multiplication of that many shifts and ``terms - 1``
+    adders in hardware, ``terms=1`` a pure shift.
 
     Example:
         >>> quantize_multiplier(0.25), quantize_multiplier(3.0), quantize_multiplier(0.0)
@@ -84,12 +91,16 @@ def quantize_multiplier(value: float, bits: int = MULTIPLIER_BITS) -> tuple[int,
         >>> m, s = quantize_multiplier(0.1)
         >>> m, s, abs(m / 2**s - 0.1) < 2**-34
         (858993459, 33, True)
+        >>> quantize_multiplier(0.1, terms=1), quantize_multiplier(0.1, terms=2)  # 1/8, 1/8 - 1/32
+        ((1, 3), (3, 5))
 
     Raises:
         IntegerModelError: if ``|value|`` needs ``2**bits`` or more.
     """
     if value == 0.0:
         return 0, 0
+    if terms is not None:
+        value = sum(signed_powers(value, terms, bits))
     _, exponent = math.frexp(value)  # 2**(exponent-1) <= |value| < 2**exponent
     shift = min(MAX_SHIFT, max(0, bits - exponent))
     m = round(math.ldexp(value, shift))
@@ -102,6 +113,30 @@ def quantize_multiplier(value: float, bits: int = MULTIPLIER_BITS) -> tuple[int,
     while shift > 0 and m % 2 == 0:
         m, shift = m // 2, shift - 1
     return m, shift
+
+
+def signed_powers(value: float, terms: int, bits: int = MULTIPLIER_BITS) -> list[float]:
+    """At most ``terms`` signed powers of two summing close to ``value``, most significant
+    first: each the power nearest (in absolute error) to what the earlier ones leave, none
+    more than ``bits - 1`` octaves below the first (so the sum is a ``bits``-bit multiplier).
+    Greedy: for ``terms=1`` the nearest power of two.
+
+    Example:
+        >>> signed_powers(0.1, 1), signed_powers(0.1, 2), signed_powers(0.75, 3)
+        ([0.125], [0.125, -0.03125], [0.5, 0.25])
+    """
+    parts: list[float] = []
+    rest = value
+    for _ in range(terms):
+        if rest == 0.0:
+            break
+        low = 2.0 ** math.floor(math.log2(abs(rest)))
+        power = math.copysign(low if abs(rest) - low <= 2 * low - abs(rest) else 2 * low, rest)
+        if parts and abs(power) < abs(parts[0]) * 2.0 ** (1 - bits):
+            break
+        parts.append(power)
+        rest -= power
+    return parts
 
 
 def clamp_range(
@@ -149,11 +184,13 @@ class Lowering:
         pow2: bool = True,
         input_bits: int = 8,
         symmetric: bool = False,
+        requant_terms: int | None = None,
     ) -> None:
         act_range(act_bits, signed=True)  # validates the bits
         act_range(input_bits, signed=True)
         self.act_bits, self.calibration, self.pow2 = act_bits, calibration, pow2
         self.input_bits, self.symmetric = input_bits, symmetric
+        self.requant_terms = requant_terms
         model.eval()
         self.graph_module = trace_model(model)
         self.modules = dict(self.graph_module.named_modules())
@@ -338,7 +375,7 @@ class Lowering:
             count, extra = size[-1] * size[-2], {"input_size": list(size[-2:])}
         else:
             count, extra = math.prod(step.attrs["kernel"]), {}
-        m, s = quantize_multiplier(x["scale"] / (scale * count))
+        m, s = quantize_multiplier(x["scale"] / (scale * count), terms=self.requant_terms)
         return {"multiplier": m, "shift": s, **extra}
 
     def _weight_op(
@@ -380,7 +417,7 @@ class Lowering:
                     f"layer {step.module!r}, channel {c}: the folded bias {int(bias[c])} does not "
                     "fit the int32 accumulator (a BatchNorm scale near zero?)"
                 )
-            m, s = quantize_multiplier(float(ratio[c]))
+            m, s = quantize_multiplier(float(ratio[c]), terms=self.requant_terms)
             multipliers.append(m)
             shifts.append(s)
         if last:

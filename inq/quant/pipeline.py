@@ -76,6 +76,9 @@ class QuantSettings:
     # symmetric_tolerance of the calibration images beyond what unsigned ones change
     symmetric: bool = False
     symmetric_tolerance: float = 0.01
+    # each requantization multiplier a sum of at most this many signed powers of two (1: a
+    # pure shift): no multiplier left in hardware (inq export --rtl); None: 31-bit multipliers
+    requant_terms: int | None = None
 
     def problem(self) -> tuple[str, str] | None:
         """The first setting out of range, as ``(field, message)``; None if all are fine."""
@@ -90,6 +93,8 @@ class QuantSettings:
                 return name, f"must be >= {least}, got {getattr(self, name)}"
         if not self.lr > 0:
             return "lr", f"must be > 0, got {self.lr}"
+        if self.requant_terms is not None and not 1 <= self.requant_terms <= 8:
+            return "requant_terms", f"from 1 to 8 (or unset), got {self.requant_terms}"
         if not 0 <= self.symmetric_tolerance <= 1:
             return "symmetric_tolerance", f"from 0 to 1, got {self.symmetric_tolerance}"
         if not self.symmetric and self.symmetric_tolerance != QuantSettings.symmetric_tolerance:
@@ -187,7 +192,7 @@ def lowering_of(packed: PackedFile, settings: QuantSettings, device: torch.devic
         model = from_packed(packed).to(device)
     return Lowering(
         model, settings.act_bits, settings.calibration, settings.pow2_scales, settings.input_bits,
-        settings.symmetric,
+        settings.symmetric, settings.requant_terms,
     )  # fmt: skip
 
 
@@ -249,6 +254,7 @@ def lowered(
         "calibration_batches": settings.batches,
         "finetune_epochs": settings.epochs,
         "symmetric": settings.symmetric,
+        "requant_terms": settings.requant_terms,
         "weight_bits": sorted({layer.bits for layer in packed.layers.values()}),
     }
     return lowering.integer_model(info)

@@ -215,14 +215,17 @@ def window_source() -> str:
 
 
 def _field_expr(raw: str, field: OutputField, width: int) -> str:
-    """A ``width``-bit two's complement expression of one da4ml output field."""
+    """A ``width``-bit two's complement expression of one da4ml output field (an integer:
+    its raw bits times ``2**-frac``)."""
     if field.width == 0:
         return f"{width}'d{field.const % (1 << width)}"
     bits = f"{raw}[{field.offset + field.width - 1}:{field.offset}]"
     value = f"$signed({bits})" if field.signed else f"$signed({{1'b0, {bits}}})"
-    if field.frac < 0:
+    if field.frac < 0:  # the field holds value / 2**-frac
         value = f"({value} <<< {-field.frac})"
-    return f"{value}"
+    elif field.frac > 0:  # da4ml kept fraction bits the integer value leaves at 0
+        value = f"({value} >>> {field.frac})"
+    return value
 
 
 def _layer_module(layer: Layer, pipeline: Pipeline, graph_name: str, last: bool) -> str:
@@ -347,6 +350,32 @@ endmodule
 """
 
 
+def _board_module(design: Design) -> str:
+    last = design.layers[-1]
+    in_bits = design.in_channels * design.layers[0].in_width
+    fields = last.out_channels
+    sel = max(1, (fields - 1).bit_length())
+    return f"""// inq_board: inq_top with few enough pins for a package (synthesis, placement only):
+// the output beat is read one int32 field at a time, chosen by out_field.
+module inq_board (
+    input clk,
+    input rst,
+    input in_valid,
+    output in_ready,
+    input [{in_bits - 1}:0] in_data,
+    output out_valid,
+    input out_ready,
+    input [{sel - 1}:0] out_field,
+    output [{OUT_WIDTH - 1}:0] out_word
+);
+    wire [{fields * OUT_WIDTH - 1}:0] out_data;
+    inq_top top (.clk(clk), .rst(rst), .in_valid(in_valid), .in_ready(in_ready),
+        .in_data(in_data), .out_valid(out_valid), .out_ready(out_ready), .out_data(out_data));
+    assign out_word = out_field < {fields} ? out_data[out_field * {OUT_WIDTH} +: {OUT_WIDTH}] : 0;
+endmodule
+"""
+
+
 def write_design(design: Design, stage_delay: float) -> tuple[dict[str, str], list[Pipeline]]:
     """Every Verilog file of ``design`` (name -> text): ``inq_top.v``, one file per layer with
     its adder graph's stages, ``window.v`` and the da4ml cells they use; and each layer's
@@ -362,6 +391,7 @@ def write_design(design: Design, stage_delay: float) -> tuple[dict[str, str], li
         text = "\n".join(modules[name] for name in sorted(modules))
         files[f"{layer.name}.v"] = _layer_module(layer, pipeline, graph_name, last) + "\n" + text
     files["inq_top.v"] = _top_module(design)
+    files["inq_board.v"] = _board_module(design)
     text = "\n".join(files.values())
     for cell in sorted(resources.files("da4ml.codegen.rtl.verilog").joinpath("source").iterdir(),
                        key=lambda f: f.name):  # fmt: skip

@@ -85,6 +85,7 @@ RESUMABLE_CHANGES = frozenset(
         "quant.lr",
         "quant.symmetric",
         "quant.symmetric_tolerance",
+        "quant.requant_terms",
     }
 )
 
