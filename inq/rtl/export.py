@@ -39,6 +39,7 @@ from inq.quant.integer import IntegerModel
 from inq.rtl.design import Design, plan, write_design
 from inq.rtl.logic import adders, multipliers
 from inq.rtl.sim import build, simulate, testbench_config, testbench_source
+from inq.rtl.synth import place_and_route, synthesize
 
 __all__ = ["DESIGN", "PROJECT_FORMAT", "RtlModel", "export_rtl", "rtl_problem"]
 
@@ -70,6 +71,7 @@ def export_rtl(
     force: bool = False,
     stage_delay: float = STAGE_DELAY,
     before_build: Callable[[], None] | None = None,
+    hardware: float | None = None,
 ) -> dict[str, Any]:
     """Write ``model`` for inputs of ``shape`` ``(C, H, W)`` as an RTL project in ``out_dir``,
     build its Verilator simulation and check it against ``model``; returns ``design.json``'s
@@ -77,6 +79,9 @@ def export_rtl(
 
     ``out_dir`` must be absent or empty, or, with ``force``, an RTL project this function wrote,
     unchanged. ``before_build`` is called once the design is written, before the slow part.
+    ``hardware`` (a clock in MHz) adds the figures of :mod:`inq.rtl.synth` to the record
+    (``"hardware"``): Yosys for ECP5 and Xilinx, nextpnr on an ECP5-85k timed for that clock,
+    and a bitstream where the design fits (where it does not, nextpnr's reason instead).
 
     Raises:
         ValueError: an op with no streaming form (:class:`inq.rtl.design.RtlRefusal`), no
@@ -93,11 +98,24 @@ def export_rtl(
                 before_build()
             build(staging)
             record["latency_cycles"] = _check(model, design, staging)
+            if hardware is not None:
+                record["hardware"] = _hardware(staging, hardware)
             (staging / DESIGN).write_text(json.dumps(record, indent=1) + "\n")
             project.write_manifest(staging, PROJECT_FORMAT)
     except OSError as err:
         raise ValueError(f"-o {out}: cannot write the project ({describe_os_error(err)})") from None
     return record
+
+
+def _hardware(folder: Path, mhz: float) -> dict[str, Any]:
+    figures = synthesize(folder)
+    try:
+        figures["ecp5_pnr"] = place_and_route(folder, mhz)
+    except ValueError as err:  # too big for the device, say: the synthesis figures stand
+        figures["ecp5_pnr"] = {"error": str(err)}
+    for part in ("ecp5", "xilinx"):
+        figures[part].pop("cells")
+    return figures
 
 
 def _write(model: IntegerModel, design: Design, folder: Path, stage_delay: float) -> dict[str, Any]:

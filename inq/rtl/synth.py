@@ -22,7 +22,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ECP5_DEVICE", "HW_DIR", "place_and_route", "synthesize", "tool"]
+__all__ = [
+    "ECP5_DEVICE",
+    "HW_DIR",
+    "hardware_line",
+    "place_and_route",
+    "synthesize",
+    "tool",
+]
 
 HW_DIR = "hw"  # the tools' outputs, inside the project
 ECP5_DEVICE = ("--85k", "--package", "CABGA381")  # LFE5U-85F, the largest ECP5 without SERDES
@@ -132,3 +139,23 @@ def place_and_route(
         _run([tool("ecppack"), "inq_top.config", "inq_top.bit"], hw, "ecppack")
         figures["bitstream_bytes"] = (hw / "inq_top.bit").stat().st_size
     return figures
+
+
+def hardware_line(figures: dict[str, Any], interval: int) -> str:
+    """One line of :func:`synthesize` and :func:`place_and_route` figures, with images per
+    second at fmax (one frame every ``interval`` cycles)."""
+    ecp5, xilinx, pnr = figures["ecp5"], figures.get("xilinx", {}), figures.get("ecp5_pnr", {})
+    line = (
+        f"ECP5: {ecp5['luts']} LUT4 + {ecp5['carry_cells']} CCU2C, {ecp5['ffs']} FF, "
+        f"{ecp5['dsps']} DSP, {ecp5['bram']} BRAM"
+    )
+    if xilinx:
+        line += f"; Xilinx: {xilinx['luts']} LUT, {xilinx['ffs']} FF, {xilinx['dsps']} DSP"
+    if "error" in pnr:
+        return line + f"; nextpnr: {pnr['error']}"
+    if pnr.get("fmax_mhz"):
+        fmax = pnr["fmax_mhz"]
+        line += f"; ECP5-85k placed: fmax {fmax:.1f} MHz, {fmax * 1e6 / interval:,.0f} images/s"
+    if "bitstream_bytes" in pnr:
+        line += f", bitstream {pnr['bitstream_bytes']} B"
+    return line
