@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -101,14 +102,40 @@ def teardown() -> None:
     Every rank waits at a barrier for the others, then frees the group (its threads joined, its
     connections closed), so no rank shuts its end while another still talks to it, and none
     exits with the group alive. Called while an exception propagates (a rank that failed or was
-    stopped, whose peers may be anywhere), it leaves at once, without waiting.
+    stopped, whose peers may be anywhere), it leaves at once, without waiting, and frees the
+    group all the same (:func:`_drop_frame_locals`).
     """
     if not dist.is_initialized():
         return
-    if sys.exc_info()[1] is None:
+    failing = sys.exc_info()[1]
+    if failing is None:
         nccl = dist.get_backend() == "nccl"
         dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
+    else:
+        _drop_frame_locals(failing)
     dist.destroy_process_group()
+
+
+def _drop_frame_locals(err: BaseException) -> None:
+    """Clear the locals of the finished frames that ``err``'s traceback, and those of the
+    exceptions it chains, keep alive (a printed traceback needs only their code and lines).
+
+    Those frames hold the model in DDP (inq-train's trainer), and DDP holds the process group:
+    destroy_process_group would only unregister it (gloo's shutdown does nothing; its worker
+    threads end with the group), and a stopped rank would take them into interpreter exit,
+    where one that frees its last collective's work (whose thread-local state holds Python
+    objects) asks for the GIL, and CPython ends the thread inside that destructor: "terminate
+    called without an active exception", SIGABRT.
+    """
+    chain: list[BaseException | None] = [err]
+    seen: set[int] = set()
+    while chain:
+        exc = chain.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)  # skips the frames still running (callers')
+        chain += [exc.__cause__, exc.__context__]
 
 
 def wrap_ddp(env: Dist, module: nn.Module) -> nn.Module:

@@ -15,8 +15,10 @@ Example (shell)::
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+from typing import NoReturn
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -40,10 +42,13 @@ def main(argv: list[str] | None = None) -> None:
         run(args)
     except ChildFailedError as failed:
         sys.exit(_exit_code(failed))
-    except SignalException as stop:  # the ranks got the signal too; rank 0 said how to go on
-        sys.exit(128 + int(stop.sigval))
     except KeyboardInterrupt:
         sys.exit(128 + signal.SIGINT)
+    except Exception as err:
+        stop = _signal_behind(err)
+        if stop is None:
+            raise
+        _end_stopped(128 + int(stop.sigval))  # the ranks got it too; rank 0 said how to go on
 
 
 def _quiet_torchrun_logs() -> None:
@@ -52,6 +57,45 @@ def _quiet_torchrun_logs() -> None:
     for name in list(logging.root.manager.loggerDict):
         if name.startswith(("torch.distributed.run", "torch.distributed.elastic")):
             logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _end_stopped(code: int) -> NoReturn:
+    """End the launcher that a signal stopped, at once (``os._exit``), its output flushed.
+
+    When a signal stops it, torchrun leaves its rendezvous open (for the other nodes of an
+    elastic job), and with it the rendezvous's keep-alive thread, a daemon that nothing here
+    can reach to stop. Caught inside a store call as the interpreter shuts down, that thread is
+    ended by CPython inside pybind11's GIL guard, whose destructor cannot unwind: the launcher
+    aborted ("terminate called without an active exception") instead of ending in the stop's
+    status. Nothing is left to do by then: torchrun has stopped the ranks and waited for them.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _signal_behind(err: BaseException) -> SignalException | None:
+    """The signal that stopped torchrun: ``err``, or an exception it was raised while handling.
+
+    A signal that lands in torchrun's metrics wrapper (``elastic.metrics.prof``, around each
+    monitoring step of its agent) before the wrapper has set ``start`` comes out as the
+    UnboundLocalError of that wrapper's ``finally``; torchrun has stopped the ranks all the same.
+
+    Example:
+        >>> stop = SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+        >>> late = UnboundLocalError("cannot access local variable 'start'")
+        >>> late.__context__ = stop
+        >>> _signal_behind(late) is stop, _signal_behind(stop) is stop, _signal_behind(OSError())
+        (True, True, None)
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, SignalException):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__context__
+    return None
 
 
 def _exit_code(failed: ChildFailedError) -> int:
