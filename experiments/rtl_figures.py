@@ -4,9 +4,9 @@ differ from the integer model's.
 
     python experiments/rtl_figures.py OUT.json MODEL.int.safetensors[:MHZ] ...
 
-``:MHZ`` adds Yosys and nextpnr (``--hardware MHZ``). Each project goes to ``OUT.d/<stem>``;
-the JSON holds, per model, the export's ``design.json`` record, the wall time of each step and
-the test-split comparison.
+``:MHZ`` adds Yosys (ECP5 and Xilinx) and nextpnr (``--hardware MHZ``). Each project goes to
+``OUT.d/<stem>``; the JSON holds, per model, the export's ``design.json`` record, the wall time
+of each step and the test-split comparison.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def figures(path: Path, mhz: float | None, folder: Path) -> dict[str, object]:
     model = load_integer(path)
     data = eval_data_config(model.info["data"], [])
     start = time.perf_counter()
-    record = export_rtl(model, folder, input_shape(data), force=True, hardware=mhz)
+    record = export_rtl(model, folder, input_shape(data), force=True, hardware=mhz, xilinx=True)
     export_s = time.perf_counter() - start
     x, labels = build_datasets(data)[1].tensors
     start = time.perf_counter()

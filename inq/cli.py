@@ -162,9 +162,9 @@ def _export_args(p: argparse.ArgumentParser) -> None:
         "simulated with Verilator and checked bit for bit before it is kept",
     )
     p.add_argument("--hardware", type=float, metavar="MHZ",
-                   help="with --rtl: also synthesize (Yosys, for ECP5 and Xilinx) and place and "
-                   "route (nextpnr, ECP5-85k) for a MHZ clock, and write a bitstream: LUTs, FFs, "
-                   "DSPs, fmax (minutes to hours, with the design's size)")  # fmt: skip
+                   help="with --rtl: also synthesize (Yosys, for ECP5) and place and route "
+                   "(nextpnr, ECP5-85k) for a MHZ clock, and write a bitstream: LUTs, FFs, DSPs, "
+                   "fmax (minutes or more, with the design's size)")  # fmt: skip
     p.add_argument("--io", choices=("parallel", "stream"),
                    help="with --hls4ml: hls4ml's io_type (parallel, the default: every layer "
                    "unrolled; stream: line buffers, for images larger than digits' 8x8: "

@@ -72,6 +72,7 @@ def export_rtl(
     stage_delay: float = STAGE_DELAY,
     before_build: Callable[[], None] | None = None,
     hardware: float | None = None,
+    xilinx: bool = False,
 ) -> dict[str, Any]:
     """Write ``model`` for inputs of ``shape`` ``(C, H, W)`` as an RTL project in ``out_dir``,
     build its Verilator simulation and check it against ``model``; returns ``design.json``'s
@@ -80,8 +81,9 @@ def export_rtl(
     ``out_dir`` must be absent or empty, or, with ``force``, an RTL project this function wrote,
     unchanged. ``before_build`` is called once the design is written, before the slow part.
     ``hardware`` (a clock in MHz) adds the figures of :mod:`inq.rtl.synth` to the record
-    (``"hardware"``): Yosys for ECP5 and Xilinx, nextpnr on an ECP5-85k timed for that clock,
-    and a bitstream where the design fits (where it does not, nextpnr's reason instead).
+    (``"hardware"``): Yosys for ECP5 (``xilinx``: and for Xilinx), nextpnr on an ECP5-85k timed
+    for that clock, and a bitstream where the design fits (where it does not, nextpnr's reason
+    instead).
 
     Raises:
         ValueError: an op with no streaming form (:class:`inq.rtl.design.RtlRefusal`), no
@@ -99,7 +101,7 @@ def export_rtl(
             build(staging)
             record["latency_cycles"] = _check(model, design, staging)
             if hardware is not None:
-                record["hardware"] = _hardware(staging, hardware)
+                record["hardware"] = _hardware(staging, hardware, xilinx)
             (staging / DESIGN).write_text(json.dumps(record, indent=1) + "\n")
             project.write_manifest(staging, PROJECT_FORMAT)
     except OSError as err:
@@ -107,14 +109,14 @@ def export_rtl(
     return record
 
 
-def _hardware(folder: Path, mhz: float) -> dict[str, Any]:
-    figures = synthesize(folder)
+def _hardware(folder: Path, mhz: float, xilinx: bool) -> dict[str, Any]:
+    figures = synthesize(folder, xilinx)
     try:
         figures["ecp5_pnr"] = place_and_route(folder, mhz)
     except ValueError as err:  # too big for the device, say: the synthesis figures stand
         figures["ecp5_pnr"] = {"error": str(err)}
     for part in ("ecp5", "xilinx"):
-        figures[part].pop("cells")
+        figures.get(part, {}).pop("cells", None)
     return figures
 
 

@@ -8,7 +8,7 @@ extra), or native ``yosys``/``nextpnr-ecp5``/``ecppack`` on the PATH.
 
 Example::
 
-    figures = synthesize("rtl_prj")                    # Yosys: LUTs, FFs, DSPs, BRAM
+    figures = synthesize("rtl_prj", xilinx=True)       # Yosys: LUTs, FFs, DSPs, BRAM
     figures |= place_and_route("rtl_prj", mhz=100.0)   # nextpnr: fmax, utilisation, bitstream
 """
 
@@ -66,11 +66,12 @@ def _cells(stat: dict[str, Any]) -> dict[str, int]:
     return {str(k): int(v) for k, v in design.get("num_cells_by_type", {}).items()}
 
 
-def synthesize(folder: str | os.PathLike[str], xilinx: bool = True) -> dict[str, Any]:
+def synthesize(folder: str | os.PathLike[str], xilinx: bool = False) -> dict[str, Any]:
     """Yosys ``synth_ecp5`` of the project in ``folder`` (``inq_board``: ``inq_top`` with its
     output read a field at a time, to fit a package's pins; the netlist in ``hw/inq_top.json``,
     for :func:`place_and_route`): LUT4s, flip-flops, carry cells, DSPs (MULT18X18D), block and
-    distributed RAM; with ``xilinx`` also ``synth_xilinx``'s LUTs, carries, FFs and DSP48s.
+    distributed RAM; with ``xilinx`` also ``synth_xilinx``'s LUTs, carries, FFs and DSP48s
+    (ten times slower: 27 of the 29.5 minutes for the narrow digits CNN on this machine).
 
     Raises:
         ValueError: Yosys is missing or fails.
