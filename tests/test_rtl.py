@@ -157,3 +157,27 @@ def test_each_layer_graph_equals_the_integer_op_on_random_windows(op_kind: str) 
     want = values[layer.op.name].to(torch.int64).permute(0, 2, 3, 1).reshape(len(windows), -1)
     got = np.array([graph(w.numpy().astype(float)) for w in windows])
     assert np.array_equal(got, want.numpy())
+
+
+class Tiny(nn.Module):
+    """One conv and a linear layer over a 4x4 frame: a design Yosys and nextpnr take in
+    seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3, padding=1)
+        self.fc = nn.Linear(2 * 4 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+@pytest.mark.slow
+def test_hardware_figures_come_from_yosys_and_nextpnr_with_no_dsp(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = _integer_model(Tiny(), (1, 4, 4))
+    record = export_rtl(model, tmp_path / "prj", (1, 4, 4), hardware=50.0)
+    ecp5, pnr = record["hardware"]["ecp5"], record["hardware"]["ecp5_pnr"]
+    assert ecp5["luts"] > 0 and ecp5["ffs"] > 0 and ecp5["dsps"] == 0
+    assert pnr["fmax_mhz"] > 0 and pnr["bitstream_bytes"] > 0
+    assert main(["verify", str(tmp_path / "prj")]) == 0  # the figures' files are in the manifest
