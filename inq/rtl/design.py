@@ -271,6 +271,17 @@ endmodule
 """
 
 
+def _stream_ports(in_bits: int) -> str:
+    """The ports every top level shares: clock, reset, the input stream, the output handshake."""
+    return f"""    input clk,
+    input rst,
+    input in_valid,
+    output in_ready,
+    input [{in_bits - 1}:0] in_data,
+    output out_valid,
+    input out_ready,"""
+
+
 def _top_module(design: Design) -> str:
     first, last = design.layers[0], design.layers[-1]
     in_bits = design.in_channels * first.in_width
@@ -297,13 +308,7 @@ def _top_module(design: Design) -> str:
 // pixel of the last op a beat ({last.out_channels} int32 fields), {beats} beat(s) a frame.
 // A frame takes {design.interval} cycles at full rate ({pixels} pixels + {design.frame_gap} idle).
 module inq_top (
-    input clk,
-    input rst,
-    input in_valid,
-    output in_ready,
-    input [{in_bits - 1}:0] in_data,
-    output out_valid,
-    input out_ready,
+{_stream_ports(in_bits)}
     output [{out_bits - 1}:0] out_data
 );
     localparam PIXELS = {pixels}, GAP = {design.frame_gap}, FRAMES = {FRAMES}, BEATS = {beats};
@@ -358,13 +363,7 @@ def _board_module(design: Design) -> str:
     return f"""// inq_board: inq_top with few enough pins for a package (synthesis, placement only):
 // the output beat is read one int32 field at a time, chosen by out_field.
 module inq_board (
-    input clk,
-    input rst,
-    input in_valid,
-    output in_ready,
-    input [{in_bits - 1}:0] in_data,
-    output out_valid,
-    input out_ready,
+{_stream_ports(in_bits)}
     input [{sel - 1}:0] out_field,
     output [{OUT_WIDTH - 1}:0] out_word
 );
