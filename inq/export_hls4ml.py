@@ -45,9 +45,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,11 +53,10 @@ from typing import IO, Any
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from inq import project
 from inq.codes import decode_weight
-from inq.fileio import abandoned, atomic_dir, describe_os_error
+from inq.fileio import atomic_dir, describe_os_error
 from inq.pow2 import exact_log2
 from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
 
@@ -446,7 +442,7 @@ def export_hls4ml(
     dims = _input_dims(model, shape)
     shadow, input_type, layers = hls_shadow(model, dims)  # refusals come before any writing
     project.may_write(out, force, PROJECT_FORMAT, _WHAT)
-    _stop_abandoned_builds(out)
+    project.stop_abandoned_builds(out)
     try:
         with atomic_dir(out) as staging:  # making it checks the place is writable
             if before_compile is not None:
@@ -543,53 +539,13 @@ def _compile(hls_model: Any, out: Path, log: IO[str]) -> None:
     Raises:
         OSError, ValueError: the build failed (:func:`_raise_compile_error`).
     """
-    with subprocess.Popen(
-        ["bash", "build_lib.sh"], cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, errors="replace", start_new_session=True,
-    ) as build, tqdm(desc="g++", bar_format="{desc}: {elapsed}", disable=None,
-                     file=sys.stderr, leave=False) as shown:  # fmt: skip
-        try:
-            while True:
-                try:
-                    output, _ = build.communicate(timeout=1)
-                    break
-                except subprocess.TimeoutExpired:
-                    shown.refresh()
-        except BaseException:
-            os.killpg(build.pid, signal.SIGKILL)
-            build.wait()
-            raise
-    if build.returncode != 0:
+    returncode, output = project.run_build(["bash", "build_lib.sh"], out, "g++")
+    if returncode != 0:
         _raise_compile_error(output)
     log.write(output)
     stamp = hls_model.config.get_config_value("Stamp")
     library = out / "firmware" / f"{hls_model.config.get_project_name()}-{stamp}.so"
     hls_model._top_function_lib = ctypes.cdll.LoadLibrary(str(library))  # as compile() does
-
-
-def _stop_abandoned_builds(out: Path) -> None:
-    """Kill what still works in the temporary project of an export to ``out`` that was killed
-    (SIGKILL gives it no chance to stop its g++): every process whose working directory is in
-    one, found through ``/proc``. :func:`inq.fileio.atomic_dir` then deletes the directory."""
-    killed = []
-    for folder in (f.resolve() for f in abandoned(out) if f.is_dir() and not f.is_symlink()):
-        for proc in Path("/proc").glob("[0-9]*"):
-            with contextlib.suppress(OSError):  # gone, or not ours to look at
-                cwd = Path(os.readlink(proc / "cwd").removesuffix(" (deleted)"))
-                if cwd == folder or folder in cwd.parents:
-                    os.kill(int(proc.name), signal.SIGKILL)
-                    killed.append(proc)
-    deadline = time.monotonic() + 5
-    while any(map(_running, killed)) and time.monotonic() < deadline:
-        time.sleep(0.01)  # SIGKILL is delivered, not yet acted on: wait until they are gone
-
-
-def _running(proc: Path) -> bool:
-    """Whether the process ``/proc/<pid>`` is there and not a zombie (dead, not yet reaped)."""
-    try:
-        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 _DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, or a file size limit

@@ -20,12 +20,19 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from inq.fileio import atomic_path
+from tqdm import tqdm
+
+from inq.fileio import abandoned, atomic_path
 
 __all__ = [
     "HLS4ML_FORMAT",
@@ -34,6 +41,8 @@ __all__ = [
     "may_write",
     "project_format",
     "project_problem",
+    "run_build",
+    "stop_abandoned_builds",
     "write_manifest",
 ]
 
@@ -106,6 +115,55 @@ def may_write(out: Path, force: bool, fmt: str, what: str) -> None:
             f"{out} {problem}; --force replaces only {what} inq wrote, as it wrote it: "
             "choose another -o"
         )
+
+
+def run_build(command: list[str], cwd: Path, what: str) -> tuple[int, str]:
+    """Run ``command`` in ``cwd`` in a process group of its own, killed whole if the caller
+    stops (a build tool's children would run on otherwise), with the elapsed time on a
+    terminal; returns its exit status and output (stdout and stderr, kept in memory: a full
+    disk would swallow a log file)."""
+    with subprocess.Popen(
+        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        errors="replace", start_new_session=True,
+    ) as build, tqdm(desc=what, bar_format="{desc}: {elapsed}", disable=None, file=sys.stderr,
+                     leave=False) as shown:  # fmt: skip
+        try:
+            while True:
+                try:
+                    output, _ = build.communicate(timeout=1)
+                    break
+                except subprocess.TimeoutExpired:
+                    shown.refresh()
+        except BaseException:
+            os.killpg(build.pid, signal.SIGKILL)
+            build.wait()
+            raise
+    return build.returncode, output
+
+
+def stop_abandoned_builds(out: Path) -> None:
+    """Kill what still works in the temporary project of an export to ``out`` that was killed
+    (SIGKILL gives it no chance to stop its g++): every process whose working directory is in
+    one, found through ``/proc``. :func:`inq.fileio.atomic_dir` then deletes the directory."""
+    killed = []
+    for folder in (f.resolve() for f in abandoned(out) if f.is_dir() and not f.is_symlink()):
+        for proc in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError):  # gone, or not ours to look at
+                cwd = Path(os.readlink(proc / "cwd").removesuffix(" (deleted)"))
+                if cwd == folder or folder in cwd.parents:
+                    os.kill(int(proc.name), signal.SIGKILL)
+                    killed.append(proc)
+    deadline = time.monotonic() + 5
+    while any(map(_running, killed)) and time.monotonic() < deadline:
+        time.sleep(0.01)  # SIGKILL is delivered, not yet acted on: wait until they are gone
+
+
+def _running(proc: Path) -> bool:
+    """Whether the process ``/proc/<pid>`` is there and not a zombie (dead, not yet reaped)."""
+    try:
+        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def _files(folder: Path) -> list[str]:

@@ -5,6 +5,11 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -181,3 +186,33 @@ def test_hardware_figures_come_from_yosys_and_nextpnr_with_no_dsp(tmp_path: Path
     assert ecp5["luts"] > 0 and ecp5["ffs"] > 0 and ecp5["dsps"] == 0
     assert pnr["fmax_mhz"] > 0 and pnr["bitstream_bytes"] > 0
     assert main(["verify", str(tmp_path / "prj")]) == 0  # the figures' files are in the manifest
+
+
+def test_a_stopped_export_stops_its_verilator_build_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Verilator build runs in a process group the export kills when it stops (as the
+    hls4ml export's g++); the project's directory never appears."""
+    torch.manual_seed(0)
+    source = tmp_path / "t.int.safetensors"
+    save_integer(source, _integer_model(Tiny(), (1, 4, 4)))
+    pids, bin_dir = tmp_path / "pids", tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "verilator"
+    fake.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    argv = ["export", str(source), "--rtl", "-o", str(tmp_path / "prj"), "--data", "synthetic",
+            "in_channels=1", "image_size=4"]  # fmt: skip
+    export = subprocess.Popen([sys.executable, "-m", "inq.cli", *argv], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    while not pids.exists() or not pids.read_text().strip():
+        assert export.poll() is None, export.communicate()  # waiting for the build to start
+        time.sleep(0.05)
+    export.send_signal(signal.SIGTERM)
+    _, err = export.communicate(timeout=60)
+    assert export.returncode == 143 and err == "inq export: interrupted; nothing was written\n"
+    for pid in map(int, pids.read_text().split()):
+        state = Path(f"/proc/{pid}/stat")
+        assert not state.exists() or state.read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "pids", "t.int.safetensors"]

@@ -93,6 +93,7 @@ def export_rtl(
     out = Path(out_dir)
     design = plan(model, (int(shape[0]), int(shape[1]), int(shape[2])))
     project.may_write(out, force, PROJECT_FORMAT, _WHAT)
+    project.stop_abandoned_builds(out)
     try:
         with atomic_dir(out) as staging:
             record = _write(model, design, staging, stage_delay)

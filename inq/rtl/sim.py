@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from inq.project import run_build
 from inq.rtl.design import OUT_WIDTH, Design
 
 __all__ = ["SIM_DIR", "build", "simulate", "testbench_config", "testbench_source", "verilator"]
@@ -75,7 +76,8 @@ def verilator() -> str:
 
 
 def build(folder: str | os.PathLike[str], jobs: int | None = None) -> Path:
-    """Compile the export in ``folder`` with its testbench into ``folder/sim/Vinq_top``.
+    """Compile the export in ``folder`` with its testbench into ``folder/sim/Vinq_top`` (in a
+    process group of its own, stopped with the caller: :func:`inq.project.run_build`).
 
     Raises:
         ValueError: no Verilator, or the build failed (its first error line).
@@ -94,10 +96,10 @@ def build(folder: str | os.PathLike[str], jobs: int | None = None) -> Path:
         "--MAKEFLAGS", "OPT_FAST=-O2", "--MAKEFLAGS", "OPT_SLOW=-O0",
         "--Mdir", str(obj), "-o", "Vinq_top", *sources, str(out / "tb.cpp"),
     ]  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if "rror" in ln]
-        raise ValueError(f"verilator failed: {lines[0] if lines else proc.stderr[-500:]}")
+    returncode, output = run_build(command, out, "verilator")
+    if returncode != 0:
+        lines = [ln for ln in output.splitlines() if "rror" in ln]
+        raise ValueError(f"verilator failed: {lines[0] if lines else output[-500:]}")
     return obj / "Vinq_top"
 
 

@@ -18,9 +18,10 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
+
+from inq.project import run_build
 
 __all__ = [
     "ECP5_DEVICE",
@@ -50,11 +51,11 @@ def tool(name: str) -> str:
 
 
 def _run(command: list[str], cwd: Path, what: str) -> str:
-    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if "ERROR" in ln.upper()]
-        raise ValueError(f"{what} failed: {lines[0] if lines else proc.stderr.strip()[-300:]}")
-    return proc.stdout
+    returncode, output = run_build(command, cwd, what)
+    if returncode != 0:
+        lines = [ln for ln in output.splitlines() if "ERROR" in ln.upper()]
+        raise ValueError(f"{what} failed: {lines[0] if lines else output.strip()[-300:]}")
+    return output
 
 
 def _sources(folder: Path) -> list[str]:
