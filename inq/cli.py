@@ -161,6 +161,10 @@ def _export_args(p: argparse.ArgumentParser) -> None:
         "pip install 'inq[rtl]'): streaming layers of constant adder graphs, no multiplier; "
         "simulated with Verilator and checked bit for bit before it is kept",
     )
+    p.add_argument("--stage-delay", type=float, metavar="D",
+                   help="with --rtl: the adder graphs' register stages, at most D adders deep "
+                   "(da4ml's delay units; default: 6): lower for a faster clock, at the cost of "
+                   "flip-flops and latency")  # fmt: skip
     p.add_argument("--hardware", type=float, metavar="MHZ",
                    help="with --rtl: also synthesize (Yosys, for ECP5) and place and route "
                    "(nextpnr, ECP5-85k) for a MHZ clock, and write a bitstream: LUTs, FFs, DSPs, "
@@ -306,8 +310,9 @@ def _export(args: argparse.Namespace) -> int:
         return _export_onnx(args)
     if args.qonnx:
         return _export_qonnx(args)
-    if args.hardware is not None and not args.rtl:
-        raise ValueError("--hardware: only with --rtl")
+    for flag in ("hardware", "stage_delay"):
+        if getattr(args, flag) is not None and not args.rtl:
+            raise ValueError(f"--{flag.replace('_', '-')}: only with --rtl")
     if args.hls4ml:
         return _export_hls4ml(args)
     if args.rtl:
@@ -414,7 +419,7 @@ def _export_rtl(args: argparse.Namespace) -> int:
                           INTEGER_MODEL)  # fmt: skip
     if not args.output:
         raise ValueError("--rtl needs -o DIR (the project's directory)")
-    from inq.rtl import export_rtl, hardware_line  # da4ml and Verilator: the rtl extra
+    from inq.rtl import STAGE_DELAY, export_rtl, hardware_line  # da4ml, Verilator: rtl extra
 
     output = Path(args.output)
     with writing(output, header.path, args.force, suffix=""):
@@ -423,6 +428,7 @@ def _export_rtl(args: argparse.Namespace) -> int:
         int_model.info["data"] = data
         note = f"{header.path} -> {output}: Verilog written; building its Verilator simulation"
         record = export_rtl(int_model, output, input_shape(data), args.force,
+                            stage_delay=args.stage_delay or STAGE_DELAY,
                             before_build=lambda: print(note + " ...", flush=True),
                             hardware=args.hardware)  # fmt: skip
     print(f"{'layer':<10} {'op':<8} {'window':<7} {'input':<10} {'adders':>7} {'stages':>6}"

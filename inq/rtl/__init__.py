@@ -8,7 +8,7 @@ with Verilator, synthesized with Yosys and placed with nextpnr (the ``rtl`` extr
 - :mod:`inq.rtl.synth`: Yosys and nextpnr figures.
 """
 
-from inq.rtl.export import RtlModel, export_rtl, rtl_problem
+from inq.rtl.export import STAGE_DELAY, RtlModel, export_rtl, rtl_problem
 from inq.rtl.synth import hardware_line
 
-__all__ = ["RtlModel", "export_rtl", "hardware_line", "rtl_problem"]
+__all__ = ["STAGE_DELAY", "RtlModel", "export_rtl", "hardware_line", "rtl_problem"]

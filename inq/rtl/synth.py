@@ -125,9 +125,10 @@ def place_and_route(
     hw = Path(folder) / HW_DIR
     if not (hw / "inq_top.json").is_file():
         raise ValueError(f"{folder}: synthesize it first (no {HW_DIR}/inq_top.json)")
+    # --timing-allow-fail: a design slower than the target still gets its fmax and bitstream
     _run([tool("nextpnr-ecp5"), *ECP5_DEVICE, "--json", "inq_top.json", "--textcfg",
           "inq_top.config", "--freq", str(mhz), "--seed", str(seed), "--report", "pnr.json",
-          "-q"], hw, "nextpnr-ecp5")  # fmt: skip
+          "--timing-allow-fail", "-q"], hw, "nextpnr-ecp5")  # fmt: skip
     report = json.loads((hw / "pnr.json").read_text())
     fmax = report.get("fmax", {})
     clock = next(iter(fmax.values()), {}) if fmax else {}
@@ -135,6 +136,7 @@ def place_and_route(
         "device": "LFE5U-85F-CABGA381",
         "target_mhz": mhz,
         "fmax_mhz": clock.get("achieved"),
+        "timing_met": bool(clock) and clock.get("achieved", 0) >= mhz,
         "utilisation": {k: v for k, v in report.get("utilization", {}).items() if v["used"]},
     }
     if bitstream:
@@ -157,7 +159,10 @@ def hardware_line(figures: dict[str, Any], interval: int) -> str:
         return line + f"; nextpnr: {pnr['error']}"
     if pnr.get("fmax_mhz"):
         fmax = pnr["fmax_mhz"]
-        line += f"; ECP5-85k placed: fmax {fmax:.1f} MHz, {fmax * 1e6 / interval:,.0f} images/s"
+        met = "met" if pnr.get("timing_met") else f"missed {pnr['target_mhz']:g} MHz"
+        line += (
+            f"; ECP5-85k placed: fmax {fmax:.1f} MHz ({met}), {fmax * 1e6 / interval:,.0f} images/s"
+        )
     if "bitstream_bytes" in pnr:
         line += f", bitstream {pnr['bitstream_bytes']} B"
     return line
