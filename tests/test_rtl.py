@@ -67,6 +67,18 @@ def test_simulation_equals_the_integer_model_on_the_whole_digits_test_split(digi
 
 
 @pytest.mark.slow
+def test_inq_eval_runs_the_simulation_and_gives_the_integer_models_figures(digits, capsys):
+    _, project, _ = digits
+    source = project.parent / "d.int.safetensors"
+    assert main(["eval", str(source)]) == 0
+    integer = capsys.readouterr().out
+    assert main(["eval", str(project)]) == 0
+    simulated = capsys.readouterr().out
+    assert "(its Verilog, simulated by Verilator) on digits (450 samples)" in simulated
+    assert simulated.split("accuracy")[1] == integer.split("accuracy")[1]  # accuracy and loss
+
+
+@pytest.mark.slow
 def test_export_reports_no_multiplier_and_the_project_verifies(digits, capsys) -> None:
     _, project, printed = digits
     assert "multipliers: 0;" in printed
