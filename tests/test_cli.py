@@ -735,8 +735,9 @@ def test_export_options_of_another_form_are_refused(capsys, masked: Path, tmp_pa
         (["--io", "parallel"], "--io parallel: only with --hls4ml, not with the packed export"),
         (["--qonnx", "-o", onnx_file, "--dense"], "--dense: only with the packed export, not "
                                                   "with --qonnx"),
-        (["--data", "digits"], "--data: only with --onnx, --qonnx, --hls4ml or --rtl (the packed file "
-                               "keeps the data record of the checkpoint it is made from)"),
+        (["--data", "digits"], "--data: only with --onnx, --qonnx, --hls4ml or --rtl (the "
+                               "packed file keeps the data record of the checkpoint it is made "
+                               "from)"),
     ):  # fmt: skip
         assert run(capsys, "export", masked, *argv) == (1, "", f"inq export: error: {message}\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == [masked.name]
