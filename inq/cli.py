@@ -55,7 +55,7 @@ from inq.data import (
 from inq.evaluation import evaluate
 from inq.export_hls4ml import BACKEND as HLS_BACKEND
 from inq.export_hls4ml import MANIFEST as HLS_MANIFEST
-from inq.export_hls4ml import export_hls4ml, project_problem
+from inq.export_hls4ml import export_hls4ml
 from inq.export_onnx import (
     OnnxModel,
     export_onnx,
@@ -486,12 +486,9 @@ def _verify_project(path: str) -> int:
     """``inq verify`` of an hls4ml or RTL project: every file as the export wrote it (its sha256
     in the project's manifest), no other file; 1 otherwise."""
     rtl = project.project_format(Path(path)) == project.RTL_FORMAT
-    flag, what = ("rtl", "RTL project") if rtl else ("hls4ml", "hls4ml project")
-    problem = (
-        project.project_problem(Path(path), project.RTL_FORMAT, "an " + what)
-        if rtl
-        else project_problem(Path(path))
-    )
+    flag, fmt = ("rtl", project.RTL_FORMAT) if rtl else ("hls4ml", project.HLS4ML_FORMAT)
+    what = f"{'RTL' if rtl else 'hls4ml'} project"
+    problem = project.project_problem(Path(path), fmt, "an " + what)
     if problem is not None:
         print(f"inq verify: {path}: {problem}", file=sys.stderr)
         return 1

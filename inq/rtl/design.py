@@ -108,6 +108,12 @@ class Design:
         return sum(layer.flush for layer in self.layers)
 
     @property
+    def out_shape(self) -> tuple[int, int, int]:
+        """``(C, H, W)`` of the last op's output: ``H * W`` beats a frame."""
+        last = self.layers[-1]
+        return last.out_channels, last.out_h, last.out_w
+
+    @property
     def interval(self) -> int:
         """Cycles from one frame's first pixel to the next one's, at full rate."""
         return self.in_h * self.in_w + self.frame_gap

@@ -212,12 +212,9 @@ def output_fields(pipeline: Pipeline) -> list[OutputField]:
     fields, offset = [], 0
     for index, qint in zip(last.out_idxs, pipeline.out_qint, strict=True):
         k, i, f = minimal_kif(qint)
-        width = int(k + i + f)
-        const = int(qint.min) if index < 0 or width == 0 else 0
-        if index < 0:
-            width_used, width = width, 0
-        else:
-            width_used = width
+        bits = int(k + i + f)  # reserved on the bus even where da4ml assigns no wire
+        width = bits if index >= 0 else 0
+        const = int(qint.min) if width == 0 else 0
         fields.append(OutputField(offset, width, bool(k), int(f), const))
-        offset += width_used
+        offset += bits
     return fields

@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ def testbench_config(design: Design) -> str:
         "PIXELS": design.in_h * design.in_w,
         "CHANNELS": design.in_channels,
         "IN_FIELD": first.in_width,
-        "BEATS": last.out_h * last.out_w,
+        "BEATS": design.out_shape[1] * design.out_shape[2],
         "OUT_CHANNELS": last.out_channels,
         "OUT_FIELD": OUT_WIDTH,
         "INTERVAL": design.interval,
@@ -104,12 +105,15 @@ def build(folder: str | os.PathLike[str], jobs: int | None = None) -> Path:
 
 
 def simulate(
-    folder: str | os.PathLike[str], frames: np.ndarray, seed: int = 0
+    folder: str | os.PathLike[str],
+    frames: np.ndarray,
+    seed: int = 0,
+    output_shape: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Run the built simulator of ``folder`` on integer ``frames [N, C, H, W]``: the last op's
     outputs ``[N, C_out, OH, OW]`` (int32) and the run's ``cycles``, ``latency`` (first pixel
     in to first output out) and ``interval``. ``seed`` != 0 adds random input gaps and output
-    stalls.
+    stalls. ``output_shape`` ``(C, H, W)``: the project's ``design.json`` records it.
 
     Raises:
         ValueError: the simulator is not built, or its run failed.
@@ -117,7 +121,8 @@ def simulate(
     exe = Path(folder) / SIM_DIR / "Vinq_top"
     if not exe.is_file():
         raise ValueError(f"{folder}: no simulator built (inq.rtl.sim.build)")
-    manifest = json.loads((Path(folder) / "design.json").read_text())
+    if output_shape is None:
+        output_shape = json.loads((Path(folder) / "design.json").read_text())["output_shape"]
     n = frames.shape[0]
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.bin", Path(tmp) / "out.bin"
@@ -128,5 +133,5 @@ def simulate(
         if proc.returncode != 0:
             raise ValueError(f"RTL simulation failed: {proc.stderr.strip()[-300:]}")
         out = np.fromfile(dst, dtype="<i4")
-    c, h, w = manifest["output_shape"]
+    c, h, w = output_shape
     return out.reshape(n, h, w, c).transpose(0, 3, 1, 2), json.loads(proc.stdout)
