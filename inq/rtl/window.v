@@ -7,12 +7,20 @@
 // frame (padding) read 0. Windows whose bottom-right tap lies past the last pixel are completed
 // by FLUSH ticks after it: one a cycle, shifting in zeros, whether or not a beat arrives (the
 // stream must leave FLUSH idle cycles after a frame's last beat, which the top level does).
-// The window goes out one cycle after its last pixel came in, taps in (u, v, c) order, tap 0
-// at the least significant bits.
+// A beat is registered on the way in, and the window goes out one cycle after that register
+// shifted into the line: two cycles after its last pixel arrived. Taps in (u, v, c) order,
+// tap 0 at the least significant bits.
+//
+// The two enables, shift (a pixel moves down the line) and capture (the window is taken), reach
+// every line-buffer and window flip-flop: a wide window (a linear layer's or a global pool's,
+// thousands of bits) would put their logic and routing on the critical path. So both are
+// computed a cycle ahead from the next state and registered in copies, each driving at most
+// FANOUT bits: each copy an inq_enable instance, a module synthesis keeps whole, so that it
+// does not merge the copies back into one flip-flop.
 module inq_window #(
     parameter H = 8, W = 8, C = 1, B = 8,
     parameter KH = 3, KW = 3, SH = 1, SW = 1, PH = 1, PW = 1,
-    parameter OH = 8, OW = 8, FLUSH = 9, NB = 16
+    parameter OH = 8, OW = 8, FLUSH = 9, NB = 16, FANOUT = 64
 ) (
     input clk,
     input rst,
@@ -24,68 +32,98 @@ module inq_window #(
     localparam L = (KH - 1) * W + KW;              // pixels a window spans in raster order
     localparam N = H * W + FLUSH;                   // ticks a frame takes here
     localparam T0 = (KH - 1 - PH) * W + KW - 1 - PW;  // when output (0, 0) is due
+    localparam P = C * B;                           // bits of a pixel
+    localparam G = FANOUT > P ? FANOUT / P : 1;     // pixels (or taps) an enable copy drives
+    localparam SHIFTS = (L + G - 1) / G;            // copies of the shift enable
+    localparam CAPTURES = (KH * KW + G - 1) / G;    // copies of the capture enable
 
     reg [NB-1:0] n;        // raster index of the pixel shifted in next
     reg [NB-1:0] due;      // when the next output is due
     reg [NB-1:0] row_due;  // when the first output of its row is due
     reg signed [NB-1:0] r0, c0;  // its window's top-left input row and column
     reg [NB-1:0] oj;       // its column
+    reg flushing;          // n >= H * W
+    reg [P-1:0] beat;      // the registered input pixel
+    wire [SHIFTS-1:0] shift_en;      // this cycle: a pixel (or a flush tick) moves in
+    wire [CAPTURES-1:0] capture_en;  // ... and it completes the due window
 
-    wire flushing = n >= H * W;
-    wire advance = in_valid | flushing;
-    wire [C*B-1:0] tap [0:L-1];
-    assign tap[0] = flushing ? {C*B{1'b0}} : in_data;
+    // the next state, from this cycle's enables
+    wire advance = shift_en[0];
+    wire capture = capture_en[0];
+    wire wrap = advance && n == N - 1;
+    wire row_end = oj + 1 >= OW;
+    wire [NB-1:0] n_next = wrap ? 0 : advance ? n + 1 : n;
+    wire [NB-1:0] due_next = wrap ? T0 : !capture ? due : row_end ? row_due + SH * W : due + SW;
+    wire flushing_next = n_next >= H * W;
+    wire advance_next = in_valid | flushing_next;
+
+    wire [P-1:0] tap [0:L-1];
+    assign tap[0] = flushing ? {P{1'b0}} : beat;
     genvar d, u, v;
     generate
-        if (L > 1) begin : line
-            reg [C*B-1:0] shift [0:L-2];
-            always @(posedge clk) if (advance) begin : step
-                integer k;
-                shift[0] <= tap[0];
-                for (k = 1; k < L - 1; k = k + 1) shift[k] <= shift[k - 1];
-            end
-            for (d = 1; d < L; d = d + 1) begin : taps
-                assign tap[d] = shift[d - 1];
-            end
+        for (d = 0; d < SHIFTS; d = d + 1) begin : shift_copies
+            inq_enable copy (.clk(clk), .rst(rst), .d(advance_next), .q(shift_en[d]));
+        end
+        for (d = 0; d < CAPTURES; d = d + 1) begin : capture_copies
+            inq_enable copy (.clk(clk), .rst(rst), .d(advance_next && n_next == due_next),
+                .q(capture_en[d]));
+        end
+    endgenerate
+    generate
+        for (d = 0; d < L - 1; d = d + 1) begin : line
+            reg [P-1:0] stage;
+            always @(posedge clk) if (shift_en[d / G]) stage <= tap[d];
+            assign tap[d + 1] = stage;
         end
     endgenerate
 
-    wire [KH*KW*C*B-1:0] window;
     generate
         for (u = 0; u < KH; u = u + 1) begin : rows
             for (v = 0; v < KW; v = v + 1) begin : cols
                 localparam D = (KH - 1 - u) * W + KW - 1 - v;
+                localparam I = u * KW + v;
+                wire [P-1:0] value;
                 if (PH > 0 || PW > 0) begin : padded
                     wire in_frame = (r0 + u >= 0) && (r0 + u < H) && (c0 + v >= 0) && (c0 + v < W);
-                    assign window[(u*KW+v)*C*B +: C*B] = in_frame ? tap[D] : {C*B{1'b0}};
+                    assign value = in_frame ? tap[D] : {P{1'b0}};
                 end else begin : plain
-                    assign window[(u*KW+v)*C*B +: C*B] = tap[D];
+                    assign value = tap[D];
                 end
+                always @(posedge clk) if (capture_en[I / G]) out_data[I*P +: P] <= value;
             end
         end
     endgenerate
 
     always @(posedge clk) begin
+        beat <= in_data;
         if (rst) begin
             n <= 0; due <= T0; row_due <= T0; r0 <= -PH; c0 <= -PW; oj <= 0; out_valid <= 0;
+            flushing <= 0;
         end else begin
-            out_valid <= advance && n == due;
-            if (advance) begin
-                if (n == due) begin
-                    out_data <= window;
-                    if (oj + 1 < OW) begin
-                        oj <= oj + 1; c0 <= c0 + SW; due <= due + SW;
-                    end else begin
-                        oj <= 0; c0 <= -PW; r0 <= r0 + SH;
-                        row_due <= row_due + SH * W; due <= row_due + SH * W;
-                    end
-                end
-                if (n == N - 1) begin
-                    n <= 0; due <= T0; row_due <= T0; r0 <= -PH; c0 <= -PW; oj <= 0;
+            n <= n_next;
+            due <= due_next;
+            flushing <= flushing_next;
+            out_valid <= capture;
+            if (wrap) begin
+                row_due <= T0; r0 <= -PH; c0 <= -PW; oj <= 0;
+            end else if (capture) begin
+                if (row_end) begin
+                    oj <= 0; c0 <= -PW; r0 <= r0 + SH; row_due <= row_due + SH * W;
                 end else begin
-                    n <= n + 1;
+                    oj <= oj + 1; c0 <= c0 + SW;
                 end
             end
         end
     end
+endmodule
+
+// One copy of an enable: a flip-flop that synthesis keeps apart from its equal copies.
+(* keep_hierarchy *)
+module inq_enable (
+    input clk,
+    input rst,
+    input d,
+    output reg q
+);
+    always @(posedge clk) q <= rst ? 1'b0 : d;
 endmodule
