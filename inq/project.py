@@ -122,22 +122,27 @@ def run_build(command: list[str], cwd: Path, what: str) -> tuple[int, str]:
     stops (a build tool's children would run on otherwise), with the elapsed time on a
     terminal; returns its exit status and output (stdout and stderr, kept in memory: a full
     disk would swallow a log file)."""
-    with subprocess.Popen(
+    build = subprocess.Popen(
         command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         errors="replace", start_new_session=True,
-    ) as build, tqdm(desc=what, bar_format="{desc}: {elapsed}", disable=None, file=sys.stderr,
-                     leave=False) as shown:  # fmt: skip
-        try:
+    )  # fmt: skip
+    # the try starts at once: a stop while the progress line was being set up (tqdm's first
+    # lock takes milliseconds) left the build running, outside Popen's and this handler's reach
+    try:
+        with tqdm(desc=what, bar_format="{desc}: {elapsed}", disable=None, file=sys.stderr,
+                  leave=False) as shown:  # fmt: skip
             while True:
                 try:
                     output, _ = build.communicate(timeout=1)
                     break
                 except subprocess.TimeoutExpired:
                     shown.refresh()
-        except BaseException:
-            os.killpg(build.pid, signal.SIGKILL)
-            build.wait()
-            raise
+    except BaseException:
+        os.killpg(build.pid, signal.SIGKILL)
+        build.wait()
+        if build.stdout is not None:
+            build.stdout.close()
+        raise
     return build.returncode, output
 
 
