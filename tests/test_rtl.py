@@ -143,9 +143,57 @@ def test_windows_with_stride_padding_and_clamps_stream_exactly(tmp_path: Path) -
         assert stats["latency"] > 0
 
 
-def test_a_residual_add_is_refused_in_one_line_before_anything_is_written(tmp_path) -> None:
-    model = residual_integer_model()
-    with pytest.raises(RtlRefusal, match=r"^\S+ \(add\): a residual add") as err:
+class Block(nn.Module):
+    """A residual block whose skip is a layer's output (the identity): the add waits on two
+    3x3 convolutions, so the skip's FIFO holds rows of pixels; max pooling, a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(2, 3, 3, padding=1)
+        self.conv1 = nn.Conv2d(3, 3, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(3)
+        self.conv2 = nn.Conv2d(3, 3, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(3 * 3 * 3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.stem(x))
+        y = torch.relu(y + self.conv2(torch.relu(self.bn(self.conv1(y)))))
+        return self.fc(self.pool(y).flatten(1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("skip", ["a 1x1 conv of the input", "the identity"])
+def test_residual_adds_stream_exactly_with_stalls(skip: str, tmp_path: Path) -> None:
+    if skip == "the identity":
+        torch.manual_seed(2)
+        model, shape = _integer_model(Block(), (2, 6, 7)), (2, 6, 7)
+    else:
+        model, shape = residual_integer_model(), (2, 4, 4)
+    assert any(op.op == "add" for op in model.ops)
+    export_rtl(model, tmp_path / "prj", shape)
+    values = model.run(torch.randn(40, *shape) * 2)
+    frames = values["input"].numpy().astype(np.int64)
+    want = values[model.ops[-1].name].numpy()
+    for seed in (0, 3):  # without, then with, random input gaps and output stalls
+        got, _ = simulate(tmp_path / "prj", frames, seed)
+        assert np.array_equal(got.reshape(want.shape), want)
+
+
+class Strided(nn.Module):
+    """A strided slice (ResNet's "option A" shortcut), which has no streaming form."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x))[:, :, ::2, ::2]
+
+
+def test_a_slice_is_refused_in_one_line_before_anything_is_written(tmp_path) -> None:
+    model = _integer_model(Strided(), (2, 4, 4))
+    with pytest.raises(RtlRefusal, match=r"^\S+ \(slice\): no streaming form") as err:
         export_rtl(model, tmp_path / "prj", (2, 4, 4))
     assert "\n" not in str(err.value)
     assert not (tmp_path / "prj").exists() and not list(tmp_path.iterdir())

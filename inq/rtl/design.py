@@ -7,6 +7,9 @@ Layers and the top level:
 - conv, maxpool, avgpool, relu, clamp: a window of the op's kernel over its input; relu and
   clamp a 1x1 window; a global average pool a window the size of its input;
 - flatten + linear: one window over the whole input frame (in the flatten's order);
+- add (a residual join): a FIFO on each operand's stream (``fifo.v``), sized by a cycle model of
+  the two branches at full rate (:func:`fifo_depths`; the simulation stops on an overflow), and
+  a pair of pixels taken whenever both hold one;
 - the top level ``inq_top``: a valid/ready input stream of pixels (raster order, channels
   packed, channel 0 at the least significant bits) and a valid/ready output stream of the last
   op's pixels (int32 fields). After a frame's last pixel it holds ``in_ready`` low for
@@ -17,9 +20,9 @@ Layers and the top level:
 One pixel enters per cycle: a frame takes ``H * W + frame_gap`` cycles (the initiation
 interval, :attr:`Design.interval`).
 
-Refused, in one line naming the op: residual adds and other branching graphs, slices and
-pads, dilated or grouped convolutions, padded pooling, windows whose outputs are not due in
-raster order.
+A value may feed several layers (a branch); the streams of an add must have the same shape.
+Refused, in one line naming the op: slices and pads, dilated or grouped convolutions, padded
+pooling, windows whose outputs are not due in raster order.
 
 Example::
 
@@ -54,9 +57,11 @@ class RtlRefusal(ValueError):
 
 @dataclass
 class Layer:
-    """One streaming layer: ``op`` on windows of ``window`` over an ``h x w`` input frame."""
+    """One streaming layer: ``op`` on windows of ``window`` over an ``h x w`` input frame,
+    reading the streams of the layers named in ``sources`` (``""``: the top level's input)."""
 
     op: IntOp
+    sources: tuple[str, ...]
     window: Window
     h: int
     w: int
@@ -131,6 +136,20 @@ def _refuse(op: IntOp, why: str) -> RtlRefusal:
     return RtlRefusal(f"{op.name} ({op.op}): {why}")
 
 
+@dataclass(frozen=True)
+class _Stream:
+    """A value as a stream: the layer that sends it (``""``: the input), its frame and range,
+    and, after a flatten, the frame a linear op reads whole."""
+
+    source: str
+    channels: int
+    h: int
+    w: int
+    lo: int
+    hi: int
+    flat: bool = False
+
+
 def plan(model: IntegerModel, shape: tuple[int, int, int]) -> Design:
     """The streaming layers of ``model`` for inputs of ``shape`` ``(C, H, W)``.
 
@@ -140,54 +159,51 @@ def plan(model: IntegerModel, shape: tuple[int, int, int]) -> Design:
     ops = model.ops
     if not ops or ops[0].op != "input":
         raise RtlRefusal("the program does not start with its input op")
-    add = next((op for op in ops if op.op == "add"), None)
-    if add is not None:
-        raise _refuse(add, "a residual add: branching graphs do not stream here yet")
     channels, h, w = shape
     lo, hi = ops[0].attrs["lo"], ops[0].attrs["hi"]
     design = Design([], channels, h, w, lo, hi)
-    flat: tuple[int, int, int] | None = None  # (C, H, W) a flatten hands to a linear op
-    previous = ops[0].name
+    streams = {ops[0].name: _Stream("", channels, h, w, lo, hi)}
     for op in ops[1:]:
-        if op.inputs != [previous]:
-            raise _refuse(op, "reads a value other than the previous op's: only chains stream")
-        a = op.attrs
+        inputs = [streams[name] for name in op.inputs]
+        x = inputs[0]
         if op.op == "flatten":
-            flat = (channels, h, w)
-            previous = op.name
+            streams[op.name] = _Stream(x.source, x.channels, x.h, x.w, x.lo, x.hi, flat=True)
             continue
-        if flat is not None and op.op != "linear":
+        if x.flat and op.op != "linear":
             raise _refuse(op, "follows a flatten; only a linear op may")
-        window, stride, padding = _window_of(op, channels, h, w, lo, hi, flat)
-        out_h = (h + 2 * padding[0] - window.kh) // stride[0] + 1
-        out_w = (w + 2 * padding[1] - window.kw) // stride[1] + 1
+        window, stride, padding = _window_of(op, inputs)
+        out_h = (x.h + 2 * padding[0] - window.kh) // stride[0] + 1
+        out_w = (x.w + 2 * padding[1] - window.kw) // stride[1] + 1
+        a = op.attrs
         out_channels = (
             a["weight_shape"][0] if op.op == "conv"
-            else a["out_features"] if op.op == "linear" else channels
+            else a["out_features"] if op.op == "linear" else x.channels
         )  # fmt: skip
-        layer = Layer(op, window, h, w, stride, padding, out_h, out_w, out_channels,
-                      a["lo"], a["hi"], model.op_tensors(op.name))  # fmt: skip
+        sources = tuple(i.source for i in inputs)
+        layer = Layer(op, sources, window, x.h, x.w, stride, padding, out_h, out_w,
+                      out_channels, a["lo"], a["hi"], model.op_tensors(op.name))  # fmt: skip
         _check_order(layer)
         design.layers.append(layer)
-        channels, h, w, lo, hi = out_channels, out_h, out_w, a["lo"], a["hi"]
-        flat, previous = None, op.name
-    if flat is not None:
+        streams[op.name] = _Stream(layer.name, out_channels, out_h, out_w, a["lo"], a["hi"])
+    if ops[-1].op == "flatten":
         raise RtlRefusal("the program ends in a flatten: end it in a linear op")
     if not design.layers:
         raise RtlRefusal("the program has no layer to stream")
     return design
 
 
-def _window_of(
-    op: IntOp, channels: int, h: int, w: int, lo: int, hi: int,
-    flat: tuple[int, int, int] | None,
-) -> tuple[Window, tuple[int, int], tuple[int, int]]:  # fmt: skip
-    a = op.attrs
+def _window_of(op: IntOp, inputs: list[_Stream]) -> tuple[Window, tuple[int, int], tuple[int, int]]:
+    a, x = op.attrs, inputs[0]
+    channels, h, w, lo, hi = x.channels, x.h, x.w, x.lo, x.hi
     if op.op == "linear":
-        c, fh, fw = flat if flat is not None else (channels, h, w)
-        if c * fh * fw != a["in_features"]:
-            raise _refuse(op, f"{a['in_features']} inputs from a {c}x{fh}x{fw} frame")
-        return Window(fh, fw, c, lo, hi), (1, 1), (0, 0)
+        if channels * h * w != a["in_features"]:
+            raise _refuse(op, f"{a['in_features']} inputs from a {channels}x{h}x{w} frame")
+        return Window(h, w, channels, lo, hi), (1, 1), (0, 0)
+    if op.op == "add":
+        y = inputs[1]
+        if x.flat or y.flat or (y.channels, y.h, y.w) != (channels, h, w):
+            raise _refuse(op, f"adds a {y.channels}x{y.h}x{y.w} stream to a {channels}x{h}x{w} one")
+        return Window(1, 1, channels, lo, hi, other=(y.lo, y.hi)), (1, 1), (0, 0)
     if op.op == "conv":
         _o, cg, kh, kw = a["weight_shape"]
         if a["groups"] != 1 or list(a["dilation"]) != [1, 1]:
@@ -215,9 +231,9 @@ def _check_order(layer: Layer) -> None:
         raise _refuse(layer.op, "its windows are not due in raster order (padding too large)")
 
 
-def window_source() -> str:
-    """The window module's Verilog (``window.v``, shipped with inq)."""
-    return resources.files("inq.rtl").joinpath("window.v").read_text()
+def _source(name: str) -> str:
+    """A Verilog module shipped with inq (``window.v``, ``fifo.v``)."""
+    return resources.files("inq.rtl").joinpath(name).read_text()
 
 
 def _field_expr(raw: str, field: OutputField, width: int) -> str:
@@ -234,37 +250,86 @@ def _field_expr(raw: str, field: OutputField, width: int) -> str:
     return value
 
 
-def _layer_module(layer: Layer, pipeline: Pipeline, graph_name: str, last: bool) -> str:
+def _window_front(layer: Layer) -> str:
+    """The line buffers: ``window_valid`` and ``window`` from the layer's input stream."""
     win = layer.window
     (sh, sw), (ph, pw) = layer.stride, layer.padding
-    in_b, out_b = layer.in_width, OUT_WIDTH if last else layer.out_width
+    nb = max(8, (layer.h * layer.w + layer.flush + 2).bit_length() + 2)
+    return f"""    wire window_valid;
+    wire [{win.taps * layer.in_width - 1}:0] window;
+    inq_window #(.H({layer.h}), .W({layer.w}), .C({win.channels}), .B({layer.in_width}),
+        .KH({win.kh}), .KW({win.kw}), .SH({sh}), .SW({sw}), .PH({ph}), .PW({pw}),
+        .OH({layer.out_h}), .OW({layer.out_w}), .FLUSH({layer.flush}), .NB({nb})) lines (
+        .clk(clk), .rst(rst), .in_valid(in_valid), .in_data(in_data),
+        .out_valid(window_valid), .out_data(window));"""
+
+
+def _join_front(layer: Layer, depths: tuple[int, int]) -> str:
+    """Two FIFOs: ``window`` is a pixel of each operand, taken when both hold one."""
+    fifos, heads = [], []
+    for name, suffix, width, depth in zip("xy", ("", "_b"), _operand_widths(layer), depths,
+                                          strict=True):  # fmt: skip
+        bits = layer.window.channels * width
+        fifos.append(
+            f"    wire {name}_ready;\n    wire [{bits - 1}:0] {name}_head;\n"
+            f"    inq_fifo #(.WIDTH({bits}), .DEPTH({depth}), .AB({max(1, depth.bit_length())}))"
+            f" {name}_fifo (\n        .clk(clk), .rst(rst), .push(in_valid{suffix}), "
+            f".in_data(in_data{suffix}), .pop(take), .nonempty({name}_ready), .head({name}_head));"
+        )
+        heads.insert(0, f"{name}_head")
+    bits = layer.window.channels * sum(_operand_widths(layer))
+    body = "\n".join(fifos)
+    return f"""    wire take;
+{body}
+    assign take = x_ready && y_ready;
+    reg window_valid;
+    reg [{bits - 1}:0] window;
+    always @(posedge clk) begin
+        window_valid <= rst ? 1'b0 : take;
+        window <= {{{", ".join(heads)}}};
+    end"""
+
+
+def _operand_widths(layer: Layer) -> list[int]:
+    return [field_width(lo, hi) for lo, hi in layer.window.ranges]
+
+
+def _input_ports(layer: Layer) -> str:
+    ports = []
+    for suffix, width in zip(("", "_b"), _operand_widths(layer), strict=False):
+        bits = layer.window.channels * width
+        ports.append(f"    input in_valid{suffix},\n    input [{bits - 1}:0] in_data{suffix},")
+    return "\n".join(ports)
+
+
+def _layer_module(layer: Layer, pipeline: Pipeline, graph_name: str, last: bool,
+                  depths: tuple[int, int] | None) -> str:  # fmt: skip
+    win = layer.window
+    out_b = OUT_WIDTH if last else layer.out_width
     raw_bits = max((f.offset + f.width for f in output_fields(pipeline)), default=1)
     latency = len(pipeline.solutions) + 1
-    nb = max(8, (layer.h * layer.w + layer.flush + 2).bit_length() + 2)
     fields = []
     for c, field in enumerate(output_fields(pipeline)):
         fields.append(f"    wire signed [63:0] value{c} = {_field_expr('raw', field, 64)};")
         fields.append(f"    assign out_data[{c * out_b} +: {out_b}] = value{c}[{out_b - 1}:0];")
     body = "\n".join(fields)
     size = f"{layer.out_h}x{layer.out_w}x{layer.out_channels}"
-    frame = f"{layer.h}x{layer.w}x{win.channels} -> {size}"
-    return f"""// {layer.op.name}: {layer.op.op}, {win.kh}x{win.kw} windows, {frame}
+    if depths is None:
+        front = _window_front(layer)
+        what = f"{win.kh}x{win.kw} windows, {layer.h}x{layer.w}x{win.channels} -> {size}"
+    else:
+        front = _join_front(layer, depths)
+        what = f"FIFOs of {depths[0]} and {depths[1]} pixels, {layer.h}x{layer.w}x{win.channels}"
+    return f"""// {layer.op.name}: {layer.op.op}, {what}
 // values {layer.out_lo}..{layer.out_hi}
 module {layer.name} (
     input clk,
     input rst,
-    input in_valid,
-    input [{win.channels * in_b - 1}:0] in_data,
+{_input_ports(layer)}
     output out_valid,
     output [{layer.out_channels * out_b - 1}:0] out_data
 );
-    wire window_valid;
-    wire [{win.taps * in_b - 1}:0] window;
-    inq_window #(.H({layer.h}), .W({layer.w}), .C({win.channels}), .B({in_b}), .KH({win.kh}),
-        .KW({win.kw}), .SH({sh}), .SW({sw}), .PH({ph}), .PW({pw}), .OH({layer.out_h}),
-        .OW({layer.out_w}), .FLUSH({layer.flush}), .NB({nb})) lines (
-        .clk(clk), .rst(rst), .in_valid(in_valid), .in_data(in_data),
-        .out_valid(window_valid), .out_data(window));
+{front}
     wire [{raw_bits - 1}:0] raw;
     {graph_name} graph (.clk(clk), .model_inp(window), .model_out(raw));
     reg [{latency - 1}:0] valid;  // the graph's {latency} register stages
@@ -275,6 +340,56 @@ module {layer.name} (
     // verilator lint_on UNUSEDSIGNAL
 endmodule
 """
+
+
+def fifo_depths(
+    design: Design, latencies: list[int], frames: int = 2
+) -> dict[str, tuple[int, int]]:
+    """The FIFO depths each add needs (by layer name), from a cycle model of the design with
+    every layer's graph ``latencies``: input frames back to back at one pixel a cycle, the
+    fastest the top level accepts them (gaps in the input only let a lagging branch catch
+    up). A window layer's output ``(i, j)`` leaves ``latency + 2`` cycles after its due pixel
+    arrived (the input register, the window's, the graph's stages); an add's ``latency + 1``
+    after it takes a pair."""
+    pixels = design.in_h * design.in_w
+    times: dict[str, list[int]] = {
+        "": [f * design.interval + i for f in range(frames) for i in range(pixels)]
+    }
+    depths = {}
+    for layer, latency in zip(design.layers, latencies, strict=True):
+        arrivals = [times[source] for source in layer.sources]
+        if layer.op.op == "add":
+            takes, depths[layer.name] = _join_times(arrivals[0], arrivals[1])
+            times[layer.name] = [t + 1 + latency for t in takes]
+        else:
+            times[layer.name] = _window_times(layer, arrivals[0], latency)
+    return depths
+
+
+def _window_times(layer: Layer, arrivals: list[int], latency: int) -> list[int]:
+    beats = layer.h * layer.w
+    dues = [layer.due(i, j) for i in range(layer.out_h) for j in range(layer.out_w)]
+    out = []
+    for f in range(len(arrivals) // beats):
+        shifted = [t + 1 for t in arrivals[f * beats : (f + 1) * beats]]
+        shifted += [shifted[-1] + 1 + j for j in range(layer.flush)]
+        out += [shifted[d] + 1 + latency for d in dues]
+    return out
+
+
+def _join_times(x: list[int], y: list[int]) -> tuple[list[int], tuple[int, int]]:
+    """When an add takes each pair, and the most pixels each FIFO held."""
+    pushes = (set(x), set(y))
+    counts, most, takes = [0, 0], [1, 1], []
+    t = min(x[0], y[0])
+    while len(takes) < len(x):
+        take = counts[0] > 0 and counts[1] > 0
+        takes += [t] if take else []
+        for side in (0, 1):
+            counts[side] += (t in pushes[side]) - take
+            most[side] = max(most[side], counts[side])
+        t += 1
+    return takes, (most[0], most[1])
 
 
 def _stream_ports(in_bits: int) -> str:
@@ -289,28 +404,34 @@ def _stream_ports(in_bits: int) -> str:
 
 
 def _top_module(design: Design) -> str:
-    first, last = design.layers[0], design.layers[-1]
-    in_bits = design.in_channels * first.in_width
+    last = design.layers[-1]
+    in_width = field_width(design.in_lo, design.in_hi)
+    in_bits = design.in_channels * in_width
     out_bits = last.out_channels * OUT_WIDTH
     beats = last.out_h * last.out_w
     pixels = design.in_h * design.in_w
     depth = FRAMES * beats
-    chain, prev = [], ("fire", "in_data")
+    chain = []
     for layer in design.layers:
         bits = layer.out_channels * (OUT_WIDTH if layer is last else layer.out_width)
+        inputs = "".join(
+            f".in_valid{suffix}({source or 'fire'}{'_valid' if source else ''}), "
+            f".in_data{suffix}({source or 'in'}_data), "
+            for suffix, source in zip(("", "_b"), layer.sources, strict=False)
+        )
         chain.append(
             f"    wire {layer.name}_valid;\n    wire [{bits - 1}:0] {layer.name}_data;\n"
-            f"    {layer.name} {layer.name}_i (.clk(clk), .rst(rst), .in_valid({prev[0]}), "
-            f".in_data({prev[1]}), .out_valid({layer.name}_valid), .out_data({layer.name}_data));"
+            f"    {layer.name} {layer.name}_i (.clk(clk), .rst(rst), {inputs}"
+            f".out_valid({layer.name}_valid), .out_data({layer.name}_data));"
         )
-        prev = (f"{layer.name}_valid", f"{layer.name}_data")
+    prev = (f"{last.name}_valid", f"{last.name}_data")
     layers = "\n".join(chain)
     ab = max(depth.bit_length(), 1) + 1
     pb = max(pixels.bit_length(), 1) + 1
     gb = max(design.frame_gap.bit_length(), 1) + 1
     bb = max(beats.bit_length(), 1) + 1
     return f"""// inq_top: the integer model as a stream. Input: one pixel a beat (raster order,
-// {design.in_channels} channel(s) of {first.in_width} bits, channel 0 at bit 0). Output: one
+// {design.in_channels} channel(s) of {in_width} bits, channel 0 at bit 0). Output: one
 // pixel of the last op a beat ({last.out_channels} int32 fields), {beats} beat(s) a frame.
 // A frame takes {design.interval} cycles at full rate ({pixels} pixels + {design.frame_gap} idle).
 module inq_top (
@@ -363,7 +484,7 @@ endmodule
 
 def _board_module(design: Design) -> str:
     last = design.layers[-1]
-    in_bits = design.in_channels * design.layers[0].in_width
+    in_bits = design.in_channels * field_width(design.in_lo, design.in_hi)
     fields = last.out_channels
     sel = max(1, (fields - 1).bit_length())
     return f"""// inq_board: inq_top with few enough pins for a package (synthesis, placement only):
@@ -385,16 +506,21 @@ def write_design(design: Design, stage_delay: float) -> tuple[dict[str, str], li
     """Every Verilog file of ``design`` (name -> text): ``inq_top.v``, one file per layer with
     its adder graph's stages, ``window.v`` and the da4ml cells they use; and each layer's
     pipelined graph."""
-    files = {"window.v": window_source()}
-    pipelines = []
-    for index, layer in enumerate(design.layers):
-        last = index == len(design.layers) - 1
-        pipeline = pipelined(layer_graph(layer.op, layer.tensors, layer.window), stage_delay)
-        pipelines.append(pipeline)
+    files = {"window.v": _source("window.v")}
+    pipelines = [
+        pipelined(layer_graph(layer.op, layer.tensors, layer.window), stage_delay)
+        for layer in design.layers
+    ]
+    depths = fifo_depths(design, [len(p.solutions) + 1 for p in pipelines])
+    if depths:
+        files["fifo.v"] = _source("fifo.v")
+    for layer, pipeline in zip(design.layers, pipelines, strict=True):
         graph_name = f"{layer.name}_graph"
         modules = pipeline_logic_gen(pipeline, graph_name, timescale=None)
         text = "\n".join(modules[name] for name in sorted(modules))
-        files[f"{layer.name}.v"] = _layer_module(layer, pipeline, graph_name, last) + "\n" + text
+        module = _layer_module(layer, pipeline, graph_name, layer is design.layers[-1],
+                               depths.get(layer.name))  # fmt: skip
+        files[f"{layer.name}.v"] = module + "\n" + text
     files["inq_top.v"] = _top_module(design)
     files["inq_board.v"] = _board_module(design)
     text = "\n".join(files.values())

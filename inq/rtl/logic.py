@@ -10,7 +10,9 @@ output channel, one of:
   ``* multiplier`` (a constant: shifts and adds, no multiplier), rounded half up by
   ``>> shift`` and clamped to ``[lo, hi]``;
 - maxpool: the largest tap; avgpool: the taps' sum, ``* multiplier >> shift``, clamped;
-- relu/clamp: the single tap, clamped.
+- relu/clamp: the single tap, clamped;
+- add: two 1x1 windows (the operands' pixels, each its own range), ``x * m_x + y * m_y``
+  rounded by ``>> shift`` and clamped.
 
 da4ml traces these with exact fixed-point ranges and solves each constant matrix-vector
 product as an adder graph with shared subexpressions; :func:`pipelined` cuts the graph into
@@ -57,17 +59,24 @@ _SOLVER = {"search_all_decompose_dc": False}
 @dataclass(frozen=True)
 class Window:
     """The activations a layer's graph reads per output pixel: ``kh x kw`` taps of
-    ``channels`` values in ``[lo, hi]``."""
+    ``channels`` values in ``[lo, hi]``; a join (an add) reads a second operand of ``taps``
+    values in ``other``'s range after them."""
 
     kh: int
     kw: int
     channels: int
     lo: int
     hi: int
+    other: tuple[int, int] | None = None
 
     @property
     def taps(self) -> int:
         return self.kh * self.kw * self.channels
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """The range of each operand's ``taps`` values, in bus order."""
+        return [(self.lo, self.hi)] + ([self.other] if self.other else [])
 
 
 def field_width(lo: int, hi: int) -> int:
@@ -82,9 +91,9 @@ def field_width(lo: int, hi: int) -> int:
 
 def _inputs(window: Window) -> FixedVariableArray:
     n = window.taps
-    return FixedVariableArray.from_lhs(
-        np.full(n, float(window.lo)), np.full(n, float(window.hi)), np.ones(n), hwconf=_HW
-    )
+    low = np.concatenate([np.full(n, float(lo)) for lo, _ in window.ranges])
+    high = np.concatenate([np.full(n, float(hi)) for _, hi in window.ranges])
+    return FixedVariableArray.from_lhs(low, high, np.ones(len(low)), hwconf=_HW)
 
 
 def _clamp(v: FixedVariable, lo: int, hi: int) -> FixedVariable:
@@ -152,7 +161,8 @@ def _max(values: list[Any]) -> FixedVariable:
 
 
 def layer_graph(op: IntOp, tensors: dict[str, Tensor], window: Window) -> CombLogic:
-    """The adder graph of ``op`` (conv, linear, maxpool, avgpool, relu, clamp) on ``window``.
+    """The adder graph of ``op`` (conv, linear, maxpool, avgpool, relu, clamp, add) on
+    ``window``.
 
     Raises:
         ValueError: for another op kind.
@@ -171,6 +181,11 @@ def layer_graph(op: IntOp, tensors: dict[str, Tensor], window: Window) -> CombLo
         )
     elif op.op in ("relu", "clamp"):
         outputs = _per_channel(x, window, lambda v: _clamp(v[0], a["lo"], a["hi"]))
+    elif op.op == "add":
+        (m_x, m_y), c, shift = a["multipliers"], window.channels, a["shift"]
+        pairs = zip(x._vars[:c], x._vars[c:], strict=True)
+        outputs = [_requantize(u * float(m_x) + v * float(m_y), 1, shift, a["lo"], a["hi"])
+                   for u, v in pairs]  # fmt: skip
     else:
         raise ValueError(f"{op.name}: no adder graph for a {op.op} op")
     return comb_trace(list(x._vars), outputs, keep_dead_inputs=True)

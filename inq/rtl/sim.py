@@ -131,7 +131,10 @@ def simulate(
             [str(exe), str(src), str(dst), str(n), str(seed)], capture_output=True, text=True
         )
         if proc.returncode != 0:
-            raise ValueError(f"RTL simulation failed: {proc.stderr.strip()[-300:]}")
+            said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()  # $fatal: stdout
+            raise ValueError(
+                f"RTL simulation failed: {said[0][-300:] if said else proc.returncode}"
+            )
         out = np.fromfile(dst, dtype="<i4")
     c, h, w = output_shape
     return out.reshape(n, h, w, c).transpose(0, 3, 1, 2), json.loads(proc.stdout)
