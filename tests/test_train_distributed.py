@@ -145,6 +145,21 @@ def test_inq_torchrun_stopped_as_a_metrics_wrapper_of_torchrun_starts(
     assert stopped.value.code == 128 + signal.SIGTERM
 
 
+@pytest.mark.parametrize("overrides", [[], ["inq.bits=4", "hydra.run.dir=/tmp/r"]])
+def test_inq_torchrun_passes_its_overrides_to_inq_train_with_or_without_any(
+    overrides: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inq.train import launch
+
+    launched = []
+    monkeypatch.setattr(launch, "run", launched.append)
+    monkeypatch.setattr(launch, "_quiet_torchrun_logs", lambda: None)
+    launch.main(["--standalone", "--nproc_per_node=2", *overrides])
+    (args,) = launched
+    assert (args.module, args.training_script) == (True, "inq.train.app")
+    assert args.training_script_args == overrides and args.nproc_per_node == "2"
+
+
 # One rank of a two-process run that trains a step in DDP as the app does, then leaves by
 # teardown(): normally ("ok"), or while an exception propagates ("failing": stopped in the
 # step, whose frame, in the exception's traceback, still holds the model, as inq-train's

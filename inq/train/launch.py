@@ -26,7 +26,9 @@ from torch.distributed.run import get_args_parser, run
 
 __all__ = ["main"]
 
-_END = "--inq-overrides-end"  # marks where inq-train's overrides stop in torchrun's parse
+# marks where inq-train's overrides stop in torchrun's parse; not an option (no "-"): argparse
+# would refuse "--..." as an unknown option where no override comes before it
+_END = "inq-overrides-end"
 
 
 def main(argv: list[str] | None = None) -> None:
