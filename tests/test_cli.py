@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from train_helpers import TINY, inq_train
 
 import inq
-import inq.cli
+import inq.cli.export
 from inq.cli import COMMANDS, main
 from inq.data import calibration_loader, eval_data_config
 from inq.fileio import LOCK_NAME, atomic_path, lock_dir
@@ -414,7 +414,7 @@ def test_sigterm_during_a_write_leaves_no_temporary_file(capsys, tmp_path: Path,
             tmp.write_bytes(b"half a file")
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(inq.cli, "export_packed", killed_while_writing)
+    monkeypatch.setattr(inq.cli.export, "export_packed", killed_while_writing)
     code, _, err = run(capsys, "export", masked, "-o", out)
     assert code == 143 and err == "inq export: interrupted; nothing was written\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [masked.name]
@@ -437,7 +437,7 @@ def test_an_interrupt_a_library_turns_into_its_own_error_is_still_an_interrupt(
                 "ONNX cannot express the model: Failed to export. \x1b[96mThis is step 1/3\x1b[0m"
             ) from None
 
-    monkeypatch.setattr(inq.cli, "export_onnx", exporter_catching_the_interrupt)
+    monkeypatch.setattr(inq.cli.export, "export_onnx", exporter_catching_the_interrupt)
     code, _, err = run(capsys, "export", masked, "--onnx", "-o", out, "--data", "synthetic")
     assert (code, err) == (status, "inq export: interrupted; nothing was written\n")
     assert not out.exists()
@@ -449,7 +449,7 @@ def test_third_party_colour_codes_never_reach_the_error_line(capsys, tmp_path, m
     def failing(*args, **kwargs):
         raise ValueError("ONNX cannot express the model: \x1b[96mstep 1/3\x1b[0m failed")
 
-    monkeypatch.setattr(inq.cli, "export_onnx", failing)
+    monkeypatch.setattr(inq.cli.export, "export_onnx", failing)
     code, _, err = run(capsys, "export", masked, "--onnx", "-o", tmp_path / "m.onnx",
                        "--data", "synthetic")  # fmt: skip
     assert code == 1
