@@ -141,5 +141,7 @@ def _onnx_model(path: str, runtime: str = "onnxruntime") -> tuple[OnnxModel | Qo
 
 
 COMMAND = Command(
-    "evaluate a model file (packed, masked, integer, ONNX, QONNX) on its data", _eval_args, _eval
+    "evaluate a model file (packed, masked, integer, ONNX, QONNX) or an RTL project on its data",
+    _eval_args,
+    _eval,
 )

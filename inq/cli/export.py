@@ -172,5 +172,7 @@ def _export_onnx(args: argparse.Namespace) -> int:
 
 
 COMMAND = Command(
-    "write a model as packed low-bit codes, ONNX, QONNX or an hls4ml project", _export_args, _export
+    "write a model as packed low-bit codes, ONNX, QONNX, an hls4ml project or Verilog (RTL)",
+    _export_args,
+    _export,
 )
