@@ -276,3 +276,31 @@ def test_a_stopped_export_stops_its_verilator_build_and_leaves_nothing(
         state = Path(f"/proc/{pid}/stat")
         assert not state.exists() or state.read_text().rsplit(")", 1)[1].split()[0] in "ZX"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "pids", "t.int.safetensors"]
+
+
+def test_a_conv_graph_of_integer_weights_equals_an_int64_reference() -> None:
+    """Uniform int8 weights (``weights`` in place of ``codes``): the graph on random windows
+    against an int64 convolution, bias and round-half-up requantization."""
+    from inq.kernels.int8 import requantize
+    from inq.quant.integer import IntOp
+    from inq.rtl.logic import Window
+
+    g = torch.Generator().manual_seed(3)
+    weights = torch.randint(-127, 128, (4, 3, 3, 3), generator=g, dtype=torch.int8)
+    weights[weights.abs() < 40] = 0  # sparse, as the study's uniform variants
+    tensors = {
+        "weights": weights,
+        "bias": torch.randint(-3000, 3000, (4,), generator=g, dtype=torch.int32),
+        "multiplier": torch.tensor([1, 3, -1717986919, 858993459], dtype=torch.int32),
+        "shift": torch.tensor([8, 10, 40, 38], dtype=torch.int32),
+    }
+    op = IntOp("c", "conv", ["x"], {"lo": 0, "hi": 255})
+    graph = layer_graph(op, tensors, Window(3, 3, 3, 0, 255))
+    x = torch.randint(0, 256, (6, 3, 5, 5), generator=g).to(torch.int64)
+    cols = nn.functional.unfold(x.double(), (3, 3))  # [N, C * 9, 9]: (c, u, v) rows
+    windows = cols.view(6, 3, 3, 3, -1).permute(0, 4, 2, 3, 1).reshape(-1, 27)  # (u, v, c)
+    acc = torch.einsum("nkp,ok->npo", cols.to(torch.int64), weights.to(torch.int64).flatten(1))
+    want = requantize(acc.reshape(-1, 4) + tensors["bias"], tensors["multiplier"],
+                      tensors["shift"], 0, 255)  # fmt: skip
+    got = np.array([graph(w.numpy().astype(float)) for w in windows])
+    assert np.array_equal(got, want.numpy())

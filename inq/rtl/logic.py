@@ -8,7 +8,10 @@ output channel, one of:
 - conv/linear: the shift-add sum (every ``(x << frac) >> offset`` term, floored where the
   offset exceeds ``frac``: :func:`inq.kernels.int8.term_classes`), ``+ bias``,
   ``* multiplier`` (a constant: shifts and adds, no multiplier), rounded half up by
-  ``>> shift`` and clamped to ``[lo, hi]``;
+  ``>> shift`` and clamped to ``[lo, hi]``. An op whose tensors hold ``weights`` (integers,
+  the weight's shape) in place of ``codes`` sums ``x * weight`` instead (any integer weights,
+  e.g. uniform int4/int8, through the same generator: da4ml writes each constant as shifts
+  and adds);
 - maxpool: the largest tap; avgpool: the taps' sum, ``* multiplier >> shift``, clamped;
 - relu/clamp: the single tap, clamped;
 - add: two 1x1 windows (the operands' pixels, each its own range), ``x * m_x + y * m_y``
@@ -113,17 +116,24 @@ def _requantize(v: FixedVariable, multiplier: int, shift: int, lo: int, hi: int)
     return _clamp(scaled.quantize(1, 40, 0, round_mode="RND"), lo, hi)
 
 
+def _tap_order(rows: Tensor, window: Window) -> Tensor:
+    """``rows [O, taps]`` in the weight's ``(c, u, v)`` order (a linear op's flatten order
+    too) as ``[O, taps]`` in the window's tap order ``(u, v, c)``."""
+    o = rows.shape[0]
+    view = rows.reshape(o, window.channels, window.kh, window.kw)
+    return view.permute(0, 2, 3, 1).reshape(o, window.taps)
+
+
 def _weight_taps(op: IntOp, tensors: dict[str, Tensor], window: Window) -> Tensor:
     """Codes ``[O, taps]`` in the window's tap order ``(u, v, c)``."""
-    a = op.attrs
-    k = window.taps
-    codes = unpack_codes(tensors["codes"], a["bits"], k).to(torch.int64)
-    o = codes.shape[0]
-    # the packed row order is the weight's (c, u, v) (a linear op's flatten order too)
-    return codes.view(o, window.channels, window.kh, window.kw).permute(0, 2, 3, 1).reshape(o, k)
+    codes = unpack_codes(tensors["codes"], op.attrs["bits"], window.taps).to(torch.int64)
+    return _tap_order(codes, window)
 
 
-def _weight_outputs(op: IntOp, tensors: dict[str, Tensor], x: FixedVariableArray, window: Window):
+def _shift_sums(
+    op: IntOp, tensors: dict[str, Tensor], x: FixedVariableArray, window: Window
+) -> FixedVariableArray:
+    """The shift-add sums of the codes: one product of the floored classes of ``x``."""
     a = op.attrs
     codes = _weight_taps(op, tensors, window)
     classes, weights = term_classes(codes, a["bits"], a["frac"])
@@ -137,12 +147,32 @@ def _weight_outputs(op: IntOp, tensors: dict[str, Tensor], x: FixedVariableArray
         np.concatenate([c._vars for c in columns]), solver_options=_SOLVER, hwconf=_HW
     )
     kernel = weights.permute(0, 2, 1).reshape(-1, codes.shape[0]).numpy()  # [P * taps, O]
-    acc = stacked @ kernel
+    return stacked @ kernel
+
+
+def _integer_sums(
+    tensors: dict[str, Tensor], x: FixedVariableArray, window: Window
+) -> FixedVariableArray:
+    """``x @ weights.T`` for integer ``weights`` (``[O, ...]``, the weight's shape)."""
+    w = tensors["weights"]
+    if w.dtype.is_floating_point or w.dtype.is_complex:
+        raise ValueError(f"integer weights expected, got {w.dtype}")
+    rows = _tap_order(w.to(torch.int64).reshape(w.shape[0], -1), window)
+    x = FixedVariableArray(x._vars, solver_options=_SOLVER, hwconf=_HW)
+    return x @ rows.T.to(torch.float64).numpy()  # [taps, O]: exact below 2**53
+
+
+def _weight_outputs(op: IntOp, tensors: dict[str, Tensor], x: FixedVariableArray, window: Window):
+    a = op.attrs
+    if "weights" in tensors:
+        acc = _integer_sums(tensors, x, window)
+    else:
+        acc = _shift_sums(op, tensors, x, window)
     bias, multiplier, shift = (tensors[key].tolist() for key in ("bias", "multiplier", "shift"))
     lo, hi = a["lo"], a["hi"]
     return [
         _requantize(acc._vars[o] + float(bias[o]), multiplier[o], shift[o], lo, hi)
-        for o in range(codes.shape[0])
+        for o in range(len(bias))
     ]
 
 
