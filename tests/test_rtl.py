@@ -304,3 +304,23 @@ def test_a_conv_graph_of_integer_weights_equals_an_int64_reference() -> None:
                       tensors["shift"], 0, 255)  # fmt: skip
     got = np.array([graph(w.numpy().astype(float)) for w in windows])
     assert np.array_equal(got, want.numpy())
+
+
+def test_a_tap_no_weight_reads_keeps_its_place_on_the_pipelines_input_bus() -> None:
+    """da4ml's retiming drops an unread input; :func:`pipelined` puts it back, so the graph's
+    input bus stays the window's (a 3-bit INQ model with an all-zero tap streamed garbage)."""
+    from da4ml.types import minimal_kif
+
+    from inq.quant.integer import IntOp
+    from inq.rtl.logic import Window, pipelined
+
+    g = torch.Generator().manual_seed(2)
+    weights = torch.randint(-8, 9, (8, 4, 3, 3), generator=g, dtype=torch.int8)
+    weights[weights.abs() < 4] = 0
+    weights[:, 2, 1, 0] = 0  # tap (1, 0) of channel 2: read by no output
+    one = torch.ones(8, dtype=torch.int32)
+    tensors = {"weights": weights, "bias": one, "multiplier": one * 1774676009, "shift": one * 33}
+    graph = layer_graph(IntOp("c", "conv", ["x"], {"lo": 0, "hi": 255}), tensors,
+                        Window(3, 3, 4, 0, 255))  # fmt: skip
+    pipeline = pipelined(graph, stage_delay=6.0)  # retimed: da4ml drops the tap here
+    assert [sum(minimal_kif(q)) for q in pipeline.inp_qint] == [8] * 36

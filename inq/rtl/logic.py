@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 from da4ml.trace import FixedVariable, FixedVariableArray, HWConfig, comb_trace, to_pipeline
-from da4ml.types import CombLogic, Pipeline, QInterval, minimal_kif
+from da4ml.types import CombLogic, Op, Pipeline, QInterval, minimal_kif
 from torch import Tensor
 
 from inq.codes import unpack_codes
@@ -223,8 +223,24 @@ def layer_graph(op: IntOp, tensors: dict[str, Tensor], window: Window) -> CombLo
 
 def pipelined(graph: CombLogic, stage_delay: float) -> Pipeline:
     """``graph`` cut into register stages of at most ``stage_delay`` (da4ml's delay units:
-    about one carry-chain adder each)."""
-    return to_pipeline(graph, stage_delay, verbose=False)
+    about one carry-chain adder each), reading the same input bus as ``graph``.
+
+    da4ml's retiming traces the stages again without the inputs no output reads (a tap whose
+    weights are all zero), which narrows the first stage's input bus and shifts every field
+    after it; such inputs are put back into the first stage, unread, at their place.
+    """
+    pipeline = to_pipeline(graph, stage_delay, verbose=False)
+    first = pipeline.solutions[0]
+    present = {op.id0 for op in first.ops if op.opcode == -1}
+    lost = [
+        Op(i, -1, -1, 0, qint, 0.0, 0.0)
+        for i, qint in enumerate(graph.inp_qint)
+        if i not in present and qint.max > qint.min
+    ]
+    if not lost:
+        return pipeline
+    first = first._replace(ops=[*first.ops, *lost])  # appended: no index in use moves
+    return Pipeline((first, *pipeline.solutions[1:]))
 
 
 def adders(pipeline: Pipeline) -> int:
