@@ -20,12 +20,15 @@ synthesized by Yosys ``synth_ecp5`` with each layer module kept as a hierarchy b
 and whole-network cells in one run).
 
     python experiments/rtl_study.py export OUT NET RUN3 RUN4 RUN5   # variants, accuracy, RTL
+    python experiments/rtl_study.py count OUT NET RUN3 RUN4 RUN5    # the same, no Verilog
     python experiments/rtl_study.py synth OUT/NET/VARIANT           # Yosys, per layer
     python experiments/rtl_study.py pnr OUT/NET/VARIANT MHZ         # library synth + nextpnr
     python experiments/rtl_study.py report OUT experiments/rtl_study.json experiments/rtl_study.png
 
-``export`` writes ``OUT/NET/study.json`` and one project per variant; ``synth`` and ``pnr`` write
-``VARIANT/hw/study_*.json``; ``report`` gathers them into one JSON, prints the tables and plots.
+``count`` gives accuracy, sparsity and da4ml adders per layer without writing or simulating
+Verilog (``OUT/NET/count.json``). ``export`` writes ``OUT/NET/study.json`` and one project per
+variant; ``synth`` and ``pnr`` write ``VARIANT/hw/study_*.json``; ``report`` gathers them into
+one JSON, prints the tables and plots.
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ from inq.kernels.int8 import requantize_channels
 from inq.project import run_build
 from inq.quant.integer import IntegerModel, IntOp, load_integer
 from inq.quant.lower import quantize_multiplier
-from inq.rtl import RtlModel, export_rtl
+from inq.rtl import STAGE_DELAY, RtlModel, export_rtl
+from inq.rtl.design import plan
+from inq.rtl.logic import adders, layer_graph, pipelined
 from inq.rtl.synth import HW_DIR, place_and_route, synthesize, tool
 
 WEIGHT_OPS = ("conv", "linear")
@@ -199,11 +204,13 @@ def _logits(model: IntegerModel, x: Tensor) -> Tensor:
         return torch.cat([model(x[i : i + 500]) for i in range(0, len(x), 500)])
 
 
-def export(out: Path, net: str, runs: list[Path]) -> None:
-    """Variants of the three runs (3, 4, 5 bits), their accuracy on the whole test split and
-    their RTL projects, into ``out/net``."""
-    folder = out / net
-    folder.mkdir(parents=True, exist_ok=True)
+def variants(runs: list[Path]) -> tuple[dict[str, IntegerModel], Tensor, Tensor, Any]:
+    """The five variants of the runs ``[3-bit, 4-bit, 5-bit]``, the test split's images and
+    labels, and its data config; the evaluator checked against the INQ models first.
+
+    Raises:
+        SystemExit: the evaluator differs from an INQ model's own arithmetic.
+    """
     paths = {
         f"inq{b}": run / "model.int.safetensors" for b, run in zip((3, 4, 5), runs, strict=True)
     }
@@ -214,10 +221,19 @@ def export(out: Path, net: str, runs: list[Path]) -> None:
         if not torch.equal(_logits(as_uniform_program(model), x), _logits(model, x)):
             raise SystemExit(f"{name}: the integer-weights evaluator differs from the model")
     state = torch.load(runs[1] / "checkpoints" / "float.pt", weights_only=True)["model"]
-    variants: dict[str, IntegerModel] = dict(inq)
-    variants |= {f"int{b}": uniform_variant(inq["inq4"], state, b) for b in (4, 8)}
+    out: dict[str, IntegerModel] = dict(inq)
+    out |= {f"int{b}": uniform_variant(inq["inq4"], state, b) for b in (4, 8)}
+    return out, x, labels, data
+
+
+def export(out: Path, net: str, runs: list[Path]) -> None:
+    """Variants of the three runs (3, 4, 5 bits), their accuracy on the whole test split and
+    their RTL projects, into ``out/net``."""
+    folder = out / net
+    folder.mkdir(parents=True, exist_ok=True)
+    models, x, labels, data = variants(runs)
     records = {}
-    for name, model in variants.items():
+    for name, model in models.items():
         start = time.perf_counter()
         logits = _logits(model, x)
         accuracy = float((logits.argmax(1) == labels).double().mean())
@@ -243,6 +259,31 @@ def export(out: Path, net: str, runs: list[Path]) -> None:
             records[name]["split_differing_logits"] = int((got != logits).sum())
         print(name, json.dumps({k: v for k, v in records[name].items() if k != "layers"}))
         (folder / "study.json").write_text(json.dumps(records, indent=1) + "\n")
+
+
+def count(out: Path, net: str, runs: list[Path]) -> None:
+    """Accuracy, sparsity and da4ml adders per layer of every variant, without Verilog (the
+    same graphs :func:`export` writes), into ``out/net/count.json``."""
+    models, x, labels, data = variants(runs)
+    records = {}
+    for name, model in models.items():
+        design = plan(model, input_shape(data))
+        layers = {
+            layer.name: adders(
+                pipelined(layer_graph(layer.op, layer.tensors, layer.window), STAGE_DELAY)
+            )
+            for layer in design.layers
+        }
+        records[name] = {
+            "accuracy": float((_logits(model, x).argmax(1) == labels).double().mean()),
+            "images": len(x),
+            "sparsity": sparsity(model),
+            "adders": sum(layers.values()),
+            "layers": layers,
+        }
+        print(name, json.dumps(records[name]), flush=True)
+    (out / net).mkdir(parents=True, exist_ok=True)
+    (out / net / "count.json").write_text(json.dumps(records, indent=1) + "\n")
 
 
 # ------------------------------------------------------------------------------- hardware
@@ -366,6 +407,8 @@ def main(argv: list[str]) -> None:
     command, args = argv[0], argv[1:]
     if command == "export":
         export(Path(args[0]), args[1], [Path(a) for a in args[2:5]])
+    elif command == "count":
+        count(Path(args[0]), args[1], [Path(a) for a in args[2:5]])
     elif command == "synth":
         print(json.dumps(synth_layers(Path(args[0]))["whole"]))
     elif command == "pnr":
