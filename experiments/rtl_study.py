@@ -368,13 +368,20 @@ def report(out: Path, json_path: Path, png_path: Path) -> None:
         )
         base = records["inq4"].get("synth", {}).get("whole", {}).get("luts")
         for name, r in records.items():
+            if "error" in r:
+                print(f"| {name} | {100 * r['accuracy']:.2f} % | not exported: {r['error']} |")
+                continue
             w = r.get("synth", {}).get("whole", {})
             ratio = f"{w['luts'] / base:.2f}x" if w and base else "-"
             print(f"| {name} | {100 * r['accuracy']:.2f} % | {100 * r['sparsity']['all']:.1f} % "
-                  f"| {r['adders']:,} | {w.get('luts', '-'):,} | {w.get('carry_cells', '-'):,} "
-                  f"| {w.get('ffs', '-'):,} | {w.get('dsps', '-')} | {w.get('lutram', '-')} "
+                  f"| {r['adders']:,} | {_n(w, 'luts')} | {_n(w, 'carry_cells')} "
+                  f"| {_n(w, 'ffs')} | {_n(w, 'dsps')} | {_n(w, 'lutram')} "
                   f"| {r['latency_cycles']} | {r['interval_cycles']} | {ratio} |")  # fmt: skip
     _plot(study, png_path)
+
+
+def _n(figures: dict[str, int], key: str) -> str:
+    return f"{figures[key]:,}" if key in figures else "-"
 
 
 def _plot(study: dict[str, Any], png_path: Path) -> None:
@@ -398,7 +405,7 @@ def _plot(study: dict[str, Any], png_path: Path) -> None:
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(net)
         ax.grid(True, alpha=0.3)
-    fig.suptitle("INQ power-of-two vs uniform int4/int8 weights, same generator and sparsity")
+    fig.suptitle("INQ vs uniform weights: same generator, same zeros", fontsize=10)
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
 
