@@ -37,25 +37,33 @@ module inq_window #(
     localparam SHIFTS = (L + G - 1) / G;            // copies of the shift enable
     localparam CAPTURES = (KH * KW + G - 1) / G;    // copies of the capture enable
 
-    reg [NB-1:0] n;        // raster index of the pixel shifted in next
-    reg [NB-1:0] due;      // when the next output is due
-    reg [NB-1:0] row_due;  // when the first output of its row is due
-    reg signed [NB-1:0] r0, c0;  // its window's top-left input row and column
-    reg [NB-1:0] oj;       // its column
-    reg flushing;          // n >= H * W
-    reg [P-1:0] beat;      // the registered input pixel
-    wire [SHIFTS-1:0] shift_en;      // this cycle: a pixel (or a flush tick) moves in
-    wire [CAPTURES-1:0] capture_en;  // ... and it completes the due window
+    // The control keeps every sum and comparison its next state needs one cycle ahead in
+    // registers (n + 1, due + SW, ...): the enables' logic is then a few LUTs of equalities
+    // between registers, not adder carry chains.
+    reg [NB-1:0] n, n1;             // raster index of the pixel shifted in next, and n + 1
+    reg [NB-1:0] due, due_step;     // when the next output is due, and due + SW
+    reg [NB-1:0] row_due, row_step; // when the first output of its row is due, and + SH * W
+    reg signed [NB-1:0] r0, c0;     // its window's top-left input row and column
+    reg [NB-1:0] oj;                // its column
+    reg row_end;                    // oj == OW - 1
+    reg at_last, at_end;            // n == N - 1, n == H * W - 1
+    reg flushing;                   // n >= H * W
+    reg [P-1:0] beat;               // the registered input pixel
+    wire [SHIFTS-1:0] shift_en;     // this cycle: a pixel (or a flush tick) moves in
+    wire [CAPTURES-1:0] capture_en; // ... and it completes the due window
 
     // the next state, from this cycle's enables
     wire advance = shift_en[0];
-    wire capture = capture_en[0];
-    wire wrap = advance && n == N - 1;
-    wire row_end = oj + 1 >= OW;
-    wire [NB-1:0] n_next = wrap ? 0 : advance ? n + 1 : n;
-    wire [NB-1:0] due_next = wrap ? T0 : !capture ? due : row_end ? row_due + SH * W : due + SW;
-    wire flushing_next = n_next >= H * W;
+    wire capture = capture_en[0];   // implies advance
+    wire wrap = advance && at_last;
+    wire [NB-1:0] n_next = wrap ? 0 : advance ? n1 : n;
+    wire [NB-1:0] due_next = wrap ? T0 : !capture ? due : row_end ? row_step : due_step;
+    wire [NB-1:0] row_due_next = wrap ? T0 : capture && row_end ? row_step : row_due;
+    wire flushing_next = wrap ? 1'b0 : advance && at_end ? 1'b1 : flushing;
     wire advance_next = in_valid | flushing_next;
+    wire due_hit = wrap ? T0 == 0                              // n_next == due_next, from
+        : !advance ? n == due : !capture ? n1 == due           // comparisons of registers
+        : row_end ? n1 == row_step : n1 == due_step;
 
     wire [P-1:0] tap [0:L-1];
     assign tap[0] = flushing ? {P{1'b0}} : beat;
@@ -65,7 +73,7 @@ module inq_window #(
             inq_enable copy (.clk(clk), .rst(rst), .d(advance_next), .q(shift_en[d]));
         end
         for (d = 0; d < CAPTURES; d = d + 1) begin : capture_copies
-            inq_enable copy (.clk(clk), .rst(rst), .d(advance_next && n_next == due_next),
+            inq_enable copy (.clk(clk), .rst(rst), .d(advance_next && due_hit),
                 .q(capture_en[d]));
         end
     endgenerate
@@ -97,21 +105,25 @@ module inq_window #(
     always @(posedge clk) begin
         beat <= in_data;
         if (rst) begin
-            n <= 0; due <= T0; row_due <= T0; r0 <= -PH; c0 <= -PW; oj <= 0; out_valid <= 0;
-            flushing <= 0;
+            n <= 0; n1 <= 1; due <= T0; due_step <= T0 + SW; row_due <= T0;
+            row_step <= T0 + SH * W; r0 <= -PH; c0 <= -PW; oj <= 0; row_end <= OW == 1;
+            at_last <= N == 1; at_end <= H * W == 1; flushing <= 0; out_valid <= 0;
         end else begin
             n <= n_next;
+            n1 <= n_next + 1;
+            at_last <= n_next == N - 1;
+            at_end <= n_next == H * W - 1;
             due <= due_next;
+            due_step <= due_next + SW;
+            row_due <= row_due_next;
+            row_step <= row_due_next + SH * W;
             flushing <= flushing_next;
             out_valid <= capture;
-            if (wrap) begin
-                row_due <= T0; r0 <= -PH; c0 <= -PW; oj <= 0;
+            if (wrap || capture && row_end) begin
+                oj <= 0; c0 <= -PW; row_end <= OW == 1;
+                r0 <= wrap ? -PH : r0 + SH;
             end else if (capture) begin
-                if (row_end) begin
-                    oj <= 0; c0 <= -PW; r0 <= r0 + SH; row_due <= row_due + SH * W;
-                end else begin
-                    oj <= oj + 1; c0 <= c0 + SW;
-                end
+                oj <= oj + 1; c0 <= c0 + SW; row_end <= oj == OW - 2;
             end
         end
     end
