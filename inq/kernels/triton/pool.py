@@ -65,15 +65,18 @@ def _requantize(total, mult, half, shift, lo, hi):
 
 
 @triton.jit
-def _tile(C, OH, OW, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr):
-    """This program's image ``n``, output pixels ``q`` (row ``oh``, column ``ow``), channels
-    ``c`` and which of ``[q, c]`` exist (``live``): grid (images x pixel tiles, channel tiles)."""
+def _tile(x_ptr, out_ptr, C, H, W, OH, OW, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's image, as its input ``x_img`` and output ``out_img``, its output pixels
+    ``q`` (row ``oh``, column ``ow``), channels ``c`` and which of ``[q, c]`` exist (``live``):
+    grid (images x pixel tiles, channel tiles)."""
     tiles = tl.cdiv(OH * OW, BLOCK_Q)
     n = tl.program_id(0) // tiles
     q = (tl.program_id(0) % tiles) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     live = (q < OH * OW)[:, None] & (c < C)[None, :]
-    return n, q, c, live, q // OW, q % OW
+    x_img = x_ptr + n.to(tl.int64) * (C * H * W)
+    out_img = out_ptr + n.to(tl.int64) * (C * (OH * OW))
+    return x_img, out_img, q, c, live, q // OW, q % OW
 
 
 @triton.jit
@@ -81,9 +84,7 @@ def _max_pool_kernel(x_ptr, out_ptr, C, H, W, OH, OW, SH, SW, PH, PW, DH, DW,
                      KH: tl.constexpr, KW: tl.constexpr, LOWEST: tl.constexpr,
                      CHANNELS_LAST: tl.constexpr, BLOCK_Q: tl.constexpr,
                      BLOCK_C: tl.constexpr):  # fmt: skip
-    n, q, c, live, oh, ow = _tile(C, OH, OW, BLOCK_Q, BLOCK_C)
-    pixels = OH * OW
-    x_img = x_ptr + n.to(tl.int64) * (C * H * W)
+    x_img, out_img, q, c, live, oh, ow = _tile(x_ptr, out_ptr, C, H, W, OH, OW, BLOCK_Q, BLOCK_C)
     # padding loads the dtype's minimum. It never decides the result: PyTorch keeps padding
     # within half the kernel and, with ceil_mode, starts every window before the input's end,
     # and the op refuses the dilated windows that would still miss the input, so every window
@@ -97,8 +98,7 @@ def _max_pool_kernel(x_ptr, out_ptr, C, H, W, OH, OW, SH, SW, PH, PW, DH, DW,
             offs = _offsets(ih * W + iw, c, C, H * W, CHANNELS_LAST)
             v = tl.load(x_img + offs, mask=live & inside[:, None], other=LOWEST)
             acc = tl.maximum(acc, v)
-    out_img = out_ptr + n.to(tl.int64) * (C * pixels)
-    tl.store(out_img + _offsets(q, c, C, pixels, CHANNELS_LAST), acc, live)
+    tl.store(out_img + _offsets(q, c, C, OH * OW, CHANNELS_LAST), acc, live)
 
 
 @triton.jit
@@ -106,9 +106,7 @@ def _avg_pool_kernel(x_ptr, out_ptr, C, H, W, OH, OW, SH, SW, mult, half, shift,
                      KH: tl.constexpr, KW: tl.constexpr, WIDE: tl.constexpr,
                      CHANNELS_LAST: tl.constexpr, BLOCK_Q: tl.constexpr,
                      BLOCK_C: tl.constexpr):  # fmt: skip
-    n, q, c, live, oh, ow = _tile(C, OH, OW, BLOCK_Q, BLOCK_C)
-    pixels = OH * OW
-    x_img = x_ptr + n.to(tl.int64) * (C * H * W)
+    x_img, out_img, q, c, live, oh, ow = _tile(x_ptr, out_ptr, C, H, W, OH, OW, BLOCK_Q, BLOCK_C)
     acc = tl.zeros((BLOCK_Q, BLOCK_C), tl.int64 if WIDE else tl.int32)
     for r in tl.static_range(KH):
         for s in tl.static_range(KW):  # no padding: every tap of a live pixel is inside
@@ -116,8 +114,7 @@ def _avg_pool_kernel(x_ptr, out_ptr, C, H, W, OH, OW, SH, SW, mult, half, shift,
             v = tl.load(x_img + _offsets(p, c, C, H * W, CHANNELS_LAST), mask=live, other=0)
             acc += v.to(acc.dtype)
     y = _requantize(acc, mult, half, shift, lo, hi).to(out_ptr.dtype.element_ty)
-    out_img = out_ptr + n.to(tl.int64) * (C * pixels)
-    tl.store(out_img + _offsets(q, c, C, pixels, CHANNELS_LAST), y, live)
+    tl.store(out_img + _offsets(q, c, C, OH * OW, CHANNELS_LAST), y, live)
 
 
 @triton.jit
