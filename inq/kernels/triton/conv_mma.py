@@ -35,7 +35,7 @@ from inq.kernels.layout import (
 from inq.kernels.triton.decode import (
     dot_upcast,
     downcast,
-    grouped,
+    grouped_tile,
     pow2,
     reduce_partials,
     sm_count,
@@ -107,10 +107,9 @@ def _conv_mma_kernel(
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr,
     CHANNELS_LAST: tl.constexpr,
 ):  # fmt: skip
-    pid_n, pid_m = grouped(tl.program_id(0), COUT, P, BLOCK_N, BLOCK_M, GROUP_N)
+    # rn: output channels (weight rows), rm: output pixels
+    rn, rm = grouped_tile(tl.program_id(0), COUT, P, BLOCK_N, BLOCK_M, GROUP_N)
     pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output channels: weight rows
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # output pixels
     p_ok = rm < P
     n_ok = rn < COUT
     n, oh, ow, ih0, iw0 = pixel_origins(rm, OH, OW, stride_h, stride_w, pad_h, pad_w)

@@ -56,7 +56,7 @@ __all__ = [
     "dot_upcast",
     "downcast",
     "finish",
-    "grouped",
+    "grouped_tile",
     "interpreting",
     "load_codes",
     "n1_args",
@@ -138,15 +138,18 @@ def pow2(e):
 
 
 @triton.jit
-def grouped(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """(row tile, column tile) of a flat program id, ``GROUP_M`` row tiles at a time (L2 reuse);
-    one grid axis, so no dimension is limited to 65535 tiles."""
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """The rows ``[BLOCK_M]`` and columns ``[BLOCK_N]`` of a flat program id's output tile,
+    ``GROUP_M`` row tiles at a time (L2 reuse); one grid axis, so no dimension is limited to
+    65535 tiles."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     group = pid // (GROUP_M * tiles_n)
     first_m = group * GROUP_M
     size = tl.minimum(tiles_m - first_m, GROUP_M)
-    return first_m + (pid % (GROUP_M * tiles_n)) % size, (pid % (GROUP_M * tiles_n)) // size
+    pid_m = first_m + (pid % (GROUP_M * tiles_n)) % size
+    pid_n = (pid % (GROUP_M * tiles_n)) // size
+    return pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
 
 @triton.jit

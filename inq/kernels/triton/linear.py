@@ -41,7 +41,7 @@ from inq.kernels.triton.decode import (
     dot,
     dot_upcast,
     finish,
-    grouped,
+    grouped_tile,
     load_codes,
     n1_args,
     output_tensor,
@@ -123,10 +123,8 @@ def _gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = grouped(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm, rn = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = rm < M
     n_ok = rn < N
     if PER_ROW_N1:

@@ -35,7 +35,7 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.kernels.layout import CHUNK_WORDS, KernelWeight
-from inq.kernels.triton.decode import dot_upcast, finish, grouped, reduce_partials
+from inq.kernels.triton.decode import dot_upcast, finish, grouped_tile, reduce_partials
 
 GEMV_MAX_ROWS = 8  # fp32 activations: CUDA-core GEMV up to here, then the FMA tile kernel
 _MAX_SPLIT = 16
@@ -221,10 +221,8 @@ def _mma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_N: tl.constexpr,
     PACKED: tl.constexpr,
 ):  # fmt: skip
-    pid_n, pid_m = grouped(tl.program_id(0), N, M, BLOCK_N, BLOCK_M, GROUP_N)
+    rn, rm = grouped_tile(tl.program_id(0), N, M, BLOCK_N, BLOCK_M, GROUP_N)
     pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     x_rows = tl.minimum(rm, M - 1)  # rows past M read row M - 1 and are never stored
     w16 = tl.arange(0, 16)
     chunk: tl.constexpr = 16 * PER_WORD
