@@ -1,6 +1,6 @@
 """hls4ml C simulation against the integer model it comes from (issue 35): for each run directory
 (an ``inq-train`` run with ``quant.act_bits=8``, e.g. one ``experiments/qonnx_equality.py``
-trained), export its integer model as an hls4ml project (:func:`inq.export_hls4ml.export_hls4ml`,
+trained), export its integer model as an hls4ml project (:func:`inq.deploy.hls4ml.export_hls4ml`,
 g++ compiles the C simulation) and count the logits where the C simulation differs from the
 integer model over the test split (or its first ``--images``). Prints one Markdown row per run:
 differing logits, the integer model's accuracy on those images, the count of weight constants
@@ -38,7 +38,7 @@ def compare(run: Path, io_type: str, images: int | None) -> dict[str, object]:
     import torch
 
     from inq.data import build_datasets, eval_data_config
-    from inq.export_hls4ml import export_hls4ml, run_csim
+    from inq.deploy.hls4ml import export_hls4ml, run_csim
     from inq.quant.integer import load_integer
 
     model = load_integer(run / "model.int.safetensors")

@@ -1,8 +1,8 @@
 """QONNX export against the integer model it comes from (issue 35): for each bit width, train the
 README's CNN for the data set with ``inq-train`` (a short, fixed budget: the point is equality,
 not accuracy), with ``quant.act_bits=8`` so the run ends with its integer model, export it as
-QONNX (:func:`inq.export_qonnx.export_qonnx`) and count the outputs where ``qonnx``'s executor
-(:func:`inq.export_qonnx.run_qonnx`, in chunks: it opens one onnxruntime session per node per
+QONNX (:func:`inq.deploy.qonnx.export_qonnx`) and count the outputs where ``qonnx``'s executor
+(:func:`inq.deploy.qonnx.run_qonnx`, in chunks: it opens one onnxruntime session per node per
 call) differs from the integer model over the whole test split (digits: the 450 held-out images;
 Fashion-MNIST: the 10,000 test images). Prints one Markdown row per bit width: differing logits,
 the integer model's accuracy, the exporter's counts, the executor's time.
@@ -66,7 +66,7 @@ def compare(run: Path, chunk: int) -> dict[str, object]:
     import torch
 
     from inq.data import build_datasets, eval_data_config
-    from inq.export_qonnx import export_qonnx, qonnx_graph, run_qonnx
+    from inq.deploy.qonnx import export_qonnx, qonnx_graph, run_qonnx
     from inq.quant.integer import load_integer
 
     model = load_integer(run / "model.int.safetensors")

@@ -59,7 +59,7 @@ _KINDS = ((MASKED_FORMATS, MASKED_CHECKPOINT), (PACKED_FORMATS, PACKED_FILE),
 @dataclass(frozen=True)
 class OnnxFile:
     """An ONNX model file, told by its name once its contents are no other kind: nothing of it
-    is read, so classifying needs no ``onnx`` extra (:class:`inq.export_onnx.OnnxModel` loads
+    is read, so classifying needs no ``onnx`` extra (:class:`inq.deploy.onnx.OnnxModel` loads
     and runs it)."""
 
     path: Path
@@ -170,7 +170,7 @@ def open_artefact(source: str | os.PathLike[str] | Header, validate: bool = True
 
     ``validate=False`` loads a packed file or an integer model without refusing invalid codes,
     an unsound program or a digest that does not match (for ``inq verify``, which reports
-    every problem); a masked checkpoint is never refused for those (see :mod:`inq.verify`).
+    every problem); a masked checkpoint is never refused for those (see :mod:`inq.deploy.verify`).
 
     Example:
         >>> import tempfile, pathlib

@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 MANIFEST = "inq_project.json"  # in a project: its format and every file's sha256
-HLS4ML_FORMAT = "inq-hls4ml/1"  # inq export --hls4ml (inq.export_hls4ml)
+HLS4ML_FORMAT = "inq-hls4ml/1"  # inq export --hls4ml (inq.deploy.hls4ml)
 RTL_FORMAT = "inq-rtl/1"  # inq export --rtl (inq.rtl)
 
 

@@ -13,9 +13,9 @@ from torch.nn.utils import parametrize
 
 import inq
 from inq.baselines import STEQuantizer, oneshot_quantize
+from inq.deploy.verify import verify_masked
 from inq.masked import load_masked, save_masked
 from inq.scheduler import INQScheduler
-from inq.verify import verify_masked
 
 
 def net(seed: int = 0) -> nn.Sequential:

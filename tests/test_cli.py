@@ -496,7 +496,7 @@ def test_float_onnx_export_expresses_relu6_as_clip(tmp_path: Path) -> None:
     Clip, and ONNX Runtime computes what the packed model does."""
     import onnx
 
-    from inq.export_onnx import OnnxModel, export_onnx
+    from inq.deploy.onnx import OnnxModel, export_onnx
 
     masked, model = masked_file(tmp_path, model=mobilenet_style())
     packed = packed_from_masked(load_masked(masked))

@@ -74,9 +74,7 @@ def test_kernels_see_only_the_core_and_codes(module: str) -> None:
 
 DEPLOYMENT = (
     "inq.nn",
-    "inq.export_onnx",
-    "inq.export_qonnx",
-    "inq.export_hls4ml",
+    "inq.deploy",
     "inq.rtl",
     "inq.quant",
     "inq.artefact",
@@ -135,25 +133,12 @@ LAYERS = (  # README's code map, top to bottom; a module may import its own laye
     ),
     ("inq.codes",),
     ("inq.kernels",),
-    ("inq.masked", "inq.export", "inq.sparse", "inq.packed"),
+    ("inq.masked", "inq.sparse", "inq.packed"),
     ("inq.models", "inq.data", "inq.evaluation", "inq.errors", "inq.fit", "inq.allocate"),
-    # the opener returns integer models too (inq.quant.integer), so it, and what finds and
-    # checks files through it, sit on the integer model's line
-    (
-        "inq.nn",
-        "inq.quant",
-        "inq.artefact",
-        "inq.verify",
-        "inq.runfiles",
-        "inq.qdq_graph",
-        "inq.export_tensorrt",
-        "inq.export_onnx",
-        "inq.export_qonnx",
-        "inq.export_hls4ml",
-        "inq.rtl",
-        "inq.openvino_runtime",
-        "inq.bench_onnx",
-    ),
+    # the opener returns integer models too (inq.quant.integer), so it, and what finds files
+    # through it, sit on the integer model's line
+    ("inq.nn", "inq.quant", "inq.artefact", "inq.runfiles"),
+    ("inq.deploy", "inq.rtl"),  # what turns a finished model into a runtime's or a tool's input
     ("inq.train", "inq.cli", "inq.console"),
 )
 

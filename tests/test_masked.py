@@ -252,24 +252,3 @@ def test_import_inq_reaches_the_submodules_readme_names() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.stdout.split() == ["save_masked", "load_packed", "from_packed", "True"], done.stderr
-
-
-def test_inq_export_is_a_deprecated_alias_of_inq_masked() -> None:
-    """``inq.export`` (README's name until this release) still gives the masked checkpoint's
-    names, with a DeprecationWarning that names the new module, also through ``import inq``."""
-    code = (
-        "import inq, inq.masked as m; e = inq.export; "
-        "print(all(getattr(e, n) is getattr(m, n) for n in e.__all__), sorted(e.__all__))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-W", "always::DeprecationWarning", "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert done.stdout.split(None, 1) == [
-        "True",
-        "['MASKED_FORMATS', 'MaskedCheckpoint', 'load_masked', 'save_masked']\n",
-    ]
-    assert "DeprecationWarning: inq.export is deprecated" in done.stderr
-    assert "import from inq.masked" in done.stderr

@@ -329,7 +329,7 @@ def test_pruned_run_keeps_its_zeros_everywhere_and_resumes_exactly(tmp_path: Pat
     from onnx import numpy_helper
 
     from inq.cli import main
-    from inq.export_onnx import export_onnx
+    from inq.deploy.onnx import export_onnx
     from inq.quant.integer import load_integer
 
     prune = ("prune.sparsity=0.6", "prune.layers=[12:0.9]", "prune.steps=2", "prune.epochs=1")

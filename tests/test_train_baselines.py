@@ -11,9 +11,9 @@ from safetensors.torch import load_file
 from train_helpers import TINY, inq_train
 
 import inq
+from inq.deploy.verify import verify_masked
 from inq.masked import load_masked
 from inq.train.checkpoint import KILL_ENV, load_checkpoint
-from inq.verify import verify_masked
 
 STE = (*TINY, "inq.method=ste", "inq.bits=3", "trainer.checkpoint_every=3")
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from inq.bench_onnx import ONNX_HELP, add_onnx_arguments, run_onnx
 from inq.cli.base import Command
+from inq.deploy.bench import ONNX_HELP, add_onnx_arguments, run_onnx
 from inq.kernels.bench import BENCH_HELP, add_bench_arguments, run_bench
 from inq.quant.bench import integer_pair
 

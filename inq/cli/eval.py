@@ -20,11 +20,11 @@ import torch
 from inq.artefact import open_artefact
 from inq.cli.base import Command, command_data, data_args, eval_device
 from inq.data import build_eval_loader, describe_input, input_preprocessing
+from inq.deploy.onnx import OnnxModel, load_onnx, unchecked_digest
+from inq.deploy.openvino import RUNTIMES, OpenVinoModel, openvino_version
+from inq.deploy.qonnx import QonnxModel, is_qonnx
 from inq.evaluation import evaluate
-from inq.export_onnx import OnnxModel, load_onnx, unchecked_digest
-from inq.export_qonnx import QonnxModel, is_qonnx
 from inq.nn import from_packed
-from inq.openvino_runtime import RUNTIMES, OpenVinoModel, openvino_version
 from inq.quant.pipeline import RealOutput
 from inq.runfiles import (
     INTEGER_MODEL,
@@ -127,9 +127,9 @@ def _eval(args: argparse.Namespace) -> int:
 def _onnx_model(path: str, runtime: str = "onnxruntime") -> tuple[OnnxModel | QonnxModel, str]:
     """The ONNX file at ``path`` as a module to evaluate, and where it runs: with ``runtime``
     ``openvino`` in OpenVINO (a QONNX file refused), else a QONNX file
-    (:func:`inq.export_qonnx.is_qonnx`) in qonnx's executor, any other in ONNX Runtime; where
+    (:func:`inq.deploy.qonnx.is_qonnx`) in qonnx's executor, any other in ONNX Runtime; where
     is followed by why the file's digest was not checked, if it was not
-    (:func:`inq.export_onnx.unchecked_digest`)."""
+    (:func:`inq.deploy.onnx.unchecked_digest`)."""
     proto = load_onnx(path)
     unchecked = unchecked_digest(proto)
     note = f"; {unchecked}" if unchecked else ""

@@ -21,7 +21,7 @@ from inq.cli.export_fpga import run_hls4ml, run_qonnx, run_rtl
 from inq.cli.info import sizes_line
 from inq.cli.output import ONNX, PACKED_SUFFIX, SAFETENSORS, default_output, force_arg, writing
 from inq.data import data_record, input_shape
-from inq.export_onnx import export_onnx, export_qdq
+from inq.deploy.onnx import export_onnx, export_qdq
 from inq.masked import MASKED_FORMATS
 from inq.packed import export_packed
 from inq.runfiles import (

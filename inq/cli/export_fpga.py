@@ -12,9 +12,9 @@ from inq.artefact import Header, open_artefact
 from inq.cli.base import command_data
 from inq.cli.output import ONNX, writing
 from inq.data import input_shape
-from inq.export_hls4ml import BACKEND as HLS_BACKEND
-from inq.export_hls4ml import export_hls4ml
-from inq.export_qonnx import export_qonnx
+from inq.deploy.hls4ml import BACKEND as HLS_BACKEND
+from inq.deploy.hls4ml import export_hls4ml
+from inq.deploy.qonnx import export_qonnx
 from inq.quant.integer import INT_FORMAT
 from inq.runfiles import INTEGER_MODEL, RUN, command_file
 

@@ -23,8 +23,8 @@ import torch
 from inq.artefact import open_artefact
 from inq.cli.base import Command
 from inq.data import data_record, describe_input
-from inq.export_onnx import OnnxModel, load_onnx, recorded_descriptions
-from inq.export_qonnx import is_qonnx
+from inq.deploy.onnx import OnnxModel, load_onnx, recorded_descriptions
+from inq.deploy.qonnx import is_qonnx
 from inq.levels import describe_n1
 from inq.packed import PackStats, pack_stats
 from inq.quant.integer import INT_FORMAT, IntegerModel, IntOp

@@ -20,12 +20,12 @@ from typing import Any
 from inq import project
 from inq.artefact import open_artefact
 from inq.cli.base import Command
-from inq.export_hls4ml import MANIFEST as HLS_MANIFEST
-from inq.export_onnx import load_onnx, onnx_digest_problem
-from inq.export_qonnx import is_qonnx
+from inq.deploy.hls4ml import MANIFEST as HLS_MANIFEST
+from inq.deploy.onnx import load_onnx, onnx_digest_problem
+from inq.deploy.qonnx import is_qonnx, verify_qonnx
+from inq.deploy.verify import VerifyReport, verify_file
 from inq.quant.integer import IntegerModel, problem_line, program_problems
 from inq.runfiles import INTEGER_MODEL, MASKED_CHECKPOINT, ONNX_MODEL, PACKED_FILE, command_file
-from inq.verify import VerifyReport, verify_file, verify_qonnx
 
 
 def _verify_args(p: argparse.ArgumentParser) -> None:
@@ -99,7 +99,7 @@ def _verify_integer(path: str, model: IntegerModel) -> int:
 
 def _verify_qonnx(path: str) -> int:
     """``inq verify`` of a QONNX file: a table of its Conv/Gemm weights against their recorded
-    level sets (:func:`inq.verify.verify_qonnx`), one line on stderr per problem, then a
+    level sets (:func:`inq.deploy.qonnx.verify_qonnx`), one line on stderr per problem, then a
     summary; 1 on any problem."""
     proto = load_onnx(path, check=False)  # the digest is one of the problems reported
     if not is_qonnx(proto):

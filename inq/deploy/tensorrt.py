@@ -3,7 +3,7 @@
 
 TensorRT's explicit quantization takes int8 ``QuantizeLinear``/``DequantizeLinear`` with zero
 point 0 only, weights per output channel, activations per tensor, and no other op on an int8
-tensor. :func:`inq.export_onnx.export_qdq` writes this form for a symmetric model
+tensor. :func:`inq.deploy.onnx.export_qdq` writes this form for a symmetric model
 (:class:`SymmetricQdqGraph`), in a layout that ONNX Runtime still fuses into integer kernels on
 x86, where it runs int8 values as uint8 + 128 only where a ``QuantizeLinear`` has one reader:
 
@@ -19,7 +19,7 @@ x86, where it runs int8 values as uint8 + 128 only where a ``QuantizeLinear`` ha
   a larger bias keeps float weights), the last linear is a ``Gemm`` without bias and an ``Add``;
 - max pooling, flatten, slicing and zero padding act on the dequantized values, then the same
   scale again;
-- a layer whose weights cannot be int8 (:attr:`inq.qdq_graph.QdqWeight.int8`) reads its
+- a layer whose weights cannot be int8 (:attr:`inq.deploy.qdq.QdqWeight.int8`) reads its
   input through a ``Clip`` to the float range, so that no runtime re-quantizes its float weights.
 
 :func:`trt_problems` checks a file against TensorRT's ONNX parser rules; the export runs it on
@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from inq.qdq_graph import QdqGraph, QdqWeight, is_real
+from inq.deploy.qdq import QdqGraph, QdqWeight, is_real
 from inq.quant.integer import IntegerModel, IntOp
 
 __all__ = ["TRT_OPS", "SymmetricQdqGraph", "readers", "trt_problems"]

@@ -1,6 +1,6 @@
 """The Q/DQ graph of an integer model, op by op: the node units ONNX Runtime fuses into its
-integer kernels, in the uint8 form (:func:`inq.export_onnx.export_qdq` writes it and describes
-it; :mod:`inq.export_tensorrt` derives TensorRT's form from it). :func:`qdq_weight` gives a
+integer kernels, in the uint8 form (:func:`inq.deploy.onnx.export_qdq` writes it and describes
+it; :mod:`inq.deploy.tensorrt` derives TensorRT's form from it). :func:`qdq_weight` gives a
 conv/linear op's weights, bias and per-channel scale in that form, exactly.
 """
 

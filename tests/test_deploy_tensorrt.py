@@ -1,4 +1,4 @@
-"""TensorRT's Q/DQ form (inq.export_tensorrt): symmetric calibration, an export that passes the
+"""TensorRT's Q/DQ form (inq.deploy.tensorrt): symmetric calibration, an export that passes the
 rule check of TensorRT's ONNX parser, runs every int8-weight layer in ONNX Runtime's integer
 kernels and computes each op within one step of the integer model; each broken rule names its
 node."""
@@ -22,12 +22,12 @@ from export_fixtures import (
     residual_integer_model,
 )
 from onnx import TensorProto, helper, numpy_helper
-from test_export_onnx import _accuracy, _layers, _ops_within_one_step
+from test_deploy_onnx import _accuracy, _layers, _ops_within_one_step
 
-from inq.bench_onnx import read_file
 from inq.cli import main
-from inq.export_onnx import OnnxModel, export_qdq
-from inq.export_tensorrt import trt_problems
+from inq.deploy.bench import read_file
+from inq.deploy.onnx import OnnxModel, export_qdq
+from inq.deploy.tensorrt import trt_problems
 from inq.masked import load_masked
 from inq.packed import packed_from_masked
 from inq.quant.integer import IntegerModel, load_integer

@@ -1,4 +1,4 @@
-"""ONNX export (inq.export_onnx): exact power-of-two initializers, the same predictions in ONNX
+"""ONNX export (inq.deploy.onnx): exact power-of-two initializers, the same predictions in ONNX
 Runtime as the packed model in PyTorch, and one message for what ONNX cannot express."""
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from export_fixtures import (
 from onnx import numpy_helper
 from torch import nn
 
-from inq.bench_onnx import read_file
 from inq.cli import main
 from inq.codes import decode_weight, pack_codes
 from inq.data import build_datasets
-from inq.export_onnx import (
+from inq.deploy.bench import read_file
+from inq.deploy.onnx import (
     DIGEST_PROP,
     OPSET,
     OnnxModel,

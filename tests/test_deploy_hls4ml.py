@@ -1,4 +1,4 @@
-"""hls4ml export (inq.export_hls4ml): the C simulation that g++ compiles from the project hls4ml
+"""hls4ml export (inq.deploy.hls4ml): the C simulation that g++ compiles from the project hls4ml
 writes equals the integer model bit for bit (digits at 2, 4 and 5 bits on the whole test split, a
 residual block, ReLU6 clamps), every conv/dense weight constant is 0 or a power of two, every
 activation type is the integer model's, and bad requests are refused in one line with nothing
@@ -38,7 +38,7 @@ from torch import nn
 
 from inq.cli import main
 from inq.data import build_datasets
-from inq.export_hls4ml import (
+from inq.deploy.hls4ml import (
     HlsLayer,
     exact_type,
     export_hls4ml,
@@ -422,7 +422,7 @@ def test_force_replaces_a_project_and_a_killed_exports_leftovers_go(
     assert project_problem(out) is None
     assert f"OutputDir: {out}" in (out / "hls4ml_config.yml").read_text()
     script = (
-        "import os, signal, sys; import inq.export_hls4ml as h\n"
+        "import os, signal, sys; import inq.deploy.hls4ml as h\n"
         "h._compile = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
         "from inq.cli import main; main(sys.argv[1:])\n"
     )

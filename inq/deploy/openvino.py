@@ -7,7 +7,7 @@ runs it in ONNX Runtime (``inq eval FILE.onnx --runtime openvino``); :func:`read
 convolution and linear layer runs in, and :func:`precision_line` sums that up in one line.
 
 Every compile sets ``INFERENCE_PRECISION_HINT=f32``: on bf16-capable CPUs the CPU plugin would
-otherwise run float layers in bfloat16. A file is loaded with :func:`inq.export_onnx.load_onnx`
+otherwise run float layers in bfloat16. A file is loaded with :func:`inq.deploy.onnx.load_onnx`
 first, so OpenVINO only ever sees a valid ONNX file; a QONNX file (``Quant`` nodes) is refused.
 
 Example::
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from inq.export_onnx import OnnxModel, load_onnx
-from inq.export_qonnx import is_qonnx
+from inq.deploy.onnx import OnnxModel, load_onnx
+from inq.deploy.qonnx import is_qonnx
 
 __all__ = [
     "CONV_LINEAR",
@@ -89,7 +89,7 @@ def _cannot_read(
 
 def read_onnx(path: str | os.PathLike[str], proto: Any = None) -> Any:
     """The ONNX file at ``path`` read by OpenVINO (an ``openvino.Model``), after
-    :func:`inq.export_onnx.load_onnx` has read it as valid ONNX. ``proto``: the file's
+    :func:`inq.deploy.onnx.load_onnx` has read it as valid ONNX. ``proto``: the file's
     ``ModelProto`` where the caller has loaded it.
 
     Example::
@@ -165,7 +165,7 @@ class OpenVinoSession:
 
 class OpenVinoModel(OnnxModel):
     """An ONNX file run by OpenVINO on the CPU, as a module: float input, float logits. It has
-    :class:`~inq.export_onnx.OnnxModel`'s attributes (``model``, ``data``, ``opset``,
+    :class:`~inq.deploy.onnx.OnnxModel`'s attributes (``model``, ``data``, ``opset``,
     ``nodes``, ``initializers``, ``signature``, ``input``, ``input_shape``) and forward; the
     compiled model (``compiled``) takes any batch. ``proto``: the file's ``ModelProto`` where
     the caller has loaded it.

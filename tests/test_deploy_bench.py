@@ -1,4 +1,4 @@
-"""``inq bench onnx`` (inq.bench_onnx): the structure of what it prints and writes, which kernels
+"""``inq bench onnx`` (inq.deploy.bench): the structure of what it prints and writes, which kernels
 it finds in ORT's optimized graphs, ORT's own quantization as a peer, and one-line errors. No
 assertion on a time: only that every figure is a finite positive number."""
 
@@ -19,11 +19,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-from inq.bench_onnx import PEER_NAME, OnnxFile, calibration_inputs, count_ops
 from inq.cli import main
-from inq.export_onnx import save_onnx
-from inq.export_qonnx import QONNX_DOMAIN
-from inq.openvino_runtime import RUNTIMES
+from inq.deploy.bench import PEER_NAME, OnnxFile, calibration_inputs, count_ops
+from inq.deploy.onnx import save_onnx
+from inq.deploy.openvino import RUNTIMES
+from inq.deploy.qonnx import QONNX_DOMAIN
 
 DATA = {"name": "synthetic", "in_channels": 3, "image_size": 8, "num_classes": 4}
 FAST = ["--repeats", "2", "--batches", "1", "--threads", "1", "--warmup", "1"]
@@ -348,7 +348,7 @@ def test_each_runtime_is_timed_in_its_own_process(
     runtime has its worker process, and the output and the JSON say so. (Timed side by side in
     one process, OpenVINO's and ONNX Runtime's thread pools slowed each other's runs: ORT rows
     ~3x slower than the same file timed alone, issue 46.)"""
-    import inq.bench_onnx as bench
+    import inq.deploy.bench as bench
 
     def in_this_process(*args: object) -> None:
         raise AssertionError("a runtime session made in the calling process")

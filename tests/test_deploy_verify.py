@@ -1,4 +1,4 @@
-"""inq.verify: level-set and mask checks of masked checkpoints and packed files."""
+"""inq.deploy.verify: level-set and mask checks of masked checkpoints and packed files."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from torch import nn
 
 from inq.cli import main
 from inq.codes import pack_codes
+from inq.deploy.verify import verify_file, verify_packed
 from inq.fileio import read_safetensors, write_safetensors
 from inq.masked import MASK_SUFFIX
 from inq.packed import CODES_SUFFIX, PackedFile, PackedLayer, export_packed
 from inq.quant.integer import save_integer
-from inq.verify import verify_file, verify_packed
 
 
 @pytest.fixture

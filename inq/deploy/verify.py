@@ -4,8 +4,8 @@ every other tensor is one a trained model can hold, and the contents match their
 Works on masked checkpoints (:mod:`inq.masked`) and packed files (:mod:`inq.packed`), which
 define what is valid (:func:`inq.masked.masked_layer_problem`, :func:`inq.masked.masked_problems`,
 :meth:`inq.packed.PackedFile.problems`); the report names each offending tensor and says why,
-and counts the levels each layer uses. QONNX files (:func:`verify_qonnx`): each Conv/Gemm
-weight against the level set the file records for its layer. A digest recomputed after an edit
+and counts the levels each layer uses (QONNX files: :func:`inq.deploy.qonnx.verify_qonnx`, on
+this report). A digest recomputed after an edit
 proves nothing about the contents: an impossible tensor fails whatever the digest says.
 """
 
@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
 import torch
 
 from inq.artefact import Header, open_artefact, read_header
-from inq.fileio import metadata_n1
 from inq.levels import describe_n1
 from inq.masked import (
     MASKED_FORMATS,
@@ -37,7 +34,6 @@ __all__ = [
     "verify_file",
     "verify_masked",
     "verify_packed",
-    "verify_qonnx",
 ]
 
 
@@ -184,148 +180,6 @@ def verify_file(source: str | os.PathLike[str] | Header) -> VerifyReport:
         return verify_masked(artefact, str(path))
     assert isinstance(artefact, PackedFile)  # the formats checked above
     return verify_packed(artefact, str(path))
-
-
-def verify_qonnx(proto: Any, path: str = "") -> VerifyReport:
-    """Check every Conv/Gemm weight of a QONNX ``ModelProto`` (written by
-    :func:`inq.export_qonnx.export_qonnx`) against the level set the file records for its node
-    (:func:`inq.export_qonnx.qonnx_levels`): the weight is an initializer behind a QONNX
-    ``Quant`` node of scale ``2**-frac`` and zero point 0; each value is 0 or ``±2**e`` with
-    ``1 - 2**(bits-2) <= e <= 0`` (the level set ``{0, ±2**n2..±2**n1}`` as stored,
-    ``w * 2**-n1``), an integer on the ``Quant`` grid and within its width (else the ``Quant``
-    node would change it). One report per Conv/Gemm node; a level set recorded for no such node
-    is a problem, and so is a file that does not match its sha256 digest
-    (:func:`inq.export_onnx.onnx_digest_problem`: a weight's sign flipped stays in its level
-    set, and only the digest tells).
-    """
-    from onnx import numpy_helper
-
-    from inq.export_onnx import onnx_digest_problem
-    from inq.export_qonnx import LEVELS_KEY, qonnx_levels
-
-    values = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
-    made_by = {out: node for node in proto.graph.node for out in node.output}
-    levels = qonnx_levels(proto)
-    reports = tuple(
-        _qonnx_layer(node, made_by, values, levels.pop(node.name, None))
-        for node in proto.graph.node
-        if node.op_type in ("Conv", "Gemm")
-    )
-    others = tuple((LEVELS_KEY + name, "a level set recorded for no Conv/Gemm node")
-                   for name in levels)  # fmt: skip
-    digest = onnx_digest_problem(proto, required=True)
-    return VerifyReport(path, "QONNX", reports, digest, others)
-
-
-def _qonnx_layer(
-    node: Any, made_by: dict[str, Any], values: dict[str, np.ndarray], record: Any
-) -> LayerReport:
-    """One Conv/Gemm node's weight against its recorded level set (see :func:`verify_qonnx`)."""
-    from inq.export_qonnx import QONNX_DOMAIN
-
-    quant = made_by.get(node.input[1]) if len(node.input) > 1 else None
-    if (
-        quant is None
-        or quant.op_type != "Quant"
-        or quant.domain != QONNX_DOMAIN
-        or any(name not in values for name in quant.input[:4])
-    ):
-        problem = "its weight is not an initializer behind a QONNX Quant node"
-        return LayerReport(node.name, 0, None, None, None, problem)
-    weight = values[quant.input[0]].astype(np.float64)
-    rows = weight.shape[0] if weight.ndim else 0
-    bad = _record_problem(record, rows)
-    if bad is not None:
-        return LayerReport(node.name, 0, None, None, None, bad)
-    bits, n1, frac = record["bits"], metadata_n1(record["n1"]), record["frac"]
-    floored = "floor" in record  # a band of terms floored one by one: 0/1 taps on a unit grid
-    problems = [
-        p
-        for p in (
-            _quant_problem(quant, values, frac),
-            _taps_problem(weight) if floored else _stored_level_problem(weight, bits, n1),
-            _grid_problem(weight, quant, values, frac),
-        )
-        if p is not None
-    ]
-    used, zeros = len(np.unique(weight)), float((weight == 0).mean()) if weight.size else 0.0
-    return LayerReport(node.name, bits, n1, used, zeros, "; ".join(problems) or None)
-
-
-def _record_problem(record: Any, rows: int) -> str | None:
-    """Why a recorded level set is not ``{"bits": 2..8, "n1": int or [rows ints], "frac": >= 0}``
-    (None if it is)."""
-    if record is None:
-        return "no level set recorded for it (export the file again with this inq)"
-    n1 = record.get("n1") if isinstance(record, dict) else None
-    ok = (
-        isinstance(record, dict)
-        and isinstance(record.get("bits"), int)
-        and 2 <= record["bits"] <= 8
-        and isinstance(record.get("frac"), int)
-        and record["frac"] >= 0
-        and (isinstance(n1, int) or (isinstance(n1, list) and len(n1) == rows
-                                      and all(isinstance(v, int) for v in n1)))
-    )  # fmt: skip
-    return None if ok else f"its recorded level set is not bits, n1, frac: {record!r}"
-
-
-def _quant_problem(quant: Any, values: dict[str, np.ndarray], frac: int) -> str | None:
-    """Why the weight's ``Quant`` node does not have scale ``2**-frac`` and zero point 0."""
-    scale, zero = values[quant.input[1]], values[quant.input[2]]
-    if scale.size != 1 or float(scale) != 2.0**-frac or zero.size != 1 or float(zero) != 0:
-        return (
-            f"its Quant node {quant.name!r} has scale {scale.tolist()} and zero point "
-            f"{zero.tolist()}; the level set records scale 2**-{frac}, zero point 0"
-        )
-    return None
-
-
-def _stored_level_problem(weight: np.ndarray, bits: int, n1: N1) -> str | None:
-    """Why a stored weight (``w * 2**-n1``) has values outside ``{0, ±2**(1-2**(bits-2))..±1}``."""
-    lowest = 1 - (1 << (bits - 2))
-    with np.errstate(invalid="ignore"):
-        mantissa, exponent = np.frexp(np.abs(weight))  # |w| = mantissa * 2**exponent
-        ok = (weight == 0) | ((mantissa == 0.5) & (exponent - 1 >= lowest) & (exponent - 1 <= 0))
-    return _off(ok, weight, f"the {bits}-bit level set of n1={describe_n1(n1)}",
-                f"stored as w * 2**-n1: 0 or ±2**{lowest}..±1")  # fmt: skip
-
-
-def _taps_problem(weight: np.ndarray) -> str | None:
-    """Why a floored band's taps are not all 0 or 1."""
-    bad = int(((weight != 0) & (weight != 1)).sum())
-    return f"{bad} tap(s) of a floored band not 0 or 1" if bad else None
-
-
-def _grid_problem(
-    weight: np.ndarray, quant: Any, values: dict[str, np.ndarray], frac: int
-) -> str | None:
-    """Why the weight's integers ``w * 2**frac`` are not integers within the ``Quant`` node's
-    width (where they are not, the node changes the weight)."""
-    width, signed = float(values[quant.input[3]]), _attr(quant, "signed", 1)
-    narrow = _attr(quant, "narrow", 0)
-    lo = -(2.0 ** (width - 1)) + narrow if signed else 0.0
-    hi = 2.0 ** (width - int(signed)) - 1 - (narrow if not signed else 0)
-    ints = np.ldexp(weight, frac)
-    ok = np.isfinite(ints) & (ints == np.round(ints)) & (ints >= lo) & (ints <= hi)
-    return _off(ok, weight, "its Quant node's grid", f"integers {lo:g}..{hi:g} times 2**-{frac}")
-
-
-def _off(ok: np.ndarray, weight: np.ndarray, where: str, detail: str) -> str | None:
-    """``"N weight(s) off <where> (<detail>; first: <value> at flat index <i>)"`` for the
-    weights where ``ok`` is false, or None if there are none."""
-    if bool(ok.all()):
-        return None
-    index = int(np.flatnonzero(~ok)[0])
-    return (
-        f"{int((~ok).sum())} weight(s) off {where} ({detail}; first: "
-        f"{float(weight.flat[index])!r} at flat index {index})"
-    )
-
-
-def _attr(node: Any, name: str, default: int) -> int:
-    """An int attribute of an ONNX node (``default`` if it has none)."""
-    return next((int(a.i) for a in node.attribute if a.name == name), default)
 
 
 def _report(

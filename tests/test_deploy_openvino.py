@@ -1,7 +1,7 @@
-"""OpenVINO as a second CPU runtime (inq.openvino_runtime, ``inq eval --runtime openvino``): inq's
+"""OpenVINO as a second CPU runtime (inq.deploy.openvino, ``inq eval --runtime openvino``): inq's
 float and Q/DQ exports run there as in ONNX Runtime and the integer model, the int8-weight layers
 in u8/i8 kernels, and what cannot run is one message. (``inq bench onnx --runtime``:
-test_bench_onnx.py.) openvino is in the dev extra, as onnxruntime is: no skip."""
+test_deploy_bench.py.) openvino is in the dev extra, as onnxruntime is: no skip."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import onnx
 import pytest
-import test_export_onnx
+import test_deploy_onnx
 import torch
 from export_fixtures import (
     SYNTHETIC_DATA,
@@ -24,16 +24,16 @@ from export_fixtures import (
 from onnx import helper, numpy_helper
 
 from inq.cli import main
-from inq.export_onnx import OnnxModel, export_onnx, export_qdq
-from inq.export_qonnx import QONNX_DOMAIN
-from inq.masked import load_masked, save_masked
-from inq.openvino_runtime import (
+from inq.deploy.onnx import OnnxModel, export_onnx, export_qdq
+from inq.deploy.openvino import (
     LayerPrecision,
     OpenVinoModel,
     layer_precisions,
     openvino_version,
     precision_line,
 )
+from inq.deploy.qonnx import QONNX_DOMAIN
+from inq.masked import load_masked, save_masked
 from inq.packed import packed_from_masked
 from inq.quant.integer import IntegerModel, save_integer
 from inq.quant.pipeline import RealOutput
@@ -136,11 +136,11 @@ def test_int8_weight_layers_run_in_u8_or_i8(exports, which: str, tmp_path: Path)
 
 
 def _ops_in_openvino(model: IntegerModel, shape: tuple[int, ...], folder: Path) -> list[str]:
-    """test_export_onnx's per-op check (each conv, linear, average pool and clamp exported
+    """test_deploy_onnx's per-op check (each conv, linear, average pool and clamp exported
     alone, fed the integer model's input value) with OpenVINO running the file."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(test_export_onnx, "OnnxModel", OpenVinoModel)
-        return test_export_onnx._ops_within_one_step(model, shape, folder)
+        patch.setattr(test_deploy_onnx, "OnnxModel", OpenVinoModel)
+        return test_deploy_onnx._ops_within_one_step(model, shape, folder)
 
 
 def test_each_op_is_the_integer_models_within_one_step(exports, tmp_path: Path) -> None:

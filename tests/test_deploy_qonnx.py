@@ -1,4 +1,4 @@
-"""QONNX export (inq.export_qonnx): qonnx's own executor computes the integer model bit for bit
+"""QONNX export (inq.deploy.qonnx): qonnx's own executor computes the integer model bit for bit
 (digits at 2, 4 and 5 bits on the whole test split, a residual block with negative multipliers,
 a MobileNet-style block with ReLU6 and depthwise convs), every weight an exact power of two
 behind its Quant node, and one clear refusal where the exact form does not exist."""
@@ -30,14 +30,13 @@ from onnx import numpy_helper
 
 from inq.cli import main
 from inq.data import build_datasets
-from inq.export_onnx import save_onnx
-from inq.export_qonnx import LEVELS_KEY, export_qonnx, qonnx_graph, run_qonnx
+from inq.deploy.onnx import save_onnx
+from inq.deploy.qonnx import LEVELS_KEY, export_qonnx, qonnx_graph, run_qonnx, verify_qonnx
 from inq.fileio import MODIFIED
 from inq.masked import load_masked
 from inq.packed import packed_from_masked
 from inq.quant.integer import IntegerModel, save_integer
 from inq.quant.pipeline import QuantSettings
-from inq.verify import verify_qonnx
 
 
 def _expected(model: IntegerModel, x: torch.Tensor) -> np.ndarray:
@@ -210,7 +209,7 @@ def test_a_weight_changed_within_its_level_set_fails_verify_and_eval_by_its_dige
 ) -> None:
     """Issue 46: one weight's sign flipped stays in its level set and changed the loss, and
     verify said OK; one byte flipped, and eval printed an accuracy. The file's sha256 digest
-    (inq.export_onnx.save_onnx) now tells both."""
+    (inq.deploy.onnx.save_onnx) now tells both."""
     _, int_file = digits
     proto = _export(int_file, tmp_path / "d.qonnx.onnx")
     made_by = {out: node for node in proto.graph.node for out in node.output}

@@ -37,7 +37,7 @@ graph saved at ``ORT_ENABLE_EXTENDED``: the level where the QDQ fusions (``QLine
 hardware-specific NCHWc layout of float convs (ORT warns that such a saved graph only fits the
 machine it was made on); it turns no integer kernel into a float one or back. In OpenVINO it
 prints the precision each conv/linear layer runs in (u8/i8: int8 kernels), read from the
-runtime model compiled at the first batch (:func:`inq.openvino_runtime.layer_precisions`).
+runtime model compiled at the first batch (:func:`inq.deploy.openvino.layer_precisions`).
 
 Example (shell)::
 
@@ -69,10 +69,8 @@ from typing import Any
 import numpy as np
 
 from inq.data import build_eval_loader, eval_data_config, input_shape
-from inq.export_onnx import first_line, load_onnx
-from inq.export_qonnx import is_qonnx
-from inq.fileio import atomic_path
-from inq.openvino_runtime import (
+from inq.deploy.onnx import first_line, load_onnx
+from inq.deploy.openvino import (
     F32,
     RUNTIMES,
     LayerPrecision,
@@ -83,6 +81,8 @@ from inq.openvino_runtime import (
     precision_line,
     read_onnx,
 )
+from inq.deploy.qonnx import is_qonnx
+from inq.fileio import atomic_path
 from inq.runfiles import ONNX_MODEL, refuse_kind
 
 __all__ = [
@@ -198,8 +198,8 @@ def read_file(path: Path, folder: Path, name: str | None = None) -> OnnxFile:
 
     Raises:
         ValueError: the file is missing, not an ONNX model (:func:`inq.runfiles.file_kind`), not
-            loadable (or inq's and changed since: :func:`inq.export_onnx.load_onnx`), a QONNX
-            model (:func:`inq.export_qonnx.is_qonnx`), or has an input that
+            loadable (or inq's and changed since: :func:`inq.deploy.onnx.load_onnx`), a QONNX
+            model (:func:`inq.deploy.qonnx.is_qonnx`), or has an input that
             is not one float tensor of a known shape.
     """
     refuse_kind(path, "bench onnx", (ONNX_MODEL,))

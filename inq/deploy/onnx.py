@@ -23,7 +23,7 @@ average pooling are node units too, of standard ops only (``DequantizeLinear``, 
 Every value is uint8: zero point 0 where the integer model's value is unsigned, 128 where it is
 int8 (as ONNX Runtime runs int8 activations on x86). TensorRT takes int8 values with zero point
 0 only: for an integer model with symmetric activations (``inq calibrate --symmetric``) the
-export writes TensorRT's form instead (:mod:`inq.export_tensorrt`). Where a value's range is
+export writes TensorRT's form instead (:mod:`inq.deploy.tensorrt`). Where a value's range is
 narrower than uint8's (fewer activation bits, a ReLU6), a ``Clip`` of the integers follows its
 ``QuantizeLinear``. The last conv/linear, which the integer model keeps in int32, gives float
 logits.
@@ -66,11 +66,11 @@ import torch
 from torch import Tensor, nn
 
 from inq.data import data_record
-from inq.export_tensorrt import SymmetricQdqGraph, readers, trt_problems
+from inq.deploy.qdq import INPUT_NAME, OUTPUT_NAME, QdqGraph, QdqWeight, qdq_weight
+from inq.deploy.tensorrt import SymmetricQdqGraph, readers, trt_problems
 from inq.fileio import MODIFIED, atomic_path
 from inq.models import build_model
 from inq.packed import PackedFile
-from inq.qdq_graph import INPUT_NAME, OUTPUT_NAME, QdqGraph, QdqWeight, qdq_weight
 from inq.quant.integer import IntegerModel
 
 __all__ = [
@@ -310,7 +310,7 @@ def export_qdq(
 ) -> dict[str, Any]:
     """Write the Q/DQ ONNX graph of an integer model for inputs ``[batch, *input_shape]``, in
     TensorRT's form where the model's activations are symmetric (``info["symmetric"]``,
-    :mod:`inq.export_tensorrt`), else the uint8 form; returns ``{"opset", "nodes",
+    :mod:`inq.deploy.tensorrt`), else the uint8 form; returns ``{"opset", "nodes",
     "initializers", "bytes", "int8_layers", "float_layers", "form"}`` (how many conv/linear
     layers have int8 weights, how many keep float weights; ``"tensorrt"`` or ``"uint8"``).
 
