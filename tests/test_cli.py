@@ -29,6 +29,7 @@ from train_helpers import TINY, inq_train
 
 import inq
 import inq.cli.export
+import inq.deploy.onnx
 from inq.cli import COMMANDS, main
 from inq.data import calibration_loader, eval_data_config
 from inq.fileio import LOCK_NAME, atomic_path, lock_dir
@@ -437,7 +438,7 @@ def test_an_interrupt_a_library_turns_into_its_own_error_is_still_an_interrupt(
                 "ONNX cannot express the model: Failed to export. \x1b[96mThis is step 1/3\x1b[0m"
             ) from None
 
-    monkeypatch.setattr(inq.cli.export, "export_onnx", exporter_catching_the_interrupt)
+    monkeypatch.setattr(inq.deploy.onnx, "export_onnx", exporter_catching_the_interrupt)
     code, _, err = run(capsys, "export", masked, "--onnx", "-o", out, "--data", "synthetic")
     assert (code, err) == (status, "inq export: interrupted; nothing was written\n")
     assert not out.exists()
@@ -449,7 +450,7 @@ def test_third_party_colour_codes_never_reach_the_error_line(capsys, tmp_path, m
     def failing(*args, **kwargs):
         raise ValueError("ONNX cannot express the model: \x1b[96mstep 1/3\x1b[0m failed")
 
-    monkeypatch.setattr(inq.cli.export, "export_onnx", failing)
+    monkeypatch.setattr(inq.deploy.onnx, "export_onnx", failing)
     code, _, err = run(capsys, "export", masked, "--onnx", "-o", tmp_path / "m.onnx",
                        "--data", "synthetic")  # fmt: skip
     assert code == 1
@@ -733,6 +734,10 @@ def test_export_options_of_another_form_are_refused(capsys, masked: Path, tmp_pa
         (["--onnx", "-o", onnx_file, "--io", "stream"], "--io stream: only with --hls4ml, not "
                                                          "with --onnx"),
         (["--io", "parallel"], "--io parallel: only with --hls4ml, not with the packed export"),
+        (["--onnx", "-o", onnx_file, "--hardware", "100"], "--hardware 100.0: only with --rtl, "
+                                                           "not with --onnx"),
+        (["--stage-delay", "3"], "--stage-delay 3.0: only with --rtl, not with the packed "
+                                 "export"),
         (["--qonnx", "-o", onnx_file, "--dense"], "--dense: only with the packed export, not "
                                                   "with --qonnx"),
         (["--data", "digits"], "--data: only with --onnx, --qonnx, --hls4ml or --rtl (the "

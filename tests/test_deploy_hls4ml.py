@@ -78,7 +78,7 @@ def digits(request, tmp_path_factory) -> tuple[IntegerModel, Any, list[HlsLayer]
 
     argv = ["export", str(folder / "d.int.safetensors"), "--hls4ml", "-o", str(folder / "prj")]
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
-        patch.setattr("inq.cli.export_fpga.export_hls4ml", keep)
+        patch.setattr("inq.deploy.hls4ml.export_hls4ml", keep)
         assert main(argv) == 0
     ((hls_model, layers),) = made
     return model, hls_model, layers, folder / "prj", out.getvalue()

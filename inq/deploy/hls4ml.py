@@ -37,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import errno
@@ -56,14 +57,18 @@ from torch import nn
 
 from inq import project
 from inq.codes import decode_weight
+from inq.data import input_shape
+from inq.deploy.target import Job, Target
 from inq.fileio import atomic_dir, describe_os_error
 from inq.pow2 import exact_log2
-from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
+from inq.quant.integer import INT_FORMAT, IntegerModel, IntOp, accumulator_bound
+from inq.runfiles import INTEGER_MODEL, RUN
 
 __all__ = [
     "BACKEND",
     "IO_TYPES",
     "MANIFEST",
+    "TARGET",
     "HlsLayer",
     "exact_type",
     "export_hls4ml",
@@ -620,3 +625,56 @@ def run_csim(hls_model: Any, x: np.ndarray) -> np.ndarray:
         x = x.transpose(0, 2, 3, 1)
     out: np.ndarray = hls_model.predict(np.ascontiguousarray(x, np.float64))
     return out.reshape(len(x), -1)
+
+
+def _write(job: Job) -> list[str]:
+    """``inq export --hls4ml``: an hls4ml project, its C simulation checked; a line per layer
+    with the types set."""
+    header, output = job.header, job.output
+    io_type = f"io_{job.args.io or 'parallel'}"
+    int_model = job.integer_model()
+    data = job.data(int_model.info.get("data", {}))
+    _, layers = export_hls4ml(int_model, output, input_shape(data), job.args.force, lambda: print(
+        f"{header.path} -> {output}: hls4ml project ({BACKEND}, {io_type}); compiling "
+        "its C simulation with g++ ...", flush=True), io_type)  # fmt: skip
+    lines = [f"{'layer':<12} {'op':<6} {'weight':<12} {'accum':<14} {'scale':<14} "
+             f"{'result':<20} non-pow2"]  # fmt: skip
+    for layer in layers:
+        types = layer.types
+        lines.append(f"{layer.name:<12} {layer.op:<6} {types.get('weight', '-'):<12} "
+                     f"{types.get('accum', '-'):<14} {types.get('scale', '-'):<14} "
+                     f"{types.get('result', '-'):<20} "
+                     f"{layer.non_pow2}/{layer.constants}")  # fmt: skip
+    weights = sum(layer.non_pow2 for layer in layers if "weight" in layer.types)
+    scales = sum(layer.non_pow2 for layer in layers if "scale" in layer.types)
+    return [
+        *lines,
+        f"weights multiplied by a non-power-of-two constant: {weights}; requantization "
+        f"multipliers: {scales}; C simulation == integer model on 64 random inputs",
+        f"synthesis (Vitis HLS, not run here): cd {output} && vitis-run --tcl build_prj.tcl "
+        "--mode hls",
+    ]
+
+
+def _add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--io", choices=("parallel", "stream"),
+                   help="with --hls4ml: hls4ml's io_type (parallel, the default: every layer "
+                   "unrolled; stream: line buffers, for images larger than digits' 8x8: "
+                   "compiles in minutes where parallel does not)")  # fmt: skip
+
+
+TARGET = Target(
+    name="hls4ml",
+    help="write the integer model (a file, or a run's) as an hls4ml project (-o DIR needed; "
+    "pip install 'inq[fpga]') and compile its C simulation with g++: it computes the integer "
+    "model bit for bit",
+    sources=(RUN, INTEGER_MODEL),
+    formats=(INT_FORMAT,),
+    model=INTEGER_MODEL,
+    output="DIR (the project's directory)",
+    suffix="",
+    write=_write,
+    check=lambda path: project.project_problem(path, project.HLS4ML_FORMAT, "an hls4ml project"),
+    add_options=_add_options,
+    options=("io",),
+)

@@ -65,17 +65,21 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from inq.data import data_record
+from inq.artefact import open_artefact
+from inq.data import data_record, input_shape
 from inq.deploy.qdq import INPUT_NAME, OUTPUT_NAME, QdqGraph, QdqWeight, qdq_weight
+from inq.deploy.target import Job, Target
 from inq.deploy.tensorrt import SymmetricQdqGraph, readers, trt_problems
 from inq.fileio import MODIFIED, atomic_path
 from inq.models import build_model
 from inq.packed import PackedFile
 from inq.quant.integer import IntegerModel
+from inq.runfiles import INTEGER_MODEL, MASKED_CHECKPOINT, PACKED_FILE, RUN, load_model
 
 __all__ = [
     "DIGEST_PROP",
     "OPSET",
+    "TARGET",
     "OnnxModel",
     "QdqWeight",
     "export_onnx",
@@ -90,6 +94,7 @@ __all__ = [
 ]
 
 OPSET = 18
+_SUFFIX = ".onnx"  # what the name of every ONNX file inq writes ends in (inq.cli.output.ONNX)
 DIGEST_PROP = "inq_sha256"  # metadata_props entry: digest of the rest of the file (save_onnx)
 
 
@@ -462,3 +467,51 @@ def load_onnx(path: str | os.PathLike[str], check: bool = True) -> Any:
 def is_onnx(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` names an ONNX file (by its suffix)."""
     return Path(path).suffix == ".onnx"
+
+
+def _write(job: Job) -> list[str]:
+    """``inq export --onnx``: the float-activation graph of a packed model (or a masked
+    checkpoint, packed in memory), or the Q/DQ graph of an integer model."""
+    if job.header.kind == INTEGER_MODEL:  # the integer model: Q/DQ
+        int_model = open_artefact(job.header)
+        data = job.data(int_model.info.get("data", {}))
+        int_model.info["data"] = data
+        stats = export_qdq(int_model, job.output, input_shape(data))
+        read = job.source
+        form = (
+            "TensorRT form: int8, zero point 0, checked against TensorRT's parser rules"
+            if stats["form"] == "tensorrt"
+            else "uint8 form; for TensorRT calibrate with --symmetric"
+        )
+        what = (
+            f"Q/DQ graph of the integer model ({form}), {stats['int8_layers']} conv/linear "
+            f"layers with int8 weights, {stats['float_layers']} with exact float weights"
+            + (" (integers beyond ±64)" if stats["float_layers"] else "")
+        )
+    else:
+        packed, read = load_model(job.header)
+        data = job.data(packed.data)
+        packed.metadata["data"] = json.dumps(data)  # the file records what it was made for
+        stats = export_onnx(packed, job.output, input_shape(data))
+        what = "float activations, every quantized weight an exact initializer"
+    return [
+        f"{read} -> {job.args.output}: ONNX opset {stats['opset']}, dynamic batch, "
+        f"{stats['nodes']} nodes, {stats['initializers']} initializers, {stats['bytes']} B; {what}"
+    ]
+
+
+def _check(path: Path) -> str | None:
+    """An ONNX file inq wrote records no level sets: its digest is what ``inq verify`` checks."""
+    return onnx_digest_problem(load_onnx(path, check=False), required=True)
+
+
+TARGET = Target(
+    name="onnx",
+    help=f"write ONNX instead (opset 18, dynamic batch; -o FILE{_SUFFIX} needed): the "
+    "float-activation model, or of an integer model (inq calibrate) its Q/DQ graph",
+    sources=(RUN, MASKED_CHECKPOINT, PACKED_FILE, INTEGER_MODEL),
+    output=f"FILE{_SUFFIX}",
+    suffix=_SUFFIX,
+    write=_write,
+    check=_check,
+)

@@ -49,23 +49,27 @@ import json
 import math
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from inq.codes import decode_weight
-from inq.data import data_record
-from inq.deploy.onnx import onnx_digest_problem, recorded_descriptions, save_onnx
+from inq.data import data_record, input_shape
+from inq.deploy.onnx import load_onnx, onnx_digest_problem, recorded_descriptions, save_onnx
+from inq.deploy.target import Job, Target
 from inq.deploy.verify import LayerReport, VerifyReport
 from inq.fileio import metadata_n1
 from inq.levels import describe_n1
 from inq.pow2 import N1, exact_log2
-from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
+from inq.quant.integer import INT_FORMAT, IntegerModel, IntOp, accumulator_bound
+from inq.runfiles import INTEGER_MODEL, RUN
 
 __all__ = [
     "LEVELS_KEY",
     "QONNX_DOMAIN",
+    "TARGET",
     "QonnxModel",
     "export_qonnx",
     "is_qonnx",
@@ -698,3 +702,39 @@ def _off(ok: np.ndarray, weight: np.ndarray, where: str, detail: str) -> str | N
 def _attr(node: Any, name: str, default: int) -> int:
     """An int attribute of an ONNX node (``default`` if it has none)."""
     return next((int(a.i) for a in node.attribute if a.name == name), default)
+
+
+def _write(job: Job) -> list[str]:
+    """``inq export --qonnx``: the integer model as QONNX, for FINN and hls4ml."""
+    int_model = job.integer_model()
+    data = job.data(int_model.info.get("data", {}))
+    int_model.info["data"] = data  # the file records the data it was made for
+    stats = export_qonnx(int_model, job.output, input_shape(data))
+    return [
+        f"{job.header.path} -> {job.output}: QONNX, {stats['nodes']} nodes ({stats['quant_nodes']} "
+        f"Quant), {stats['initializers']} initializers, {stats['bytes']} B; batch 1, integer "
+        "steps exact (qonnx's executor equals the integer model)"
+    ]
+
+
+def _check(path: Path) -> str | None:
+    """The first problem ``inq verify`` reports of a QONNX file (:func:`verify_qonnx`)."""
+    report = verify_qonnx(load_onnx(path, check=False), str(path))
+    if not report.layers:
+        return "no Conv/Gemm node: nothing to verify"
+    bad = report.first_problem
+    return f"node {bad.key!r}: {bad.problem}" if bad is not None else report.file_problem
+
+
+TARGET = Target(
+    name="qonnx",
+    help="write the integer model (a file, or a run's) as QONNX (-o FILE.onnx needed; "
+    "pip install 'inq[fpga]'): qonnx's executor computes it bit for bit",
+    sources=(RUN, INTEGER_MODEL),
+    formats=(INT_FORMAT,),
+    model=INTEGER_MODEL,
+    output="FILE.onnx",
+    suffix=".onnx",
+    write=_write,
+    check=_check,
+)
