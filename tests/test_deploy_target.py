@@ -24,7 +24,7 @@ def test_every_target_is_a_flag_of_inq_export_with_its_options() -> None:
     for target in TARGETS.values():
         assert getattr(export, target.name) is False
         assert all(getattr(export, option) is None for option in target.options)
-        assert target.suffix in ("", ".onnx") and target.sources
+        assert target.suffix in ("", ".onnx") and target.source.kinds
 
 
 @pytest.mark.parametrize(

@@ -94,8 +94,9 @@ def _export(args: argparse.Namespace) -> int:
 def _export_to(target: Target, args: argparse.Namespace) -> int:
     """``inq export --NAME``: the source it reads (a file, or a run's model), its ``-o``, the
     one rule every export keeps (:func:`inq.cli.output.writing`), then the target writes."""
-    model = {"formats": target.formats, "what": target.model} if target.formats else {}
-    header = command_file(args.source, f"export --{target.name}", target.sources, **model)
+    source = target.source
+    model = {"formats": source.formats, "what": source.model} if source.formats else {}
+    header = command_file(args.source, f"export --{target.name}", source.kinds, **model)
     if not args.output:
         raise ValueError(f"--{target.name} needs -o {target.output}")
     output = Path(args.output)

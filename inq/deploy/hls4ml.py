@@ -58,11 +58,10 @@ from torch import nn
 from inq import project
 from inq.codes import decode_weight
 from inq.data import input_shape
-from inq.deploy.target import Job, Target
+from inq.deploy.target import INTEGER_SOURCE, PROJECT_DIR, Job, Target
 from inq.fileio import atomic_dir, describe_os_error
 from inq.pow2 import exact_log2
-from inq.quant.integer import INT_FORMAT, IntegerModel, IntOp, accumulator_bound
-from inq.runfiles import INTEGER_MODEL, RUN
+from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
 
 __all__ = [
     "BACKEND",
@@ -668,10 +667,8 @@ TARGET = Target(
     help="write the integer model (a file, or a run's) as an hls4ml project (-o DIR needed; "
     "pip install 'inq[fpga]') and compile its C simulation with g++: it computes the integer "
     "model bit for bit",
-    sources=(RUN, INTEGER_MODEL),
-    formats=(INT_FORMAT,),
-    model=INTEGER_MODEL,
-    output="DIR (the project's directory)",
+    source=INTEGER_SOURCE,
+    output=PROJECT_DIR,
     suffix="",
     write=_write,
     check=lambda path: project.project_problem(path, project.HLS4ML_FORMAT, "an hls4ml project"),

@@ -68,7 +68,7 @@ from torch import Tensor, nn
 from inq.artefact import open_artefact
 from inq.data import data_record, input_shape
 from inq.deploy.qdq import INPUT_NAME, OUTPUT_NAME, QdqGraph, QdqWeight, qdq_weight
-from inq.deploy.target import Job, Target
+from inq.deploy.target import Job, Source, Target
 from inq.deploy.tensorrt import SymmetricQdqGraph, readers, trt_problems
 from inq.fileio import MODIFIED, atomic_path
 from inq.models import build_model
@@ -509,7 +509,7 @@ TARGET = Target(
     name="onnx",
     help=f"write ONNX instead (opset 18, dynamic batch; -o FILE{_SUFFIX} needed): the "
     "float-activation model, or of an integer model (inq calibrate) its Q/DQ graph",
-    sources=(RUN, MASKED_CHECKPOINT, PACKED_FILE, INTEGER_MODEL),
+    source=Source((RUN, MASKED_CHECKPOINT, PACKED_FILE, INTEGER_MODEL)),
     output=f"FILE{_SUFFIX}",
     suffix=_SUFFIX,
     write=_write,

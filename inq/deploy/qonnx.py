@@ -58,13 +58,12 @@ import torch
 from inq.codes import decode_weight
 from inq.data import data_record, input_shape
 from inq.deploy.onnx import load_onnx, onnx_digest_problem, recorded_descriptions, save_onnx
-from inq.deploy.target import Job, Target
+from inq.deploy.target import INTEGER_SOURCE, Job, Target
 from inq.deploy.verify import LayerReport, VerifyReport
 from inq.fileio import metadata_n1
 from inq.levels import describe_n1
 from inq.pow2 import N1, exact_log2
-from inq.quant.integer import INT_FORMAT, IntegerModel, IntOp, accumulator_bound
-from inq.runfiles import INTEGER_MODEL, RUN
+from inq.quant.integer import IntegerModel, IntOp, accumulator_bound
 
 __all__ = [
     "LEVELS_KEY",
@@ -730,9 +729,7 @@ TARGET = Target(
     name="qonnx",
     help="write the integer model (a file, or a run's) as QONNX (-o FILE.onnx needed; "
     "pip install 'inq[fpga]'): qonnx's executor computes it bit for bit",
-    sources=(RUN, INTEGER_MODEL),
-    formats=(INT_FORMAT,),
-    model=INTEGER_MODEL,
+    source=INTEGER_SOURCE,
     output="FILE.onnx",
     suffix=".onnx",
     write=_write,

@@ -11,9 +11,7 @@ from pathlib import Path
 
 from inq import project
 from inq.data import input_shape
-from inq.deploy.target import Job, Target
-from inq.quant.integer import INT_FORMAT
-from inq.runfiles import INTEGER_MODEL, RUN
+from inq.deploy.target import INTEGER_SOURCE, PROJECT_DIR, Job, Target
 
 __all__ = ["TARGET"]
 
@@ -66,10 +64,8 @@ TARGET = Target(
     help="write the integer model (a file, or a run's) as a Verilog project (-o DIR needed; "
     "pip install 'inq[rtl]'): streaming layers of constant adder graphs, no multiplier; "
     "simulated with Verilator and checked bit for bit before it is kept",
-    sources=(RUN, INTEGER_MODEL),
-    formats=(INT_FORMAT,),
-    model=INTEGER_MODEL,
-    output="DIR (the project's directory)",
+    source=INTEGER_SOURCE,
+    output=PROJECT_DIR,
     suffix="",
     write=_write,
     check=_check,

@@ -8,7 +8,7 @@ Example::
     TARGET = Target(
         name="qonnx",                                   # inq export --qonnx
         help="write the integer model as QONNX ...",
-        sources=(RUN, INTEGER_MODEL), formats=(INT_FORMAT,), model=INTEGER_MODEL,
+        source=INTEGER_SOURCE,                           # a file, or a run's integer model
         output=f"FILE{ONNX}", suffix=ONNX,              # what -o names
         write=_write,                                   # Job -> the lines it prints after
         check=_check,                                   # a written file -> its problem, or None
@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from inq.artefact import Header, open_artefact
-from inq.quant.integer import IntegerModel
+from inq.quant.integer import INT_FORMAT, IntegerModel
+from inq.runfiles import INTEGER_MODEL, RUN
 
-__all__ = ["Job", "Target"]
+__all__ = ["INTEGER_SOURCE", "PROJECT_DIR", "Job", "Source", "Target"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,21 @@ class Job:
         return model
 
 
+@dataclass(frozen=True)
+class Source:
+    """What a target reads: files of ``kinds`` (:mod:`inq.runfiles`); for
+    :data:`~inq.runfiles.RUN`, the run's model of ``formats``, called ``model`` in a refusal
+    (``()``: any model :func:`inq.runfiles.load_model` reads)."""
+
+    kinds: tuple[str, ...]
+    formats: tuple[str, ...] = ()
+    model: str = ""
+
+
+INTEGER_SOURCE = Source((RUN, INTEGER_MODEL), (INT_FORMAT,), INTEGER_MODEL)  # a file, or a run's
+PROJECT_DIR = "DIR (the project's directory)"  # what -o names for a target that writes a project
+
+
 def _no_options(parser: argparse.ArgumentParser) -> None:
     pass
 
@@ -58,23 +74,20 @@ def _no_options(parser: argparse.ArgumentParser) -> None:
 class Target:
     """One thing ``inq export --NAME`` writes.
 
-    ``sources``: the kinds of file it reads (:mod:`inq.runfiles`; :data:`~inq.runfiles.RUN`: a
-    run directory's model, of ``formats``, called ``model`` in a refusal; ``()``: the command's
-    defaults). ``output``: what ``-o`` must name, ``suffix``: how its name ends (``""``: a
-    directory). ``write``: writes the output (each export checks what it wrote, bit for bit,
-    before it keeps it) and returns the lines to print. ``check``: why a written output fails
-    ``inq verify`` (None where it passes). ``add_options`` adds the target's own options, named
-    in ``options`` (their ``dest``): each is refused without ``--NAME``.
+    ``source``: what it reads (:class:`Source`). ``output``: what ``-o`` must name,
+    ``suffix``: how its name ends (``""``: a directory). ``write``: writes the output (each
+    export checks what it wrote, bit for bit, before it keeps it) and returns the lines to
+    print. ``check``: why a written output fails ``inq verify`` (None where it passes).
+    ``add_options`` adds the target's own options, named in ``options`` (their ``dest``): each
+    is refused without ``--NAME``.
     """
 
     name: str
     help: str
-    sources: tuple[str, ...]
+    source: Source
     output: str
     suffix: str
     write: Callable[[Job], list[str]]
     check: Callable[[Path], str | None]
-    formats: tuple[str, ...] = ()
-    model: str = ""
     add_options: Callable[[argparse.ArgumentParser], None] = _no_options
     options: tuple[str, ...] = ()
