@@ -44,6 +44,8 @@ module inq_window #(
     reg [NB-1:0] due, due_step;     // when the next output is due, and due + SW
     reg [NB-1:0] row_due, row_step; // when the first output of its row is due, and + SH * W
     reg signed [NB-1:0] r0, c0;     // its window's top-left input row and column
+    reg [KH-1:0] row_in;            // per window row u: r0 + u inside the frame
+    reg [KW-1:0] col_in;            // per window column v: c0 + v inside the frame
     reg [NB-1:0] oj;                // its column
     reg row_end;                    // oj == OW - 1
     reg at_last, at_end;            // n == N - 1, n == H * W - 1
@@ -59,6 +61,8 @@ module inq_window #(
     wire [NB-1:0] n_next = wrap ? 0 : advance ? n1 : n;
     wire [NB-1:0] due_next = wrap ? T0 : !capture ? due : row_end ? row_step : due_step;
     wire [NB-1:0] row_due_next = wrap ? T0 : capture && row_end ? row_step : row_due;
+    wire signed [NB-1:0] r0_next = wrap ? -PH : capture && row_end ? r0 + SH : r0;
+    wire signed [NB-1:0] c0_next = wrap || capture && row_end ? -PW : capture ? c0 + SW : c0;
     wire flushing_next = wrap ? 1'b0 : advance && at_end ? 1'b1 : flushing;
     wire advance_next = in_valid | flushing_next;
     wire due_hit = wrap ? T0 == 0                              // n_next == due_next, from
@@ -92,8 +96,7 @@ module inq_window #(
                 localparam I = u * KW + v;
                 wire [P-1:0] value;
                 if (PH > 0 || PW > 0) begin : padded
-                    wire in_frame = (r0 + u >= 0) && (r0 + u < H) && (c0 + v >= 0) && (c0 + v < W);
-                    assign value = in_frame ? tap[D] : {P{1'b0}};
+                    assign value = row_in[u] && col_in[v] ? tap[D] : {P{1'b0}};
                 end else begin : plain
                     assign value = tap[D];
                 end
@@ -119,14 +122,27 @@ module inq_window #(
             row_step <= row_due_next + SH * W;
             flushing <= flushing_next;
             out_valid <= capture;
+            r0 <= r0_next;
+            c0 <= c0_next;
             if (wrap || capture && row_end) begin
-                oj <= 0; c0 <= -PW; row_end <= OW == 1;
-                r0 <= wrap ? -PH : r0 + SH;
+                oj <= 0; row_end <= OW == 1;
             end else if (capture) begin
-                oj <= oj + 1; c0 <= c0 + SW; row_end <= oj == OW - 2;
+                oj <= oj + 1; row_end <= oj == OW - 2;
             end
         end
     end
+    // the padding masks, from the next window's corner: a register each, not a comparison
+    // between the line buffer and the window
+    generate
+        for (u = 0; u < KH; u = u + 1) begin : row_masks
+            always @(posedge clk)
+                row_in[u] <= rst ? -PH + u >= 0 && -PH + u < H : r0_next + u >= 0 && r0_next + u < H;
+        end
+        for (v = 0; v < KW; v = v + 1) begin : col_masks
+            always @(posedge clk)
+                col_in[v] <= rst ? -PW + v >= 0 && -PW + v < W : c0_next + v >= 0 && c0_next + v < W;
+        end
+    endgenerate
 endmodule
 
 // One copy of an enable: a flip-flop that synthesis keeps apart from its equal copies.
