@@ -19,7 +19,7 @@ random frames, with and without handshake stalls, and refuses a design that diff
 synthesized by Yosys ``synth_ecp5`` with each layer module kept as a hierarchy boundary (per-layer
 and whole-network cells in one run).
 
-    python experiments/rtl_study.py export OUT NET RUN3 RUN4 RUN5   # variants, accuracy, RTL
+    python experiments/rtl_study.py export OUT NET RUN3 RUN4 RUN5 [VARIANT...]  # accuracy, RTL
     python experiments/rtl_study.py count OUT NET RUN3 RUN4 RUN5    # the same, no Verilog
     python experiments/rtl_study.py synth OUT/NET/VARIANT           # Yosys, per layer
     python experiments/rtl_study.py pnr OUT/NET/VARIANT MHZ         # library synth + nextpnr
@@ -27,8 +27,9 @@ and whole-network cells in one run).
 
 ``count`` gives accuracy, sparsity and da4ml adders per layer without writing or simulating
 Verilog (``OUT/NET/count.json``). ``export`` writes ``OUT/NET/study.json`` and one project per
-variant; ``synth`` and ``pnr`` write ``VARIANT/hw/study_*.json``; ``report`` gathers them into
-one JSON, prints the tables and plots.
+variant (with VARIANTs named, only those: their records replace theirs in an existing
+``study.json``, the others are kept); ``synth`` and ``pnr`` write ``VARIANT/hw/study_*.json``;
+``report`` gathers them into one JSON, prints the tables and plots.
 """
 
 from __future__ import annotations
@@ -226,13 +227,24 @@ def variants(runs: list[Path]) -> tuple[dict[str, IntegerModel], Tensor, Tensor,
     return out, x, labels, data
 
 
-def export(out: Path, net: str, runs: list[Path]) -> None:
+def export(out: Path, net: str, runs: list[Path], only: list[str] | None = None) -> None:
     """Variants of the three runs (3, 4, 5 bits), their accuracy on the whole test split and
-    their RTL projects, into ``out/net``."""
+    their RTL projects, into ``out/net``; with ``only``, just those variants, their records
+    merged into an existing ``study.json``.
+
+    Raises:
+        SystemExit: ``only`` names a variant that does not exist.
+    """
     folder = out / net
     folder.mkdir(parents=True, exist_ok=True)
     models, x, labels, data = variants(runs)
-    records = {}
+    if only:
+        unknown = sorted(set(only) - set(models))
+        if unknown:
+            raise SystemExit(f"no variant {unknown}; variants: {sorted(models)}")
+        models = {name: models[name] for name in only}
+    study = folder / "study.json"
+    records = json.loads(study.read_text()) if only and study.is_file() else {}
     for name, model in models.items():
         start = time.perf_counter()
         logits = _logits(model, x)
@@ -242,6 +254,7 @@ def export(out: Path, net: str, runs: list[Path]) -> None:
         except ValueError as err:  # a design that differs from its model is not measured
             records[name] = {"accuracy": accuracy, "sparsity": sparsity(model), "error": str(err)}
             print(name, json.dumps(records[name]))
+            study.write_text(json.dumps(records, indent=1) + "\n")
             continue
         records[name] = {
             "accuracy": accuracy,
@@ -258,7 +271,7 @@ def export(out: Path, net: str, runs: list[Path]) -> None:
             got = RtlModel(folder / name).integers(x)
             records[name]["split_differing_logits"] = int((got != logits).sum())
         print(name, json.dumps({k: v for k, v in records[name].items() if k != "layers"}))
-        (folder / "study.json").write_text(json.dumps(records, indent=1) + "\n")
+        study.write_text(json.dumps(records, indent=1) + "\n")
 
 
 def count(out: Path, net: str, runs: list[Path]) -> None:
@@ -413,7 +426,7 @@ def _plot(study: dict[str, Any], png_path: Path) -> None:
 def main(argv: list[str]) -> None:
     command, args = argv[0], argv[1:]
     if command == "export":
-        export(Path(args[0]), args[1], [Path(a) for a in args[2:5]])
+        export(Path(args[0]), args[1], [Path(a) for a in args[2:5]], args[5:])
     elif command == "count":
         count(Path(args[0]), args[1], [Path(a) for a in args[2:5]])
     elif command == "synth":
