@@ -21,7 +21,8 @@ Every op is timed three ways, each a median:
   ``--extra-repeats`` replays.
 
 A short spin kernel queued before each timed run keeps the GPU busy while Python launches it,
-so the figures are GPU time, not host launch overhead. Each harness's floor, a one-element
+so the figures are GPU time, not host launch overhead; 50 ms of flushes before each op's
+timings bring the clocks up after a pause. Each harness's floor, a one-element
 ``add_`` and device-to-device copies of 8, 32 and 128 MiB, is printed first. Linear rows also
 time, with the clean flush, every tiling the dispatcher offers for the call
 (:func:`inq.kernels.triton.swar.swar_config`) and name the one it picked. Baselines use the
@@ -163,6 +164,19 @@ class Floor:
 
 
 _LEAD_CYCLES = 2_000_000  # about 1 ms of spinning: longer than any launch from Python
+# GPU seconds of flushes before each op is timed: after a pause (a kernel's compilation, the
+# host building the next case) the clocks start low and ramp up; on the issue-47 H200 run the
+# first case of each shape (batch 1) ran the same launch up to 52 % slower than batch 16
+_WARM_S = 0.05
+
+
+def _warm_clocks(flush: Op) -> None:
+    """Keep the GPU busy with ``flush`` for :data:`_WARM_S` seconds, so that the timed calls
+    find its clocks up."""
+    end = time.perf_counter() + _WARM_S
+    while time.perf_counter() < end:
+        flush()
+        torch.cuda.synchronize()
 
 
 def time_cuda(fn: Op, repeats: int, flush: Op) -> float:
@@ -175,6 +189,7 @@ def time_cuda(fn: Op, repeats: int, flush: Op) -> float:
     """
     for _ in range(3):  # warm-up: kernel build and load, cuBLAS heuristics, allocator
         fn()
+    _warm_clocks(flush)
     times = []
     for _ in range(repeats):
         flush()
