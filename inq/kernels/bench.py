@@ -679,10 +679,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         >>> parser = argparse.ArgumentParser(prog="inq bench kernel")
         >>> add_bench_arguments(parser)
         >>> args = parser.parse_args(["--static", "--bits", "4"])
-        >>> args.static, args.bits, args.conv_batches, args.repeats, args.extra_repeats
-        (True, [4], [1, 32], 50, 10)
+        >>> args.static, args.bits, args.network_bits, args.conv_batches, args.repeats
+        (True, [4], [4, 5], [1, 32], 50)
     """
     parser.add_argument("--bits", type=int, nargs="+", default=[4, 8], help="code bits")
+    parser.add_argument(
+        "--network-bits",
+        type=int,
+        nargs="+",
+        default=[4, 5],
+        help="code bits of the ResNet-18 convolutions and end-to-end rows (GPU)",
+    )
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="fp16")
     parser.add_argument("--batches", type=int, nargs="+", default=LINEAR_BATCHES)
     parser.add_argument("--conv-batches", type=int, nargs="+", default=CONV_BATCHES)
@@ -812,9 +819,9 @@ def run_bench(args: argparse.Namespace, integer: IntegerFactory | None = None) -
     end_to_end: list[EndToEnd] = []
     for bits in args.bits:
         results += bench_linear(bits, dtype, args.batches, harness, copy)
-        if not args.skip_conv:
-            results += bench_resnet18(bits, dtype, args.conv_batches, harness, copy)
-            end_to_end += bench_end_to_end(bits, dtype, args.conv_batches, harness, integer)
+    for bits in [] if args.skip_conv else args.network_bits:
+        results += bench_resnet18(bits, dtype, args.conv_batches, harness, copy)
+        end_to_end += bench_end_to_end(bits, dtype, args.conv_batches, harness, integer)
     print(format_table(results))
     if not args.skip_conv:
         print(_network_totals(results))
