@@ -26,21 +26,6 @@ seeds=${3:-0,1}
 declare -A ends=([resnet20]='["conv:8","fc:8"]' [fashion_mnist]='["0:8","15:8"]')
 kd=(inq.distill.weight=0.5 inq.distill.temperature=4)
 
-train() {  # train SEED NAME OVERRIDES...: one run into OUT_DIR/NAME/seedSEED, skipped when done
-  local seed=$1 name=$2 dir="$out/$2/seed$1" log="$out/$2/seed$1.log"
-  shift 2
-  [[ -f "$dir/summary.json" ]] && return 0
-  mkdir -p "$out/$name"
-  local start=("hydra.run.dir=$dir")
-  if [[ -f "$dir/checkpoints/latest.pt" ]]; then
-    start+=("trainer.resume=$dir")
-  elif [[ -d "$dir" ]]; then  # stopped before its first checkpoint: keep it aside, start over
-    mv "$dir" "$dir.stopped.$(date +%s)"
-  fi
-  inq-train --config-dir experiments --config-name "study_$config" "trainer.seed=$seed" \
-    "${start[@]}" "$@" ${EXTRA:-} >>"$log" 2>&1 || { tail -n 20 "$log"; return 1; }
-}
-
 one_seed() {
   local seed=$1 bits
   train "$seed" float inq.method=oneshot inq.bits=5

@@ -1,6 +1,8 @@
 # Sourced by the study scripts: run_seeds FUNC SEEDS calls FUNC SEED for each seed of the
 # comma-separated SEEDS, JOBS (default 1) at once, and returns when all have finished (also
-# when one fails: no seed is left running); a failed seed fails the call.
+# when one fails: no seed is left running); a failed seed fails the call. train SEED NAME
+# OVERRIDES... runs one inq-train of experiments/study_$config.yaml into $out/NAME/seedSEED
+# (the caller sets config and out), skipped when it finished, resumed when it was stopped.
 run_seeds() {
   local func=$1 seeds=$2 pids=() seed pid failed=0
   for seed in ${seeds//,/ }; do
@@ -10,4 +12,19 @@ run_seeds() {
   done
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
   return "$failed"
+}
+
+train() {  # train SEED NAME OVERRIDES...: one run into $out/NAME/seedSEED, skipped when done
+  local seed=$1 name=$2 dir="$out/$2/seed$1" log="$out/$2/seed$1.log"
+  shift 2
+  [[ -f "$dir/summary.json" ]] && return 0
+  mkdir -p "$out/$name"
+  local start=("hydra.run.dir=$dir")
+  if [[ -f "$dir/checkpoints/latest.pt" ]]; then
+    start+=("trainer.resume=$dir")
+  elif [[ -d "$dir" ]]; then  # stopped before its first checkpoint: keep it aside, start over
+    mv "$dir" "$dir.stopped.$(date +%s)"
+  fi
+  inq-train --config-dir experiments --config-name "study_$config" "trainer.seed=$seed" \
+    "${start[@]}" "$@" ${EXTRA:-} >>"$log" 2>&1 || { tail -n 20 "$log"; return 1; }
 }

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Mixed precision chosen for the user (issue 50), one command per network:
+#
+#   experiments/mixed_study.sh CONFIG [OUT_DIR] [SEEDS]
+#       CONFIG   fashion_mnist (experiments/study_fashion_mnist.yaml: the width-8 CNN) or
+#                resnet20 (experiments/study_resnet20.yaml: ResNet-20 on Fashion-MNIST)
+#       OUT_DIR  default runs/mixed_<CONFIG>; finished runs are skipped, stopped ones resumed
+#       SEEDS    default 0,1,2
+#   JOBS=2 experiments/mixed_study.sh ...   # that many seeds at once (one CPU thread each)
+#
+# Per seed: the float model once (the 5-bit one-shot job writes it), then, each from that float
+# checkpoint with distillation from it (weight 0.5, T 4, as the README recommends) and the
+# low-bit level sets for every job (inq=lowbit: mse n1 per output channel, the 8-stage schedule):
+#   uniform 2, 3 and 4 bits; the 8-bit-ends rule (first and last layer at 8 bits, the rest at 2);
+#   inq.bits=auto with each sensitivity method (loss, hessian) at 2.5, 3.0 and 4.0 average bits
+#   and at the ends rule's size, sizes counted nominally (b bits a weight, inq.auto.size=nominal,
+#   so that 2 and 3 bits differ), choices 2, 3, 4, 5, 8.
+# Finally the runs' summary.json files are collected into OUT_DIR/RESULTS.md and a plot.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source experiments/seeds.sh
+config=${1:?usage: experiments/mixed_study.sh fashion_mnist|resnet20 [OUT_DIR] [SEEDS]}
+[[ -f "experiments/study_$config.yaml" ]] ||
+  { echo "mixed_study: no experiments/study_$config.yaml" >&2; exit 2; }
+out=$(realpath -m "${2:-runs/mixed_$config}")
+seeds=${3:-0,1,2}
+declare -A ends=([resnet20]='["conv:8","fc:8"]' [fashion_mnist]='["0:8","15:8"]')
+declare -A model=([resnet20]='resnet20 --in-channels 1 --layer-bits conv:8 fc:8'
+  [fashion_mnist]='mnist_cnn --width 8 --in-channels 1 --layer-bits 0:8 15:8')
+# the ends rule's size in average bits (rounded down: auto may not exceed it)
+ends_bits=$(python experiments/rule_size.py ${model[$config]} --bits 2)
+ends_bits=$(python -c "import math; print(math.floor($ends_bits * 1e4) / 1e4)")
+common=(inq=lowbit inq.distill.weight=0.5 inq.distill.temperature=4 inq.auto.size=nominal)
+
+one_seed() {
+  local seed=$1 bits method budget
+  train "$seed" float inq.method=oneshot inq.bits=5
+  local from_float="model.checkpoint=$out/float/seed$seed/checkpoints/float.pt"
+  for bits in 2 3 4; do
+    train "$seed" "uniform$bits" "${common[@]}" "inq.bits=$bits" "$from_float"
+  done
+  train "$seed" ends2 "${common[@]}" inq.bits=2 "inq.layer_bits=${ends[$config]}" "$from_float"
+  for budget in 2.5 3.0 4.0 "$ends_bits"; do
+    for method in loss hessian; do
+      train "$seed" "auto_${method}_$budget" "${common[@]}" inq.bits=auto \
+        "inq.budget.avg_bits=$budget" "inq.auto.method=$method" "$from_float"
+    done
+  done
+  echo "seed $seed done"
+}
+
+mkdir -p "$out"
+start=$SECONDS
+echo "mixed-precision study $config (ends rule: $ends_bits bits), seeds $seeds," \
+  "${JOBS:-1} at once -> $out"
+run_seeds one_seed "$seeds"
+echo "all jobs done in $((SECONDS - start)) s; runs in $out"
+python experiments/collect_mixed.py "$out" --name "$config"
