@@ -17,7 +17,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -25,10 +24,11 @@ import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collect_study import HERE, Stats, _relative, write_section
+from collect_study import HERE, Built, Stats, _relative, publish, save_figure, study_parser
 
 JOB = re.compile(r"(?P<method>inq|ste)(?P<bits>\d)(?P<kd>_kd)?(?P<ends>_ends8)?")
 METHODS = ("INQ", "INQ + KD", "STE", "STE + KD", "INQ + KD, 8-bit ends")
@@ -180,10 +180,7 @@ def plot(runs: Sequence[Run], path: Path, name: str) -> None:
     ax.set_title(f"distillation study: {name}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def render(runs: Sequence[Run], floats: dict[int, float], plot_path: Path, results: Path,
@@ -206,28 +203,16 @@ def render(runs: Sequence[Run], floats: dict[int, float], plot_path: Path, resul
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("study", type=Path, help="the folder distill_study.sh wrote")
-    parser.add_argument("--name", required=True, help="resnet20 or fashion_mnist (the goals)")
-    parser.add_argument(
-        "--update-results",
-        action="store_true",
-        help="write the tracked experiments/RESULTS.md section and plot",
-    )
-    args = parser.parse_args(argv)
+    args = study_parser(__doc__.split("\n\n")[0]).parse_args(argv)
     folder = HERE if args.update_results else args.study
-    results, plot_path = folder / "RESULTS.md", folder / f"distill_{args.name}.png"
-    try:
+
+    def build(plot_path: Path, results: Path) -> Built:
         runs, floats = load_runs(args.study)
         body = render(runs, floats, plot_path, results, args.name)
-    except (OSError, ValueError, KeyError) as err:
-        print(f"collect_distill: error: {err}", file=sys.stderr)
-        return 1
-    plot(runs, plot_path, args.name)
+        return body, len(runs), partial(plot, runs, name=args.name)
+
     title = f"## Distillation and 8-bit ends: {args.name} (issue 25)"
-    write_section(results, body, title, f"distill_{args.name}")
-    print(f"{len(runs)} runs -> {results} (table), {plot_path} (plot)")
-    return 0
+    return publish("collect_distill", folder, title, f"distill_{args.name}", build)
 
 
 if __name__ == "__main__":

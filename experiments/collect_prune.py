@@ -27,11 +27,12 @@ import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the sibling collector, also when loaded by path from the tests
-from collect_study import _relative, sweep_parser, write_section  # noqa: E402
+from collect_study import Built, _relative, publish, save_figure, sweep_parser  # noqa: E402
 
 # The INQ paper's Table 5 (AlexNet on ImageNet, dynamic network surgery + INQ, no Huffman
 # coding) and Deep Compression (Han et al. 2016) on the same network, as the issue quotes them.
@@ -225,10 +226,7 @@ def plot(runs: Sequence[PruneRun], path: Path, dataset: str = "digits") -> None:
     ax.set_title("pruning + INQ: accuracy vs measured compression")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def render(runs: Sequence[PruneRun], plot_path: Path, results: Path, dataset: str) -> str:
@@ -260,18 +258,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the exit status."""
     args = sweep_parser(__doc__.split("\n\n")[0]).parse_args(argv)
     folder = HERE if args.update_results else args.sweep
-    results, plot_path = folder / "RESULTS.md", folder / f"prune_{args.dataset}.png"
-    try:
+
+    def build(plot_path: Path, results: Path) -> Built:
         runs = load_runs(args.sweep)
         body = render(runs, plot_path, results, args.dataset)
-    except (OSError, ValueError) as err:
-        print(f"collect_prune: error: {err}", file=sys.stderr)
-        return 1
-    plot(runs, plot_path, args.dataset)
+        return body, len(runs), partial(plot, runs, dataset=args.dataset)
+
     title = f"## Pruning + INQ: accuracy vs compression on {args.dataset} (issue 15)"
-    write_section(results, body, title, f"prune_{args.dataset}")
-    print(f"{len(runs)} runs -> {results} (table), {plot_path} (plot)")
-    return 0
+    return publish("collect_prune", folder, title, f"prune_{args.dataset}", build)
 
 
 if __name__ == "__main__":

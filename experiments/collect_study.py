@@ -30,9 +30,11 @@ import os
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 START, END = "<!-- study:start -->", "<!-- study:end -->"
@@ -351,6 +353,13 @@ def plot(runs: Sequence[Run], path: Path) -> None:
     axes[2].set_ylabel("top-1 accuracy, %")
     axes[2].legend(fontsize=7)
     axes[2].grid(alpha=0.3)
+    save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out ``fig``, write it to ``path`` (PNG, its folder made) and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -419,6 +428,42 @@ def sweep_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def study_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of a collector of one study script's folder: the folder, the network's
+    name, where to write."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("study", type=Path, help="the folder the study script wrote")
+    parser.add_argument("--name", required=True, help="fashion_mnist or resnet20")
+    parser.add_argument(
+        "--update-results",
+        action="store_true",
+        help="write the tracked experiments/RESULTS.md section and plot",
+    )
+    return parser
+
+
+# what a collector makes of its runs: the section's body, how many runs, and how to draw the plot
+Built = tuple[str, int, Callable[[Path], None]]
+
+
+def publish(script: str, folder: Path, title: str, key: str, build: Callable[[Path, Path], Built],
+            plot_path: Path | None = None, results: Path | None = None) -> int:  # fmt: skip
+    """Collect, write the section ``key`` of ``folder``'s RESULTS.md (or ``results``) and the
+    plot ``<key>.png`` beside it (or ``plot_path``), report; exit status 1 with one line naming
+    ``script`` where the runs cannot be read."""
+    results = results or folder / "RESULTS.md"
+    plot_path = plot_path or folder / f"{key}.png"
+    try:
+        body, count, draw = build(plot_path, results)
+    except (OSError, ValueError, KeyError) as err:
+        print(f"{script}: error: {err}", file=sys.stderr)
+        return 1
+    draw(plot_path)
+    write_section(results, body, title, key)
+    print(f"{count} runs -> {results} (table), {plot_path} (plot)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the exit status."""
     parser = sweep_parser(__doc__.split("\n\n")[0])
@@ -426,19 +471,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, help="plot file (overrides the default)")
     args = parser.parse_args(argv)
     folder = HERE if args.update_results else args.sweep
-    results = args.results or folder / "RESULTS.md"
-    plot_path = args.plot or folder / f"study_{args.dataset}.png"
-    try:
+
+    def build(plot_path: Path, results: Path) -> Built:
         runs = load_runs(args.sweep)
-        body = render(runs, plot_path, results, args.dataset)
-    except (OSError, ValueError) as err:
-        print(f"collect_study: error: {err}", file=sys.stderr)
-        return 1
-    plot(runs, plot_path)
+        return render(runs, plot_path, results, args.dataset), len(runs), partial(plot, runs)
+
     title = "## Accuracy study" + ("" if args.dataset == "digits" else f": {args.dataset}")
-    write_section(results, body, title, args.dataset)
-    print(f"{len(runs)} runs -> {results} (table), {plot_path} (plot)")
-    return 0
+    plot_path = args.plot or folder / f"study_{args.dataset}.png"
+    return publish("collect_study", folder, title, args.dataset, build, plot_path, args.results)
 
 
 def _portions(portions: Sequence[float]) -> str:
