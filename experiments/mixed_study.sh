@@ -30,7 +30,7 @@ declare -A model=([resnet20]='resnet20 --in-channels 1 --layer-bits conv:8 fc:8'
 # the ends rule's size in average bits (rounded down: auto may not exceed it)
 ends_bits=$(python experiments/rule_size.py ${model[$config]} --bits 2)
 ends_bits=$(python -c "import math; print(math.floor($ends_bits * 1e4) / 1e4)")
-common=(inq=lowbit inq.distill.weight=0.5 inq.distill.temperature=4 inq.auto.size=nominal)
+common=(inq=lowbit inq.distill.weight=0.5 inq.distill.temperature=4)
 
 one_seed() {
   local seed=$1 bits method budget
@@ -42,7 +42,7 @@ one_seed() {
   train "$seed" ends2 "${common[@]}" inq.bits=2 "inq.layer_bits=${ends[$config]}" "$from_float"
   for budget in 2.5 3.0 4.0 "$ends_bits"; do
     for method in loss hessian; do
-      train "$seed" "auto_${method}_$budget" "${common[@]}" inq.bits=auto \
+      train "$seed" "auto_${method}_$budget" "${common[@]}" inq.bits=auto inq.auto.size=nominal \
         "inq.budget.avg_bits=$budget" "inq.auto.method=$method" "$from_float"
     done
   done
