@@ -29,16 +29,16 @@ kd=(inq.distill.weight=0.5 inq.distill.temperature=4)
 one_seed() {
   local seed=$1 bits
   train "$seed" float inq.method=oneshot inq.bits=5
-  local from_float="model.checkpoint=$out/float/seed$seed/checkpoints/float.pt"
+  local from_float=("model.checkpoint=$out/float/seed$seed/checkpoints/float.pt" trainer.float_epochs=0)
   for bits in 5 4 3 2; do
     local levels=("inq.bits=$bits")
     ((bits >= 4)) || levels=(inq=lowbit "inq.bits=$bits")
-    train "$seed" "inq$bits" "${levels[@]}" "$from_float"
-    train "$seed" "inq${bits}_kd" "${levels[@]}" "${kd[@]}" "$from_float"
-    train "$seed" "ste${bits}_kd" inq.method=ste "${levels[@]}" "${kd[@]}" "$from_float"
+    train "$seed" "inq$bits" "${levels[@]}" "${from_float[@]}"
+    train "$seed" "inq${bits}_kd" "${levels[@]}" "${kd[@]}" "${from_float[@]}"
+    train "$seed" "ste${bits}_kd" inq.method=ste "${levels[@]}" "${kd[@]}" "${from_float[@]}"
     if ((bits <= 3)); then
       train "$seed" "inq${bits}_kd_ends8" "${levels[@]}" "${kd[@]}" \
-        "inq.layer_bits=${ends[$config]}" "$from_float"
+        "inq.layer_bits=${ends[$config]}" "${from_float[@]}"
     fi
   done
   echo "seed $seed done"

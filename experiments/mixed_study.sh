@@ -35,15 +35,15 @@ common=(inq=lowbit inq.distill.weight=0.5 inq.distill.temperature=4)
 one_seed() {
   local seed=$1 bits method budget
   train "$seed" float inq.method=oneshot inq.bits=5
-  local from_float="model.checkpoint=$out/float/seed$seed/checkpoints/float.pt"
+  local from_float=("model.checkpoint=$out/float/seed$seed/checkpoints/float.pt" trainer.float_epochs=0)
   for bits in 2 3 4; do
-    train "$seed" "uniform$bits" "${common[@]}" "inq.bits=$bits" "$from_float"
+    train "$seed" "uniform$bits" "${common[@]}" "inq.bits=$bits" "${from_float[@]}"
   done
-  train "$seed" ends2 "${common[@]}" inq.bits=2 "inq.layer_bits=${ends[$config]}" "$from_float"
+  train "$seed" ends2 "${common[@]}" inq.bits=2 "inq.layer_bits=${ends[$config]}" "${from_float[@]}"
   for budget in 2.5 3.0 4.0 "$ends_bits"; do
     for method in loss hessian; do
       train "$seed" "auto_${method}_$budget" "${common[@]}" inq.bits=auto inq.auto.size=nominal \
-        "inq.budget.avg_bits=$budget" "inq.auto.method=$method" "$from_float"
+        "inq.budget.avg_bits=$budget" "inq.auto.method=$method" "${from_float[@]}"
     done
   done
   echo "seed $seed done"

@@ -55,7 +55,7 @@ job() {  # job SEED BITS:SPARSITY[:FC_SPARSITY]
   layers="0:$(python -c "print(min($sparsity, 0.5))")" name="b${bits}_s$sparsity"
   [[ -z $fc ]] || { layers+=",${fc_layer[$dataset]}:$fc" name+="_fc$fc"; }
   train "$seed" "$name" "model.checkpoint=${FLOAT:-$out/float_seed$seed}/checkpoints/float.pt" \
-    "inq.bits=$bits" "inq.portions=${schedule[$bits]}" inq.n1_rule=mse \
+    trainer.float_epochs=0 "inq.bits=$bits" "inq.portions=${schedule[$bits]}" inq.n1_rule=mse \
     "prune.sparsity=$sparsity" "prune.layers=[$layers]" prune.steps=3 \
     "prune.epochs=$prune_epochs" "${inq_epochs[@]}"
 }

@@ -48,12 +48,12 @@ train() {  # train SEED GROUP OVERRIDES...: Hydra (multi)run of one seed into OU
 one_seed() {  # every job of one seed, in order
   local seed=$1 bits
   train "$seed" float inq.method=oneshot inq.bits=5
-  local from_float="model.checkpoint=$out/float/0_seed$seed/checkpoints/float.pt"
-  train "$seed" oneshot inq.method=oneshot inq.bits=2,3,4 "$from_float"
+  local from_float=("model.checkpoint=$out/float/0_seed$seed/checkpoints/float.pt" trainer.float_epochs=0)
+  train "$seed" oneshot inq.method=oneshot inq.bits=2,3,4 "${from_float[@]}"
   train "$seed" oneshot_mse_channel inq.method=oneshot inq.bits=2,3,4,5 "${mse_channel[@]}" \
-    "$from_float"
+    "${from_float[@]}"
   for bits in 5 4 3 2; do
-    local common=("inq.bits=$bits" "inq.portions=${schedule[$bits]}" "$from_float")
+    local common=("inq.bits=$bits" "inq.portions=${schedule[$bits]}" "${from_float[@]}")
     train "$seed" "inq$bits" "${common[@]}"
     train "$seed" "inq${bits}_mse" "${common[@]}" inq.n1_rule=mse
     train "$seed" "inq${bits}_mse_channel" "${common[@]}" "${mse_channel[@]}"
@@ -66,7 +66,7 @@ one_seed() {  # every job of one seed, in order
     fi
   done
   if [[ $dataset == digits ]]; then
-    train "$seed" inq5_default inq.bits=5 'inq.portions=[0.3,0.6,0.8,1.0]' "$from_float"
+    train "$seed" inq5_default inq.bits=5 'inq.portions=[0.3,0.6,0.8,1.0]' "${from_float[@]}"
   fi
   echo "seed $seed done"
 }
