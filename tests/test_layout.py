@@ -119,41 +119,60 @@ def test_the_package_names_load_on_use() -> None:
         inq.nope  # noqa: B018
 
 
-LAYERS = (  # README's code map, top to bottom; a module may import its own layer or one above
+LAYERS = (  # README's code map, top to bottom: each layer's tiers in import order
     # atomic writes, locks, digests, project manifests: nothing of inq but these, so anything may
-    ("inq.fileio", "inq.project"),
-    (
-        "inq.pow2",
-        "inq.levels",
-        "inq.partition",
-        "inq.prune",
-        "inq.scheduler",
-        "inq.baselines",
-        "inq.distill",
+    (("inq.fileio",), ("inq.project",)),
+    (  # the core: rounding, then the level sets, the scheduler, the baselines on it
+        ("inq.pow2", "inq.partition", "inq.prune", "inq.distill"),
+        ("inq.levels",),
+        ("inq.scheduler",),
+        ("inq.baselines",),
     ),
-    ("inq.codes",),
-    ("inq.kernels",),
-    ("inq.masked", "inq.sparse", "inq.packed"),
-    ("inq.models", "inq.data", "inq.evaluation", "inq.errors", "inq.fit", "inq.allocate"),
+    (("inq.codes",),),
+    (("inq.kernels",),),
+    (("inq.masked", "inq.sparse"), ("inq.packed",)),
+    (("inq.errors", "inq.evaluation"), ("inq.models", "inq.data", "inq.fit", "inq.allocate")),
     # the opener returns integer models too (inq.quant.integer), so it, and what finds files
-    # through it, sit on the integer model's line
-    ("inq.nn", "inq.quant", "inq.artefact", "inq.runfiles"),
-    ("inq.deploy", "inq.rtl"),  # what turns a finished model into a runtime's or a tool's input
-    ("inq.train", "inq.cli", "inq.console"),
+    # through it, sit below the integer model
+    (("inq.nn",), ("inq.quant",), ("inq.artefact",), ("inq.runfiles",)),
+    (("inq.rtl",), ("inq.deploy",)),  # what turns a finished model into a tool's or runtime's input
+    (("inq.train", "inq.cli"), ("inq.console",)),
 )
+TIERS = [tier for layer in LAYERS for tier in layer]
 
 
-def _layer(module: str) -> int:
-    for depth, prefixes in enumerate(LAYERS):
-        if _under(module, *prefixes):
-            return depth
-    raise AssertionError(f"{module} is in no layer of the code map")
+def _unit(module: str) -> tuple[int, str]:
+    """The tier a module sits in and the code-map entry (module or package) that holds it."""
+    found = [(depth, prefix) for depth, tier in enumerate(TIERS) for prefix in tier
+             if _under(module, prefix)]  # fmt: skip
+    assert found, f"{module} is in no layer of the code map"
+    return max(found, key=lambda entry: len(entry[1]))
 
 
 @pytest.mark.parametrize("module", sorted(m for m in import_graph() if m != "inq"))
-def test_each_layer_imports_only_layers_above_it(module: str) -> None:
-    below = sorted(m for m in import_graph()[module] - {"inq"} if _layer(m) > _layer(module))
-    assert not below, f"{module} (layer {_layer(module)}) imports {below}"
+def test_each_module_imports_only_tiers_above_it(module: str) -> None:
+    """Within a package anything goes; across entries, only what an earlier tier holds."""
+    tier, unit = _unit(module)
+    later = sorted(m for m in import_graph()[module] - {"inq"}
+                   if _unit(m)[1] != unit and _unit(m)[0] >= tier)  # fmt: skip
+    assert not later, f"{module} (tier {tier}) imports {later}"
+
+
+def test_the_import_graph_has_no_more_levels_than_the_map_has_tiers() -> None:
+    """The longest import chain between code-map entries (packages taken whole)."""
+    edges: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        if module != "inq":
+            unit = _unit(module)[1]
+            edges.setdefault(unit, set()).update(_unit(t)[1] for t in targets - {"inq"})
+    for unit, targets in edges.items():
+        targets.discard(unit)
+
+    @cache
+    def levels(unit: str) -> int:
+        return 1 + max((levels(t) for t in edges.get(unit, ())), default=0)
+
+    assert max(levels(unit) for unit in edges) <= len(TIERS)
 
 
 TRAIN = ROOT / "train"
