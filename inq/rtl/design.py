@@ -91,6 +91,10 @@ class Layer:
         (sh, sw), (ph, pw) = self.stride, self.padding
         return (i * sh - ph + self.window.kh - 1) * self.w + j * sw - pw + self.window.kw - 1
 
+    def dues(self) -> list[int]:
+        """:meth:`due` of every output, in raster order."""
+        return [self.due(i, j) for i in range(self.out_h) for j in range(self.out_w)]
+
     @property
     def flush(self) -> int:
         return max(0, self.due(self.out_h - 1, self.out_w - 1) - (self.h * self.w - 1))
@@ -226,7 +230,7 @@ def _window_of(op: IntOp, inputs: list[_Stream]) -> tuple[Window, tuple[int, int
 
 def _check_order(layer: Layer) -> None:
     """Refuse a window whose outputs would not fall due one after another in raster order."""
-    dues = [layer.due(i, j) for i in range(layer.out_h) for j in range(layer.out_w)]
+    dues = layer.dues()
     if dues[0] < 0 or any(b <= a for a, b in itertools.pairwise(dues)):
         raise _refuse(layer.op, "its windows are not due in raster order (padding too large)")
 
@@ -367,8 +371,7 @@ def fifo_depths(
 
 
 def _window_times(layer: Layer, arrivals: list[int], latency: int) -> list[int]:
-    beats = layer.h * layer.w
-    dues = [layer.due(i, j) for i in range(layer.out_h) for j in range(layer.out_w)]
+    beats, dues = layer.h * layer.w, layer.dues()
     out = []
     for f in range(len(arrivals) // beats):
         shifted = [t + 1 for t in arrivals[f * beats : (f + 1) * beats]]
