@@ -39,6 +39,7 @@ from inq.kernels.triton.decode import dot_upcast, finish, grouped_tile, reduce_p
 
 GEMV_MAX_ROWS = 8  # fp32 activations: CUDA-core GEMV up to here, then the FMA tile kernel
 _MAX_SPLIT = 16
+_WARPS_PER_SM = 8  # what a split-K launch aims for: two warps a scheduler
 
 __all__ = [
     "SwarConfig",
@@ -309,23 +310,27 @@ def swar_config(
     bytes in flight (the static check's figures per weight are below the GEMV's). fp32
     activations multiply in IEEE fp32 (no TF32): the GEMV up to :data:`GEMV_MAX_ROWS` rows, then
     an FMA tile. ``split_k`` (default, where the default tiles alone leave SMs idle: the most
-    splits that still fit one CTA an SM, at most 16) is clamped so that every split gets a
+    splits that still start in one round, two CTAs of 4 warps an SM on tensor cores, one CTA
+    an SM otherwise, at most 16) is clamped so that every split gets a
     chunk.
 
     Example:
         >>> swar_config(1, 4096, 32, fp32=False, sms=132)
-        SwarConfig(kernel='mma', block_m=16, block_n=128, block_w=16, split_k=4, num_warps=4, num_stages=4)
+        SwarConfig(kernel='mma', block_m=16, block_n=128, block_w=16, split_k=8, num_warps=4, num_stages=4)
     """  # noqa: E501
     tiles = _tilings(rows, fp32, bf16)
     if choice >= len(tiles):
         raise ValueError(f"no tiling {choice} for {rows} rows")
     default, cfg = tiles[0], tiles[choice]
     steps = -(-chunks * CHUNK_WORDS // cfg.block_w)
-    if split_k is None:  # the most splits whose CTAs start in one round, one CTA an SM: a
-        # second round for a few SMs costs more than the SMs the last split leaves idle (the
-        # time model; inq.kernels.model)
+    if split_k is None:  # the most splits whose CTAs start in one round with 8 warps an SM
+        # (two CTAs of 4, one of 8): a second round for a few SMs costs more than the SMs the
+        # last split leaves idle, and a scheduler needs two warps to hide a decode loop's
+        # dependences (the time model, inq.kernels.model, and Nsight Compute on the H200)
         count = -(-rows // default.block_m) * -(-out_features // default.block_n)
-        split_k = min(_MAX_SPLIT, max(1, sms // count)) if count < sms else 1
+        per_sm = _WARPS_PER_SM // default.num_warps if default.kernel == "mma" else 1
+        slots = sms * max(1, per_sm)
+        split_k = min(_MAX_SPLIT, max(1, slots // count)) if count < slots else 1
     split_k = max(1, min(split_k, steps))
     split_k = -(-steps // -(-steps // split_k))  # no empty split
     return SwarConfig(cfg.kernel, cfg.block_m, cfg.block_n, cfg.block_w, split_k,
