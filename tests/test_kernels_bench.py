@@ -8,6 +8,7 @@ import argparse
 import json
 from dataclasses import asdict
 from functools import partial
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from inq.kernels.bench import (
     Floor,
     Harness,
     OpLayer,
+    OpTime,
     Tiling,
     Timings,
     add_bench_arguments,
@@ -30,7 +32,9 @@ from inq.kernels.bench import (
     bound,
     format_end_to_end,
     format_floor,
+    format_int8_ops,
     format_table,
+    integer_op_times,
     quantized_resnet18,
     rotation_copies,
     time_graph,
@@ -75,6 +79,35 @@ def test_end_to_end_table_has_one_row_per_case() -> None:
     table = format_end_to_end(rows).splitlines()
     assert len(table) == 4
     assert table[2].split()[-1] == "2.00x" and table[3].split()[-1] == "0.50x"
+
+
+def test_integer_ops_are_timed_one_by_one_on_a_whole_runs_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each op runs alone (``step``) on the values one whole ``run`` computed, with the clean
+    flush and --extra-repeats; the table sums them against the graph's time."""
+    stepped: list[tuple[str, float]] = []
+
+    class Program:
+        ops = (SimpleNamespace(name="input", op="input"), SimpleNamespace(name="c1", op="conv"))
+
+        def run(self, x: Tensor) -> dict[str, Tensor]:
+            return {"input": x + 1, "c1": x + 2}
+
+        def step(self, op: SimpleNamespace, values: dict[str, Tensor], x: Tensor) -> Tensor:
+            stepped.append((op.name, float(values["input"])))
+            return values[op.name]
+
+    harness = cpu_harness()
+    monkeypatch.setattr(bench, "time_cuda", lambda fn, repeats, flush: (fn(), 2.0 * repeats)[1])
+    times = integer_op_times(Program(), torch.tensor(1.0), harness)
+    assert times == [OpTime("input", "input", 6.0), OpTime("c1", "conv", 6.0)]  # 3 repeats
+    assert stepped == [("input", 2.0), ("c1", 2.0)]
+    row = EndToEnd(32, 4, "fp16", 1.0, 2.0, 0.5, 0.25, 0.1, 0, times)
+    table = format_int8_ops([row, EndToEnd(1, 4, "fp16", 1.0, 2.0, 0.5, 0.25)]).splitlines()
+    assert len(table) == 2 + 2 + 1 and table[2].split()[-1] == "6.0"
+    assert table[-1].endswith("2 ops 12.0 us alone, 100.0 us as one graph")
+    assert format_int8_ops([EndToEnd(1, 4, "fp16", 1.0, 2.0, 0.5, 0.25)]) == ""
 
 
 H200_L2 = 60 << 20

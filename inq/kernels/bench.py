@@ -80,10 +80,13 @@ __all__ = [
     "Harness",
     "IntegerFactory",
     "OpLayer",
+    "OpTime",
     "Tiling",
     "Timings",
     "add_bench_arguments",
     "bound",
+    "format_int8_ops",
+    "integer_op_times",
     "rotation_copies",
     "run_bench",
     "time_cuda",
@@ -415,6 +418,15 @@ def _geometry(conv: nn.Conv2d) -> tuple[list[int], list[int], list[int], int]:
 
 
 @dataclass
+class OpTime:
+    """One op of the integer model timed alone (GPU microseconds, clean flush)."""
+
+    name: str
+    op: str
+    time_us: float
+
+
+@dataclass
 class EndToEnd:
     """ResNet-18 forward, converted (inq ops) vs float (cuDNN), same weights."""
 
@@ -427,11 +439,23 @@ class EndToEnd:
     inq_graph_ms: float
     int8_graph_ms: float | None = None  # the integer model (int8 activations), as a graph
     int8_logits_differ: int | None = None  # of its int32 logits, vs the CPU reference
+    int8_ops: list[OpTime] = field(default_factory=list)  # each op of the integer model alone
 
 
 # (quantized float model, bits) -> (its integer model on CUDA, the same on the CPU): made
 # above the kernels (inq.quant), handed in by the CLI
 IntegerFactory = Callable[[nn.Module, int], tuple[nn.Module, nn.Module]]
+
+
+def integer_op_times(model: Any, x: Tensor, harness: Harness) -> list[OpTime]:
+    """Each op of the integer model ``model`` (an ``inq.quant.integer.IntegerModel``: its
+    ``ops``, ``run`` and ``step``) timed alone on ``x`` after a clean flush, its inputs the
+    values one whole run computed: what each layer costs, to add up against the graph."""
+    with torch.inference_mode():
+        values = model.run(x)
+        return [OpTime(op.name, op.op, time_cuda(partial(model.step, op, values, x),
+                                                  harness.extra_repeats, harness.clean_flush))
+                for op in model.ops]  # fmt: skip
 
 
 def quantized_resnet18(bits: int) -> nn.Module:
@@ -552,13 +576,14 @@ def bench_end_to_end(
                 run = partial(model, x)
                 eager[name] = time_host(run, harness.repeats)
                 graph[name] = time_cuda(cuda_graph(run), harness.repeats, harness.clean_flush) / 1e3
-            int8_ms = None
+            int8_ms, ops = None, []
             if int8 is not None:  # it quantizes fp32 images itself
                 images = torch.randn(batch, 3, 224, 224, device="cuda")
                 replay = cuda_graph(partial(int8, images))
                 int8_ms = time_cuda(replay, harness.repeats, harness.clean_flush) / 1e3
+                ops = integer_op_times(int8, images, harness)
         results.append(EndToEnd(batch, bits, _dtype_name(dtype), *eager.values(), *graph.values(),
-                                int8_ms, differ))  # fmt: skip
+                                int8_ms, differ, ops))  # fmt: skip
     return results
 
 
@@ -581,6 +606,20 @@ def format_end_to_end(results: list[EndToEnd]) -> str:
             f"{r.inq_graph_ms:>11.3f}{r.float_graph_ms / r.inq_graph_ms:>8.2f}x{int8}"
         )
     return _table(head, rows)
+
+
+def format_int8_ops(results: list[EndToEnd]) -> str:
+    """The integer model op by op (each timed alone), and their sum against the graph."""
+    rows = []
+    for r in results:
+        rows += [f"{'int8 op (us)':<14}{r.batch:>6}{r.bits:>5}  {t.name:<28}{t.op:<10}"
+                 f"{t.time_us:>9.1f}" for t in r.int8_ops]  # fmt: skip
+        if r.int8_ops and r.int8_graph_ms is not None:
+            total, graph = sum(t.time_us for t in r.int8_ops), 1e3 * r.int8_graph_ms
+            rows.append(f"{'int8 ops, sum':<14}{r.batch:>6}{r.bits:>5}  {len(r.int8_ops)} ops "
+                        f"{total:.1f} us alone, {graph:.1f} us as one graph")  # fmt: skip
+    head = f"{'integer model':<14}{'batch':>6}{'bits':>5}  {'op':<28}{'kind':<10}{'us':>9}"
+    return _table(head, rows) if rows else ""
 
 
 def _result(
@@ -826,6 +865,7 @@ def run_bench(args: argparse.Namespace, integer: IntegerFactory | None = None) -
     if not args.skip_conv:
         print(_network_totals(results))
         print(format_end_to_end(end_to_end))
+        print(format_int8_ops(end_to_end))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         record = bench_record(device, copy, harness, floor, results, end_to_end)

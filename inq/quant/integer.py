@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -181,9 +181,14 @@ class IntegerModel(nn.Module):
         """The value of every op for the float input ``x``."""
         values: dict[str, Tensor] = {}
         for op in self.ops:
-            args = [values[i] for i in op.inputs] if op.inputs else [x]
-            values[op.name] = _RUN[op.op](op, self.op_tensors(op.name), *args)
+            values[op.name] = self.step(op, values, x)
         return values
+
+    def step(self, op: IntOp, values: Mapping[str, Tensor], x: Tensor) -> Tensor:
+        """The value of ``op`` from the values of the ops before it (``x``: the float input,
+        which the first op reads)."""
+        args = [values[i] for i in op.inputs] if op.inputs else [x]
+        return _RUN[op.op](op, self.op_tensors(op.name), *args)
 
     def op_tensors(self, name: str) -> dict[str, Tensor]:
         """The tensors of op ``name``, by field (``codes``, ``bias``, ...): the buffers
