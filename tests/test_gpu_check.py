@@ -151,33 +151,33 @@ def test_all_steps_passed_and_no_log_dir_means_a_temporary_one(
     assert repo_state() == before
 
 
-def test_the_default_steps_end_with_the_training_speed_benchmark_in_its_budget(
-    tmp_path: Path, fake_gpu: Path
-) -> None:
-    """STEPS empty is the default: the kernel tests, the static check, the benchmark, the time
-    model against it (clean and dirty flush), both Nsight Compute runs, then bench_train.py on
-    CUDA with 60 s to start groups in (its limit: 90 s of the 120 of STEP_TIMEOUT), its figures
-    into LOG_DIR."""
+def test_the_default_steps_put_the_benchmark_first(tmp_path: Path, fake_gpu: Path) -> None:
+    """STEPS empty is the default: the benchmark, both Nsight Compute runs, the int8 and the
+    conv kernel tests on the GPU, in that order (what a short lease wants most first)."""
     before = repo_state()
     logs, calls = tmp_path / "logs", tmp_path / "calls.txt"
     proc = gpu_check(str(logs), cwd=REPO, env={"STEPS": "", "CALLS": str(calls)}, path=fake_gpu)
     assert proc.returncode == 0, proc
-    assert proc.stdout.splitlines()[-1] == f"gpu_check.sh: all 9 steps passed (logs: {logs})"
+    assert proc.stdout.splitlines()[-1] == f"gpu_check.sh: all 5 steps passed (logs: {logs})"
+    ran = calls.read_text().splitlines()
+    assert ran[0].startswith(f"-m inq.cli bench kernel --json {logs}/kernel_bench.json")
+    assert [line.split()[0] for line in ran[1:3]] == ["ncu", "ncu"]
+    assert [line.split()[:2] for line in ran[3:]] == [["-m", "pytest"]] * 2
+    assert "imma" in ran[3] and "shift_conv2d" in ran[4]
+    assert repo_state() == before
+
+
+def test_with_the_static_check_the_benchmark_is_held_against_the_time_model(
+    tmp_path: Path, fake_gpu: Path
+) -> None:
+    logs, calls = tmp_path / "logs", tmp_path / "calls.txt"
+    env = {"STEPS": "static bench", "CALLS": str(calls)}
+    proc = gpu_check(str(logs), cwd=REPO, env=env, path=fake_gpu)
+    assert proc.returncode == 0, proc
     ran = calls.read_text().splitlines()
     model = "experiments/model_records.py"
-    assert [line.split()[0] for line in ran] == ["-m"] * 4 + [model] * 2 + ["ncu"] * 2 + [
-        "experiments/bench_train.py"
-    ]
-    assert f"--harness clean flush --triton unknown -o {logs}/model_clean.json" in ran[4]
-    assert ran[-1] == (
-        f"experiments/bench_train.py --device cuda --json {logs}/train_speed.json --budget-s 60"
-    )
-    speed = (
-        rf"training speed, with and without INQ: exit 0 after \d+ s \(log: {logs}/train_speed.log\)"
-    )
-    assert any(re.fullmatch(speed, line) for line in proc.stdout.splitlines()), proc.stdout
-    assert "train_speed.log" in {p.name for p in logs.iterdir()}
-    assert repo_state() == before
+    assert [line.split()[0] for line in ran] == ["-m", "-m", model, model]
+    assert f"--harness clean flush --triton unknown -o {logs}/model_clean.json" in ran[2]
 
 
 def test_the_training_speed_step_keeps_within_a_shorter_step_timeout(
