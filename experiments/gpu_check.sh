@@ -64,6 +64,11 @@ case $(python3 -c "import torch; print(torch.cuda.is_available())" 2>/dev/null) 
     exit 2
     ;;
 esac
+python3 -c "import omegaconf" 2>/dev/null || {  # inq imports it; the GPU image lacks it
+  echo "gpu_check.sh: python3 cannot import omegaconf (inq.data needs it): install it, or carry" \
+    "its wheel and antlr4-python3-runtime's: nothing run" >&2
+  exit 2
+}
 if (($#)); then
   logs=$1
   shift
