@@ -27,6 +27,7 @@ FAKE_PYTHON = f"""#!/usr/bin/env bash
 case "$*" in
   "-c import torch; print(torch.cuda.is_available())") echo True; exit ;;
   *"import torch, triton"*) echo "torch (stand-in)"; exit ;;
+  "-c import omegaconf") exit "${{NO_OMEGACONF:-0}}" ;;
 esac
 if [[ -n ${{CALLS:-}} ]]; then
   echo "$*" >>"$CALLS"
@@ -105,6 +106,14 @@ def test_without_cuda_it_stops_at_once_with_one_line(tmp_path: Path) -> None:
     ], proc.stderr
     assert not logs.exists() and list(temp.iterdir()) == []
     assert repo_state() == before
+
+
+def test_without_omegaconf_it_stops_at_once_with_one_line(tmp_path: Path, fake_gpu: Path) -> None:
+    logs = tmp_path / "logs"
+    proc = gpu_check(str(logs), cwd=tmp_path, env={"NO_OMEGACONF": "1"}, path=fake_gpu)
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.startswith("gpu_check.sh: python3 cannot import omegaconf")
+    assert len(proc.stderr.splitlines()) == 1 and not logs.exists()
 
 
 @pytest.mark.parametrize("unknown", ["imm", "step"])  # "step": now train_speed's row
