@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from inq import project
 from inq.artefact import open_artefact
 from inq.cli.base import Command
 from inq.deploy import TARGETS
 from inq.deploy.hls4ml import MANIFEST as HLS_MANIFEST
-from inq.deploy.onnx import load_onnx
+from inq.deploy.onnx import load_onnx, onnx_digest_problem
 from inq.deploy.qonnx import is_qonnx, verify_qonnx
 from inq.deploy.verify import VerifyReport, verify_file
 from inq.quant.integer import IntegerModel, problem_line, program_problems
@@ -102,7 +103,7 @@ def _verify_qonnx(path: str) -> int:
     summary; 1 on any problem."""
     proto = load_onnx(path, check=False)  # the digest is one of the problems reported
     if not is_qonnx(proto):
-        return _verify_onnx_digest(path)
+        return _verify_onnx_digest(path, proto)
     report = verify_qonnx(proto, path)
     print(f"{path} (QONNX model)")
     print(report.table())
@@ -122,11 +123,11 @@ def _verify_qonnx(path: str) -> int:
     return 0
 
 
-def _verify_onnx_digest(path: str) -> int:
-    """``inq verify`` of an ONNX file that is not QONNX: its target's check, the digest only (it
-    records no level sets; the file it was made from has them); 1 if it does not match or it
-    has none."""
-    problem = TARGETS["onnx"].check(Path(path))
+def _verify_onnx_digest(path: str, proto: Any) -> int:
+    """``inq verify`` of an ONNX file that is not QONNX, already read: its digest only, as the
+    ONNX target checks it (it records no level sets; the file it was made from has them); 1 if
+    it does not match or it has none."""
+    problem = onnx_digest_problem(proto, required=True)
     if problem is not None:
         print(f"inq verify: {path}: {problem}", file=sys.stderr)
         return 1
