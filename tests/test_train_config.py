@@ -12,7 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
-from train_helpers import TINY, inq_train, refused_run
+from train_helpers import TINY, inq_train, inq_train_here, refused_run
 
 from inq.data import FASHION_MNIST_ROOT, build_datasets
 from inq.errors import ConfigError
@@ -131,10 +131,10 @@ def test_a_config_value_error_is_one_line_from_the_command_line(
     """Issue 46: Hydra's and OmegaConf's 7-8 line report, and a number taken for a bool, end in
     one line naming the key, the value and what it must be; nothing is left behind."""
     run_dir = tmp_path / "run"
-    proc = inq_train(argument, f"hydra.run.dir={run_dir}", check=False)
-    assert proc.returncode == 1
-    assert proc.stderr.startswith(f"inq-train: error: {message}"), proc.stderr
-    assert proc.stderr.count("\n") == 1 and not proc.stdout, proc.stderr
+    status, out, err = inq_train_here(argument, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert status == 1
+    assert err.startswith(f"inq-train: error: {message}"), err
+    assert err.count("\n") == 1 and not out, err
     assert not run_dir.exists()
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from train_helpers import TINY, inq_train
+from train_helpers import TINY, inq_train, inq_train_here
 
 LOCAL = ("hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5")
 
@@ -39,8 +39,8 @@ def test_submitit_local_sweep_runs_each_job_in_its_own_process(tmp_path: Path) -
     assert "Job completed successfully" in logs
 
 
-def test_submitit_slurm_launcher_config_composes_without_a_cluster() -> None:
-    proc = inq_train(
+def test_submitit_slurm_launcher_config_composes_without_a_cluster(tmp_path: Path) -> None:
+    status, out, err = inq_train_here(
         "hydra/launcher=submitit_slurm",
         "hydra.launcher.partition=gpu",
         "hydra.launcher.gpus_per_node=1",
@@ -49,8 +49,10 @@ def test_submitit_slurm_launcher_config_composes_without_a_cluster() -> None:
         "hydra",
         "-p",
         "hydra.launcher",
+        cwd=tmp_path,
     )
-    launcher = yaml.safe_load(proc.stdout)
+    assert status == 0, err
+    launcher = yaml.safe_load(out)
     assert launcher["_target_"].endswith("submitit_launcher.SlurmLauncher")
     assert (launcher["partition"], launcher["gpus_per_node"], launcher["timeout_min"]) == (
         "gpu",

@@ -50,6 +50,40 @@ def inq_train(
     return proc
 
 
+def inq_train_here(*args: str, cwd: Path) -> tuple[int, str, str]:
+    """Run ``inq-train``'s console entry point with ``args`` in this process, in ``cwd``:
+    (exit status, stdout, stderr). For what does not depend on a process of its own (its
+    refusals, a short run), without the ~2 s of a new interpreter importing torch; logging,
+    the working directory and torch's thread count as they were before."""
+    import contextlib
+    import io
+    import logging
+
+    import torch
+
+    from inq.train.app import main
+
+    out, err = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    argv, here, threads = sys.argv, Path.cwd(), torch.get_num_threads()
+    sys.argv = ["inq-train", *args]
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+        status = 0
+    except SystemExit as stop:
+        status = stop.code if isinstance(stop.code, int) else 1
+    finally:
+        sys.argv = argv
+        os.chdir(here)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        torch.set_num_threads(threads)
+    return status, out.getvalue(), err.getvalue()
+
+
 def killed_and_resumed(settings: tuple[str, ...], run_dir: Path, kills: tuple[str, ...]) -> None:
     """Run ``inq-train`` with ``settings`` into ``run_dir``, killed (SIGKILL) at each point of
     ``kills`` in turn (``inq.train.checkpoint``'s kill points) and resumed after each, then to
