@@ -161,14 +161,17 @@ def test_finalize_keeps_the_last_forward_values_drops_the_shadows_and_freezes(bi
 
 def test_ste_trains_a_compiled_model_without_recompiling_each_step() -> None:
     """Under torch.compile the STE's snapping compiles once per layer (its n1 and shape are
-    guards), then steps reuse the graphs; finalize gives the level sets' values."""
+    guards), then steps reuse the graphs; finalize gives the level sets' values. Graphs and
+    guards are Dynamo's, whatever the backend: AOTAutograd's traces them forward and backward
+    without inductor's C++ builds (20 s with a cold cache; inductor itself runs in
+    test_scheduler.py and test_nn.py)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     model = net()
     ste = STEQuantizer(model, INQScheduler(model, bits=4, portions=(1.0,)))
-    compiled = torch.compile(model)
+    compiled = torch.compile(model, backend="aot_eager")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     shadow = model[4].parametrizations.weight.original.detach().clone()
     train_steps(compiled, optimizer, 2)
