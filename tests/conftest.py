@@ -15,6 +15,11 @@ from hypothesis import HealthCheck, settings
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# pytest-xdist's workers share the cores: torch's default of one thread per core in each worker
+# would run workers x cores threads on them, each op waiting for threads descheduled by another.
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
 # OpenVINO imports absl.logging, whose handler keeps the sys.stderr of its import and closes that
 # stream when logging is reconfigured (Hydra does, in-process) while sys.stderr is another one.
 # Under pytest that stream is pytest's own capture file: closing it breaks every later test of
