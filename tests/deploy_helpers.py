@@ -1,5 +1,5 @@
 """Test helpers of the deployment tests: models built once per test process and shared between
-tests and modules.
+tests and modules, and quick worker processes for ``inq bench onnx``.
 
 A shared model is built by the same function with the same arguments as before; each call gets
 its own deep copy (and its own copy of a file, in the caller's folder), so no test sees another's
@@ -12,12 +12,15 @@ from __future__ import annotations
 import atexit
 import copy
 import hashlib
+import multiprocessing
 import shutil
 import tempfile
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from export_fixtures import DIGITS_DATA, digits_run, mobilenet_integer_model, quantize_on
 from export_fixtures import residual_integer_model as _residual_integer_model
@@ -100,3 +103,24 @@ def shared_residual_integer_model(
     """:func:`export_fixtures.residual_integer_model`, built once per process."""
     key = ("residual_integer_model", seed, symmetric, *sorted(levels.items()))
     return _once(key, lambda: _residual_integer_model(seed, symmetric, **levels))
+
+
+_FORKSERVER: Any = None
+
+
+def forkserver_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start ``inq bench onnx``'s worker processes (:class:`inq.deploy.bench.RuntimeWorkers`)
+    from a fork server that has imported :mod:`inq.deploy.bench` once, not each as a fresh
+    interpreter (spawn) that imports torch again (~2 s apiece): still one process per runtime
+    that loads only its own sessions, running the same worker code. For the tests whose
+    property is the output, not how the processes start; the isolation tests keep spawn."""
+    global _FORKSERVER
+    import inq.deploy.bench as bench
+
+    if _FORKSERVER is None:
+        _FORKSERVER = multiprocessing.get_context("forkserver")
+        _FORKSERVER.set_forkserver_preload(["inq.deploy.bench"])
+    context = _FORKSERVER
+    monkeypatch.setattr(
+        bench, "multiprocessing", types.SimpleNamespace(get_context=lambda _: context)
+    )
