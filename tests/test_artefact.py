@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from export_fixtures import digits_masked, masked_file, residual_integer_model
+from deploy_helpers import shared_residual_integer_model
+from export_fixtures import digits_masked, masked_file
 from safetensors.torch import save_file
 
 import inq.fileio
@@ -37,7 +38,7 @@ def files(tmp_path: Path) -> dict[str, Path]:
     packed = tmp_path / "m.inq.safetensors"
     export_packed(masked, packed)
     integer = tmp_path / "m.int.safetensors"
-    save_integer(integer, residual_integer_model())
+    save_integer(integer, shared_residual_integer_model())
     onnx = tmp_path / "m.onnx"
     onnx.write_bytes(b"\x08\x09 protobuf")  # never parsed: classifying needs no onnx extra
     return {"masked": masked, "packed": packed, "integer": integer, "onnx": onnx}

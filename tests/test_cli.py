@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from deploy_helpers import shared_digits_run, shared_mobilenet_integer_model
 from export_fixtures import (
     DIGITS_DATA,
     digits_masked,
     digits_run,
     masked_file,
     mobilenet_inputs,
-    mobilenet_integer_model,
     mobilenet_style,
 )
 from helpers import rewritten
@@ -205,7 +205,7 @@ def test_info_shows_a_masked_checkpoint_as_export_would_pack_it(capsys, masked: 
 def test_eval_matches_the_masked_checkpoint_on_digits(capsys, tmp_path: Path) -> None:
     from inq.data import build_datasets
 
-    masked, model = digits_run(tmp_path, epochs=1)
+    masked, model = shared_digits_run(tmp_path, epochs=1)
     assert run(capsys, "export", masked, "-o", tmp_path / "d.safetensors")[0] == 0
     code, out, _ = run(
         capsys, "eval", tmp_path / "d.safetensors", "--data", "digits", "eval_batch_size=100"
@@ -351,7 +351,7 @@ def test_calibrate_refuses_symmetric_activations_that_lose_too_much(
     (test_quant_lower.py); beyond the bound, one line and no file."""
     from inq.quant.lower import Lowering
 
-    masked, _ = digits_run(tmp_path, epochs=1)
+    masked, _ = shared_digits_run(tmp_path, epochs=1)
     monkeypatch.setattr(Lowering, "symmetric_agreement", lambda self: (0.9, 0.95))
     out = tmp_path / "d.int.safetensors"
     code, _, err = run(capsys, "calibrate", masked, "--data", "digits", "--symmetric", "-o", out)
@@ -367,7 +367,7 @@ def test_calibrate_refuses_symmetric_activations_that_lose_too_much(
 def test_no_output_is_replaced_silently(capsys, tmp_path: Path) -> None:
     """An existing file is replaced only with --force, never a file a run recorded as its own,
     and never while another process (inq-train) works in the run's directory."""
-    masked, _ = digits_run(tmp_path, epochs=1)
+    masked, _ = shared_digits_run(tmp_path, epochs=1)
     packed = tmp_path / "d.inq.safetensors"
     text = tmp_path / "notes.int.safetensors"
     text.write_text("keep me")
@@ -458,7 +458,7 @@ def test_third_party_colour_codes_never_reach_the_error_line(capsys, tmp_path, m
 
 
 def test_eval_refuses_data_settings_it_cannot_honour(capsys, tmp_path: Path) -> None:
-    masked, _ = digits_run(tmp_path, epochs=1)
+    masked, _ = shared_digits_run(tmp_path, epochs=1)
     packed = tmp_path / "d.inq.safetensors"
     assert run(capsys, "export", masked, "-o", packed)[0] == 0
     onnx_file = tmp_path / "d.onnx"
@@ -479,7 +479,7 @@ def test_verify_info_eval_an_integer_mobilenet(capsys, tmp_path: Path) -> None:
     """ReLU6 folded as narrower ranges (0..192), depthwise convs, residual adds without
     activation, Dropout + Linear: a file that verify, info and eval (on the data it records)
     take."""
-    _, int_model = mobilenet_integer_model()
+    _, int_model = shared_mobilenet_integer_model()
     path = tmp_path / "m.int.safetensors"
     save_integer(path, int_model)
     code, out, err = run(capsys, "verify", path)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from deploy_helpers import forkserver_workers
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
@@ -105,6 +106,15 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     return float_file, qdq, tiny_qonnx(folder / "q.qonnx.onnx")
 
 
+@pytest.fixture
+def forked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command's worker processes forked from a fork server (deploy_helpers), not spawned:
+    for the tests of what the command prints and writes. The tests of the processes themselves
+    (test_each_runtime_is_timed_in_its_own_process, test_a_run_that_fails_in_a_worker_is_one_line)
+    spawn them as the command does."""
+    forkserver_workers(monkeypatch)
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
     code = main(["bench", "onnx", *map(str, argv)])
     out, err = capsys.readouterr()
@@ -115,7 +125,7 @@ def _ops_line(out: str, name: str) -> str:
     return next(line for line in out.splitlines() if re.match(rf"{name} +conv/linear: ", line))
 
 
-def test_two_files_side_by_side(files, tmp_path: Path, capsys) -> None:
+def test_two_files_side_by_side(files, tmp_path: Path, capsys, forked) -> None:
     float_file, qdq, _ = files
     out_json = tmp_path / "bench.json"
     code, out, err = run(capsys, float_file, qdq, *FAST, "--json", out_json)
@@ -151,7 +161,9 @@ def test_two_files_side_by_side(files, tmp_path: Path, capsys) -> None:
     assert results[0]["speedup"] == 1.0
 
 
-def test_the_peer_is_ort_quantize_static_calibrated_on_the_recorded_data(files, capsys) -> None:
+def test_the_peer_is_ort_quantize_static_calibrated_on_the_recorded_data(
+    files, capsys, forked
+) -> None:
     float_file, *_ = files
     code, out, err = run(capsys, float_file, "--peer", *FAST)
     assert code == 0, err
@@ -209,7 +221,9 @@ def test_op_kinds() -> None:
         (["FLOAT", "--warmup", "0"], "--warmup 0: give --repeats too (without it, the number"),
     ],
 )
-def test_errors_are_one_line(files, tmp_path: Path, capsys, monkeypatch, argv, message) -> None:
+def test_errors_are_one_line(
+    files, tmp_path: Path, capsys, monkeypatch, forked, argv, message
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "garbage.onnx").write_bytes(b"not a model")
     (tmp_path / "model.pt").write_bytes(b"PK\x03\x04 a torch.save zip")
@@ -246,7 +260,7 @@ def test_a_json_that_cannot_be_written_is_refused_before_timing(
     assert sorted(p.name for p in tmp_path.iterdir()) == (["file"] if place != "read-only" else [])
 
 
-def test_no_warm_up_is_a_choice(files, capsys) -> None:
+def test_no_warm_up_is_a_choice(files, capsys, forked) -> None:
     """--warmup 0 with --repeats: the first run of each file is timed too."""
     code, out, err = run(capsys, files[0], *FAST[:-1], "0")
     assert FAST[-2:] == ["--warmup", "1"] and code == 0, err
@@ -272,7 +286,9 @@ def test_a_run_that_fails_in_a_worker_is_one_line(tmp_path: Path, capsys) -> Non
     assert last.startswith(f"inq bench: error: {path}: does not run at batch 2: "), err
 
 
-def test_the_same_file_twice_is_two_rows_against_the_first(files, tmp_path: Path, capsys) -> None:
+def test_the_same_file_twice_is_two_rows_against_the_first(
+    files, tmp_path: Path, capsys, forked
+) -> None:
     """Each row has its own timings (the reference row 1.00x by construction); the second copy
     of a file is named apart. --json into a folder that does not exist yet: made at the end."""
     out_json = tmp_path / "new" / "bench.json"
@@ -306,7 +322,7 @@ def test_bench_help_names_both_targets(capsys) -> None:
     assert "TARGET" in capsys.readouterr().err
 
 
-def test_both_runtimes_side_by_side_with_the_peer(files, tmp_path: Path, capsys) -> None:
+def test_both_runtimes_side_by_side_with_the_peer(files, tmp_path: Path, capsys, forked) -> None:
     """--runtime both: a kernel line and a table row per file in each runtime (the peer, made by
     ONNX Runtime, timed in both too), the speed-ups against the first file in the same runtime;
     OpenVINO runs every conv/linear of ORT's QDQ files in int8 and of the float file in f32."""
@@ -354,6 +370,14 @@ def test_each_runtime_is_timed_in_its_own_process(
         raise AssertionError("a runtime session made in the calling process")
 
     monkeypatch.setattr(bench, "_session", in_this_process)
+    workers = []  # the command's own workers, as it starts them (spawned)
+
+    class Seen(bench.RuntimeWorkers):
+        def load(self, files: list[OnnxFile]) -> None:
+            workers.append(self.pids)
+            super().load(files)
+
+    monkeypatch.setattr(bench, "RuntimeWorkers", Seen)
     out_json = tmp_path / "bench.json"
     code, out, err = run(capsys, files[0], "--runtime", "both", *FAST, "--json", out_json)
     assert code == 0, err
@@ -361,12 +385,12 @@ def test_each_runtime_is_timed_in_its_own_process(
     assert ", interleaved, each runtime in its own process, in turn\n" in err
     payload = json.loads(out_json.read_text())
     assert payload["settings"]["isolation"] == bench.ISOLATION
-    with bench.RuntimeWorkers(RUNTIMES) as workers:
-        pids = workers.pids
-        assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
+    (pids,) = workers
+    assert list(pids) == list(RUNTIMES)
+    assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
 
 
-def test_openvino_alone_and_without_its_extra(files, capsys, monkeypatch) -> None:
+def test_openvino_alone_and_without_its_extra(files, capsys, monkeypatch, forked) -> None:
     """--runtime openvino: only OpenVINO's lines and rows; without the module, one message."""
     code, out, err = run(capsys, files[0], "--runtime", "openvino", *FAST)
     assert code == 0, err

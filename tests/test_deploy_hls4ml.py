@@ -24,15 +24,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from deploy_helpers import shared_mobilenet_integer_model, shared_residual_integer_model
 from export_fixtures import (
     DIGITS_DATA,
     FASHION_DATA,
     digits_run,
     fashion_integer_model,
-    mobilenet_integer_model,
     packed_model,
     quantize_on,
-    residual_integer_model,
 )
 from torch import nn
 
@@ -221,10 +220,10 @@ def test_exact_types_hold_their_values() -> None:
 
 
 def test_ops_without_an_exact_form_are_refused_naming_the_layer() -> None:
-    _, mobilenet = mobilenet_integer_model()
+    _, mobilenet = shared_mobilenet_integer_model()
     with pytest.raises(ValueError, match=r"a grouped or dilated conv has no hls4ml form"):
         hls_shadow(mobilenet, (3, 16, 16))
-    scaled = copy.deepcopy(residual_integer_model())
+    scaled = copy.deepcopy(shared_residual_integer_model())
     scaled.ops[1].attrs["scale"] = 0.3  # as calibrate --float-scales makes it
     with pytest.raises(ValueError, match=r"^conv: activation scale 0\.3 is not a power of two"):
         hls_shadow(scaled, (2, 4, 4))
@@ -233,7 +232,7 @@ def test_ops_without_an_exact_form_are_refused_naming_the_layer() -> None:
 @pytest.fixture
 def int_file(tmp_path: Path) -> Path:
     path = tmp_path / "r.int.safetensors"
-    model = residual_integer_model()
+    model = shared_residual_integer_model()
     model.info["data"] = {"name": "synthetic", "in_channels": 2, "image_size": 4, "num_classes": 3}
     save_integer(path, model)
     return path

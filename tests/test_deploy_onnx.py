@@ -13,15 +13,17 @@ import onnx
 import onnxruntime
 import pytest
 import torch
+from deploy_helpers import (
+    shared_digits_integer,
+    shared_digits_run,
+    shared_mobilenet_integer_model,
+    shared_residual_integer_model,
+)
 from export_fixtures import (
     DIGITS_DATA,
-    digits_run,
     masked_file,
     mobilenet_inputs,
-    mobilenet_integer_model,
     packed_model,
-    quantize_on,
-    residual_integer_model,
 )
 from onnx import numpy_helper
 from torch import nn
@@ -46,13 +48,13 @@ from inq.nn import from_packed
 from inq.packed import packed_from_masked
 from inq.quant.integer import IntegerModel, IntOp, save_integer
 from inq.quant.lower import Lowering
-from inq.quant.pipeline import QuantSettings, RealOutput
+from inq.quant.pipeline import RealOutput
 
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("onnx")
-    masked, _ = digits_run(folder, epochs=2)
+    masked, _ = shared_digits_run(folder, epochs=2)
     out = folder / "d.onnx"
     assert main(["export", str(masked), "--onnx", "-o", str(out), "--data", "digits"]) == 0
     return masked, out
@@ -217,10 +219,7 @@ def qdq(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[IntegerModel
     """A digits run at 2, 4 and 5 bits, its integer model (8-bit activations) and the Q/DQ
     export of its file, with what ``inq export`` printed."""
     folder = tmp_path_factory.mktemp(f"qdq{request.param}")
-    masked, _ = digits_run(folder, bits=request.param, epochs=2)
-    int_model, _ = quantize_on(
-        packed_from_masked(load_masked(masked)), DIGITS_DATA, QuantSettings(act_bits=8)
-    )
+    _, int_model = shared_digits_integer(folder, request.param)
     int_file, path = folder / "d.int.safetensors", folder / "d.qdq.onnx"
     save_integer(int_file, int_model)
     with contextlib.redirect_stdout(io.StringIO()) as out:
@@ -357,7 +356,7 @@ def test_each_requantizing_op_is_the_integer_models_within_one_step(qdq, tmp_pat
 def test_negative_multipliers_and_float_weights_are_within_one_step(tmp_path: Path) -> None:
     """The residual model's BatchNorm has negative scales (the sign moves into the weights) and
     its 5-bit 3x3 conv needs 128 (exact float weights)."""
-    model = residual_integer_model()
+    model = shared_residual_integer_model()
     assert [w.int8 for w in _layers(model)] == [False, True, True]
     assert _ops_within_one_step(model, (2, 4, 4), tmp_path) == ["conv", "conv", "avgpool", "linear"]
     assert _adds_within_one_step(model, (2, 4, 4), tmp_path) == 1
@@ -367,7 +366,7 @@ def test_relu6_blocks_run_in_integer_kernels_with_a_clip(tmp_path: Path) -> None
     """MobileNetV2-style blocks at 4 bits: every conv and the linear run in an integer kernel,
     each folded ReLU6 is a Clip of the integers after its QuantizeLinear (0..round(6 / s)) where
     that is below 255, and every op is the integer model's within one step."""
-    _, model = mobilenet_integer_model(bits=4)
+    _, model = shared_mobilenet_integer_model(bits=4)
     path = tmp_path / "m.qdq.onnx"
     stats = export_qdq(model, path, (3, 16, 16))
     layers = [op for op in model.ops if op.op in ("conv", "linear")]

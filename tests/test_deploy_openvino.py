@@ -13,13 +13,12 @@ import onnx
 import pytest
 import test_deploy_onnx
 import torch
+from deploy_helpers import shared_mobilenet_integer_model, shared_residual_integer_model
 from export_fixtures import (
     SYNTHETIC_DATA,
     mobilenet_inputs,
-    mobilenet_integer_model,
     mobilenet_style,
     quantize,
-    residual_integer_model,
 )
 from onnx import helper, numpy_helper
 
@@ -52,7 +51,7 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     save_masked(folder / "m.safetensors", model, quantize(model, 5), MOBILENET, SYNTHETIC_DATA)
     packed = packed_from_masked(load_masked(folder / "m.safetensors"))
     export_onnx(packed, folder / "m.onnx", SHAPE, model=mobilenet_style())
-    _, int_model = mobilenet_integer_model()
+    _, int_model = shared_mobilenet_integer_model()
     save_integer(folder / "m.int.safetensors", int_model)
     stats = export_qdq(int_model, folder / "m.qdq.onnx", SHAPE)
     return {"folder": folder, "float": folder / "m.onnx", "qdq": folder / "m.qdq.onnx",
@@ -112,9 +111,9 @@ def test_int8_weight_layers_run_in_u8_or_i8(exports, which: str, tmp_path: Path)
     if which == "mobilenet":
         path, stats = exports["qdq"], exports["stats"]
     elif which.startswith("mobilenet4"):
-        stats = export_qdq(mobilenet_integer_model(bits=4, symmetric=True)[1], path, SHAPE)
+        stats = export_qdq(shared_mobilenet_integer_model(bits=4, symmetric=True)[1], path, SHAPE)
     else:
-        stats = export_qdq(residual_integer_model(symmetric=symmetric), path, (2, 4, 4))
+        stats = export_qdq(shared_residual_integer_model(symmetric=symmetric), path, (2, 4, 4))
     assert stats["form"] == ("tensorrt" if symmetric else "uint8")
     weights = _int8_weights(onnx.load(str(path)))
     assert sum(weights.values()) == stats["int8_layers"] >= 2
@@ -151,9 +150,9 @@ def test_each_op_is_the_integer_models_within_one_step(exports, tmp_path: Path) 
     kinds = _ops_in_openvino(exports["int_model"], SHAPE, tmp_path)
     assert kinds == ["conv"] * 11 + ["avgpool", "linear"]
     for symmetric in (False, True):
-        assert _ops_in_openvino(residual_integer_model(symmetric=symmetric), (2, 4, 4),
+        assert _ops_in_openvino(shared_residual_integer_model(symmetric=symmetric), (2, 4, 4),
                                 tmp_path) == ["conv", "conv", "avgpool", "linear"]  # fmt: skip
-    _, symmetric_model = mobilenet_integer_model(bits=4, symmetric=True)
+    _, symmetric_model = shared_mobilenet_integer_model(bits=4, symmetric=True)
     assert _ops_in_openvino(symmetric_model, SHAPE, tmp_path) == ["conv"] * 11 + [
         "avgpool",
         "linear",

@@ -16,15 +16,18 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from deploy_helpers import (
+    shared_digits_integer,
+    shared_mobilenet_integer_model,
+    shared_residual_integer_model,
+)
 from export_fixtures import (
     DIGITS_DATA,
     FASHION_DATA,
     digits_run,
     fashion_integer_model,
     mobilenet_inputs,
-    mobilenet_integer_model,
     quantize_on,
-    residual_integer_model,
 )
 from onnx import numpy_helper
 
@@ -47,9 +50,7 @@ def _expected(model: IntegerModel, x: torch.Tensor) -> np.ndarray:
 def digits(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[IntegerModel, Path]:
     """A digits run at 2, 4 and 5 bits, its integer model (8-bit activations) and its file."""
     folder = tmp_path_factory.mktemp(f"qonnx{request.param}")
-    masked, _ = digits_run(folder, bits=request.param, epochs=2)
-    packed = packed_from_masked(load_masked(masked))
-    model, _ = quantize_on(packed, DIGITS_DATA, QuantSettings(act_bits=8))
+    _, model = shared_digits_integer(folder, request.param)
     save_integer(folder / "d.int.safetensors", model)
     return model, folder / "d.int.safetensors"
 
@@ -63,11 +64,11 @@ def test_qonnx_executor_equals_the_integer_model_on_the_whole_test_split(digits)
 
 
 def test_a_residual_block_and_relu6_blocks_are_exact_too() -> None:
-    residual = residual_integer_model()
+    residual = shared_residual_integer_model()
     x = 2 * torch.randn(64, 2, 4, 4, generator=torch.Generator().manual_seed(1))
     assert np.array_equal(run_qonnx(qonnx_graph(residual, shape=(2, 4, 4)), x.numpy()),
                           _expected(residual, x))  # fmt: skip
-    _, mobilenet = mobilenet_integer_model()
+    _, mobilenet = shared_mobilenet_integer_model()
     x = mobilenet_inputs(32, seed=3)
     assert np.array_equal(run_qonnx(qonnx_graph(mobilenet, shape=(3, 16, 16)), x.numpy()),
                           _expected(mobilenet, x))  # fmt: skip
@@ -238,7 +239,7 @@ def test_verify_wants_each_layers_recorded_level_set(tmp_path: Path, capsys) -> 
     """Per-channel level sets verify too (the export is exact with them); a file without its
     level sets, or with one of a wrong shape, fails naming the node; a plain ONNX file is not
     verified."""
-    model = residual_integer_model(granularity="channel")
+    model = shared_residual_integer_model(granularity="channel")
     assert any(isinstance(op.attrs.get("n1"), list) for op in model.ops)
     proto = qonnx_graph(model, shape=(2, 4, 4))
     x = 2 * torch.randn(64, 2, 4, 4, generator=torch.Generator().manual_seed(2))
@@ -273,7 +274,7 @@ def test_verify_wants_each_layers_recorded_level_set(tmp_path: Path, capsys) -> 
 def test_without_the_fpga_extra_eval_says_what_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    save_onnx(qonnx_graph(residual_integer_model(), shape=(2, 4, 4)), tmp_path / "r.onnx")
+    save_onnx(qonnx_graph(shared_residual_integer_model(), shape=(2, 4, 4)), tmp_path / "r.onnx")
     for name in [m for m in sys.modules if m.startswith("qonnx.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "qonnx", None)  # import qonnx fails: not installed

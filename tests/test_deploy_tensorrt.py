@@ -14,12 +14,11 @@ import onnx
 import onnxruntime
 import pytest
 import torch
-from export_fixtures import (
-    DIGITS_DATA,
-    digits_run,
-    mobilenet_integer_model,
-    quantize_on,
-    residual_integer_model,
+from deploy_helpers import (
+    shared_digits_run,
+    shared_integer,
+    shared_mobilenet_integer_model,
+    shared_residual_integer_model,
 )
 from onnx import TensorProto, helper, numpy_helper
 from test_deploy_onnx import _accuracy, _layers, _ops_within_one_step
@@ -28,10 +27,8 @@ from inq.cli import main
 from inq.deploy.bench import read_file
 from inq.deploy.onnx import OnnxModel, export_qdq
 from inq.deploy.tensorrt import trt_problems
-from inq.masked import load_masked
-from inq.packed import packed_from_masked
 from inq.quant.integer import IntegerModel, load_integer
-from inq.quant.pipeline import QuantSettings, RealOutput
+from inq.quant.pipeline import RealOutput
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +36,7 @@ def digits4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, IntegerMode
     """A 4-bit digits run, ``inq calibrate --symmetric`` of it, the TensorRT-form export of that
     and what ``inq export`` printed."""
     folder = tmp_path_factory.mktemp("trt")
-    masked, _ = digits_run(folder, bits=4, epochs=2)
+    masked, _ = shared_digits_run(folder, bits=4, epochs=2)
     int_file, path = folder / "d.int.safetensors", folder / "d.trt.onnx"
     with contextlib.redirect_stdout(io.StringIO()) as out:
         argv = ["calibrate", str(masked), "--symmetric", "--data", "digits", "-o", str(int_file)]
@@ -68,9 +65,7 @@ def test_every_int8_layer_runs_in_an_integer_kernel_as_in_the_uint8_form(
     """The same layers as the uint8 export of the run's unsigned integer model (all 4 at 4
     bits); no float bias is left on an int8 layer (ONNX Runtime made it int32 again)."""
     masked, model, path, _ = digits4
-    unsigned, _ = quantize_on(
-        packed_from_masked(load_masked(masked)), DIGITS_DATA, QuantSettings(act_bits=8)
-    )
+    unsigned = shared_integer(masked)  # quantize_on(..., QuantSettings(act_bits=8)), once
     export_qdq(unsigned, tmp_path / "u.onnx", (1, 8, 8))
     ops, uint8_ops = read_file(path, tmp_path).ops, read_file(tmp_path / "u.onnx", tmp_path).ops
     assert sum(ops.integer.values()) == sum(w.int8 for w in _layers(model)) == 4
@@ -128,7 +123,7 @@ def test_residual_and_relu6_models_pass_and_stay_within_one_step(tmp_path: Path)
     float range, kept float by ONNX Runtime), a residual add read twice, ReLU6 clamps (Clip
     after the Q/DQ pair) and mixed Relu: the rules hold, ONNX Runtime fuses the same layers as
     in the uint8 form, every op is within one step."""
-    residual = residual_integer_model(symmetric=True)
+    residual = shared_residual_integer_model(symmetric=True)
     assert [w.int8 for w in _layers(residual)] == [False, True, True]
     stats = export_qdq(residual, tmp_path / "r.onnx", (2, 4, 4))
     assert (stats["form"], stats["int8_layers"], stats["float_layers"]) == ("tensorrt", 2, 1)
@@ -138,7 +133,7 @@ def test_residual_and_relu6_models_pass_and_stay_within_one_step(tmp_path: Path)
         "conv", "conv", "avgpool", "linear"
     ]  # fmt: skip
     assert _adds_within_one_step(residual, (2, 4, 4), tmp_path) == 1
-    _, mobilenet = mobilenet_integer_model(bits=4, symmetric=True)
+    _, mobilenet = shared_mobilenet_integer_model(bits=4, symmetric=True)
     layers = [op for op in mobilenet.ops if op.op in ("conv", "linear")]
     export_qdq(mobilenet, tmp_path / "m.onnx", (3, 16, 16))
     assert trt_problems(onnx.load(str(tmp_path / "m.onnx"))) == []
