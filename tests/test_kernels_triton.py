@@ -47,7 +47,7 @@ from inq.kernels.int8 import (
     shift_conv2d_int8_reference,
     shift_linear_int8_reference,
 )
-from inq.kernels.layout import kernel_weight
+from inq.kernels.layout import cached_kernel_weight, kernel_weight
 from inq.kernels.triton import decode as tdecode
 from inq.kernels.triton import swar
 from inq.kernels.triton.linear import GEMV_MAX_ROWS, SKINNY_MAX_ROWS, linear_config
@@ -243,6 +243,24 @@ LINEAR_CASES = [
 ]
 
 
+def distinct_splits(x, packed, bits: int, n1: int, k: int, wanted: set[int]) -> list[int]:
+    """The split-K values of ``wanted`` that launch distinct kernels, the smallest of each: a
+    request is clamped (every split gets a K step) to the split the op's own config function
+    gives it, on the kernel layout (:func:`swar.offered`) or the generic kernels
+    (:func:`linear_config`); two requests clamped alike are the same launch, bit for bit."""
+    layout = cached_kernel_weight(packed, bits, n1, k, x.dtype)
+    sms = tdecode.sm_count(x.device)
+    runs: dict[int, int] = {}
+    for split in sorted(wanted):
+        if layout is not None:
+            runs.setdefault(swar.offered(x, layout, sms, split)[0][0].split_k, split)
+        else:
+            fp32 = x.dtype == torch.float32
+            runs.setdefault(linear_config(x.shape[0], packed.shape[0], k, bits, sms, fp32,
+                                          split).split_k, split)  # fmt: skip
+    return sorted(runs.values())
+
+
 @pytest.mark.parametrize("bits", [2, 4, 5, 8])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("m", "o", "k"), LINEAR_CASES)
@@ -256,7 +274,8 @@ def test_shift_linear_matches_reference(m: int, o: int, k: int, dtype, bits: int
     x = torch.randn(m, k, generator=gen).to(dtype)
     bias = torch.randn(o, generator=gen) if m % 2 else None  # float32: cast like the reference
     ref = x.double() @ w.T + (0 if bias is None else bias.to(dtype).double())
-    for split in sorted({1, 3, linear_config(m, o, k, bits, 132, dtype == torch.float32).split_k}):
+    wanted = {1, 3, linear_config(m, o, k, bits, 132, dtype == torch.float32).split_k}
+    for split in distinct_splits(x.to(DEVICE), packed, bits, n1, k, wanted):
         out, check = guarded((m, o), dtype)
         bias_dev = None if bias is None else bias.to(DEVICE)
         y = tk.shift_linear(x.to(DEVICE), packed, bits, n1, k, bias_dev, split_k=split, out=out)
