@@ -524,13 +524,17 @@ def test_benchmark_grids_start_in_one_round_on_132_sms() -> None:
 
 # ---------------------------------------------------------------------------------- conv2d
 
+# conv_config's pixel tiles (N * OH * OW pixels): 32 below 512 pixels, 64 on the depthwise
+# kernel. The batched cases with several tiles end on a ragged one and have tiles that cross
+# images; their maps are no larger than that needs (each program costs the interpreter some
+# 10 ms a K step or tap).
 CONV_CASES = [
     # (N, Cin, H, W, Cout, kh, kw, stride, padding, dilation, groups)
-    (2, 3, 9, 11, 8, 3, 3, 1, 1, 1, 1),
+    (2, 3, 5, 6, 8, 3, 3, 1, 1, 1, 1),  # K = 27: one K step of 32 (fp32: two of 16); 60 pixels
     (1, 16, 14, 14, 17, 3, 3, 2, 1, 1, 1),  # Cout a tile + 1
-    (3, 8, 10, 7, 12, 1, 1, 1, 0, 1, 4),  # grouped 1x1
-    (2, 4, 13, 13, 6, 2, 4, (1, 3), (1, 2), (2, 1), 2),
-    (2, 6, 12, 12, 6, 3, 3, 1, 2, 2, 6),  # depthwise, dilated
+    (3, 8, 4, 5, 12, 1, 1, 1, 0, 1, 4),  # grouped 1x1; 60 pixels
+    (2, 4, 5, 13, 6, 2, 4, (1, 3), (1, 2), (2, 1), 2),  # K = 16: one step; 50 pixels (5x5)
+    (2, 6, 6, 6, 6, 3, 3, 1, 2, 2, 6),  # depthwise, dilated; 72 pixels: a 64-pixel tile + 8
     (1, 5, 8, 9, 10, 5, 3, (2, 1), (2, 0), 1, 5),  # depthwise, channel multiplier 2
     (1, 33, 6, 6, 33, 7, 7, 1, 3, 1, 33),  # depthwise 7x7, channels a tile + 1
 ]
