@@ -693,7 +693,7 @@ CONV_INT8_CASES = [
     (1, 3, 9, 11, 17, 3, 3, 1, 1, 1, 1, 2),  # 99 pixels, Cout a 16-channel tile + 1
     (2, 16, 4, 4, 16, 1, 1, 1, 0, 1, 1, 3),  # 1x1: one tile exactly (32 pixels, 16 outputs, K 16)
     (3, 4, 10, 9, 8, 5, 3, (2, 1), (2, 0), (1, 2), 2, 4),  # grouped, 4 outputs a group
-    (2, 6, 12, 12, 6, 3, 3, 1, 2, 2, 6, 5),  # depthwise, dilated, 288 pixels
+    (2, 6, 9, 8, 6, 3, 3, 1, 2, 2, 6, 5),  # depthwise, dilated, 144 pixels: a 128-tile + 16
     (1, 4, 9, 9, 8, 3, 3, 2, 1, 1, 4, 6),  # depthwise, channel multiplier 2
     (2, 18, 6, 5, 20, 3, 3, 1, 1, 1, 2, 7),  # K = 81: six K steps, 10 outputs a group
     (1, 7, 13, 6, 33, 5, 3, 2, 2, 2, 1, 8),  # 5x3, stride, padding and dilation 2; 33 outputs
