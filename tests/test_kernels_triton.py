@@ -262,9 +262,30 @@ def distinct_splits(x, packed, bits: int, n1: int, k: int, wanted: set[int]) -> 
     return sorted(runs.values())
 
 
-@pytest.mark.parametrize("bits", [2, 4, 5, 8])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("m", "o", "k"), LINEAR_CASES)
+def _dtype_id(dtype: torch.dtype) -> str:
+    """The id pytest gives ``dtype`` in ``parametrize("dtype", DTYPES)``."""
+    return f"dtype{DTYPES.index(dtype)}"
+
+
+def covering(cases: list, dtypes: list, halves: tuple[tuple, tuple]) -> list[tuple]:
+    """(case, dtype, value) for every case and dtype, with the values of one of the two
+    ``halves``, alternating (by the case's and the dtype's index) so that every case and every
+    dtype meets every value: each pair of values of any two of the three is covered, and every
+    (case, dtype) pair takes one value from each half."""
+    return [(case, dtype, value) for i, case in enumerate(cases)
+            for j, dtype in enumerate(dtypes) for value in halves[(i + j) % 2]]  # fmt: skip
+
+
+# Bit-widths by a covering design, not the full product: every (shape, dtype) runs a width of
+# 8 codes a word (2 or 4) and one of 4 (5 or 8), the two kernel layouts; every shape and every
+# dtype meets all four widths. Every code of every width is checked bit for bit by
+# test_decode_is_bit_exact_for_every_code_and_edge (and every level of widths 3, 4, 7 and 8,
+# through these kernels, by test_every_code_slot_of_a_word_is_bit_exact).
+@pytest.mark.parametrize(
+    ("m", "o", "k", "dtype", "bits"),
+    [pytest.param(*case, dtype, bits, id=f"{'-'.join(map(str, case))}-{_dtype_id(dtype)}-{bits}")
+     for case, dtype, bits in covering(LINEAR_CASES, DTYPES, ((2, 5), (4, 8)))],
+)  # fmt: skip
 def test_shift_linear_matches_reference(m: int, o: int, k: int, dtype, bits: int) -> None:
     seed = m * 10_000 + o * 100 + k + bits
     codes = random_codes(o, k, bits, seed)
@@ -544,10 +565,18 @@ def _pair(v) -> list[int]:
     return [v, v] if isinstance(v, int) else list(v)
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("bits", [3, 6])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", CONV_CASES)
+# (bits, channels_last) by a covering design, not the full product: every (case, dtype) runs
+# both bit-widths (4- and 8-bit code fields) and both memory formats, in two of the four
+# pairings, alternating; every pair of values of any two dimensions is covered. Every code of
+# both widths is checked bit for bit by test_decode_is_bit_exact_for_every_code_and_edge;
+# both formats on every case and dtype here.
+@pytest.mark.parametrize(
+    ("case", "dtype", "bits", "channels_last"),
+    [pytest.param(case, dtype, bits, cl,
+                  id=f"case{CONV_CASES.index(case)}-{_dtype_id(dtype)}-{bits}-{cl}")
+     for case, dtype, (bits, cl) in covering(
+         CONV_CASES, DTYPES, (((3, False), (6, True)), ((3, True), (6, False))))],
+)  # fmt: skip
 def test_shift_conv2d_matches_reference(case, dtype, bits: int, channels_last: bool) -> None:
     n, cin, h, wd, cout, kh, kw, stride, padding, dilation, groups = case
     seed = sum(hash(str(v)) % 97 for v in case) + bits
