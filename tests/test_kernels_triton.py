@@ -47,7 +47,7 @@ from inq.kernels.int8 import (
     shift_conv2d_int8_reference,
     shift_linear_int8_reference,
 )
-from inq.kernels.layout import kernel_weight
+from inq.kernels.layout import cached_kernel_weight, kernel_weight
 from inq.kernels.triton import decode as tdecode
 from inq.kernels.triton import swar
 from inq.kernels.triton.linear import GEMV_MAX_ROWS, SKINNY_MAX_ROWS, linear_config
@@ -110,7 +110,8 @@ def test_decode_is_bit_exact_for_every_code_and_edge(bits: int, dtype: torch.dty
     n1s = sorted({e + d for e in edges for d in (0, 1, depth)} | {0, top_n1, -200})
     for n1 in (n for n in n1s if n <= top_n1):
         expected = decode_weight(packed, bits, n1, tuple(codes.shape), dtype)
-        for out_dtype in (dtype, torch.float32):  # fp32: the values before any conversion
+        # fp32: the values before any conversion (one launch where dtype is fp32 already)
+        for out_dtype in dict.fromkeys((dtype, torch.float32)):
             got = tk.decode_weight(packed.to(DEVICE), bits, n1, codes.shape, dtype, out_dtype)
             view = _BITS_VIEW[out_dtype]
             want = expected.to(out_dtype).view(view)
@@ -243,9 +244,48 @@ LINEAR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("bits", [2, 4, 5, 8])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("m", "o", "k"), LINEAR_CASES)
+def distinct_splits(x, packed, bits: int, n1: int, k: int, wanted: set[int]) -> list[int]:
+    """The split-K values of ``wanted`` that launch distinct kernels, the smallest of each: a
+    request is clamped (every split gets a K step) to the split the op's own config function
+    gives it, on the kernel layout (:func:`swar.offered`) or the generic kernels
+    (:func:`linear_config`); two requests clamped alike are the same launch, bit for bit."""
+    layout = cached_kernel_weight(packed, bits, n1, k, x.dtype)
+    sms = tdecode.sm_count(x.device)
+    runs: dict[int, int] = {}
+    for split in sorted(wanted):
+        if layout is not None:
+            runs.setdefault(swar.offered(x, layout, sms, split)[0][0].split_k, split)
+        else:
+            fp32 = x.dtype == torch.float32
+            runs.setdefault(linear_config(x.shape[0], packed.shape[0], k, bits, sms, fp32,
+                                          split).split_k, split)  # fmt: skip
+    return sorted(runs.values())
+
+
+def _dtype_id(dtype: torch.dtype) -> str:
+    """The id pytest gives ``dtype`` in ``parametrize("dtype", DTYPES)``."""
+    return f"dtype{DTYPES.index(dtype)}"
+
+
+def covering(cases: list, dtypes: list, halves: tuple[tuple, tuple]) -> list[tuple]:
+    """(case, dtype, value) for every case and dtype, with the values of one of the two
+    ``halves``, alternating (by the case's and the dtype's index) so that every case and every
+    dtype meets every value: each pair of values of any two of the three is covered, and every
+    (case, dtype) pair takes one value from each half."""
+    return [(case, dtype, value) for i, case in enumerate(cases)
+            for j, dtype in enumerate(dtypes) for value in halves[(i + j) % 2]]  # fmt: skip
+
+
+# Bit-widths by a covering design, not the full product: every (shape, dtype) runs a width of
+# 8 codes a word (2 or 4) and one of 4 (5 or 8), the two kernel layouts; every shape and every
+# dtype meets all four widths. Every code of every width is checked bit for bit by
+# test_decode_is_bit_exact_for_every_code_and_edge (and every level of widths 3, 4, 7 and 8,
+# through these kernels, by test_every_code_slot_of_a_word_is_bit_exact).
+@pytest.mark.parametrize(
+    ("m", "o", "k", "dtype", "bits"),
+    [pytest.param(*case, dtype, bits, id=f"{'-'.join(map(str, case))}-{_dtype_id(dtype)}-{bits}")
+     for case, dtype, bits in covering(LINEAR_CASES, DTYPES, ((2, 5), (4, 8)))],
+)  # fmt: skip
 def test_shift_linear_matches_reference(m: int, o: int, k: int, dtype, bits: int) -> None:
     seed = m * 10_000 + o * 100 + k + bits
     codes = random_codes(o, k, bits, seed)
@@ -256,7 +296,8 @@ def test_shift_linear_matches_reference(m: int, o: int, k: int, dtype, bits: int
     x = torch.randn(m, k, generator=gen).to(dtype)
     bias = torch.randn(o, generator=gen) if m % 2 else None  # float32: cast like the reference
     ref = x.double() @ w.T + (0 if bias is None else bias.to(dtype).double())
-    for split in sorted({1, 3, linear_config(m, o, k, bits, 132, dtype == torch.float32).split_k}):
+    wanted = {1, 3, linear_config(m, o, k, bits, 132, dtype == torch.float32).split_k}
+    for split in distinct_splits(x.to(DEVICE), packed, bits, n1, k, wanted):
         out, check = guarded((m, o), dtype)
         bias_dev = None if bias is None else bias.to(DEVICE)
         y = tk.shift_linear(x.to(DEVICE), packed, bits, n1, k, bias_dev, split_k=split, out=out)
@@ -504,13 +545,17 @@ def test_benchmark_grids_start_in_one_round_on_132_sms() -> None:
 
 # ---------------------------------------------------------------------------------- conv2d
 
+# conv_config's pixel tiles (N * OH * OW pixels): 32 below 512 pixels, 64 on the depthwise
+# kernel. The batched cases with several tiles end on a ragged one and have tiles that cross
+# images; their maps are no larger than that needs (each program costs the interpreter some
+# 10 ms a K step or tap).
 CONV_CASES = [
     # (N, Cin, H, W, Cout, kh, kw, stride, padding, dilation, groups)
-    (2, 3, 9, 11, 8, 3, 3, 1, 1, 1, 1),
+    (2, 3, 5, 6, 8, 3, 3, 1, 1, 1, 1),  # K = 27: one K step of 32 (fp32: two of 16); 60 pixels
     (1, 16, 14, 14, 17, 3, 3, 2, 1, 1, 1),  # Cout a tile + 1
-    (3, 8, 10, 7, 12, 1, 1, 1, 0, 1, 4),  # grouped 1x1
-    (2, 4, 13, 13, 6, 2, 4, (1, 3), (1, 2), (2, 1), 2),
-    (2, 6, 12, 12, 6, 3, 3, 1, 2, 2, 6),  # depthwise, dilated
+    (3, 8, 4, 5, 12, 1, 1, 1, 0, 1, 4),  # grouped 1x1; 60 pixels
+    (2, 4, 5, 13, 6, 2, 4, (1, 3), (1, 2), (2, 1), 2),  # K = 16: one step; 50 pixels (5x5)
+    (2, 6, 6, 6, 6, 3, 3, 1, 2, 2, 6),  # depthwise, dilated; 72 pixels: a 64-pixel tile + 8
     (1, 5, 8, 9, 10, 5, 3, (2, 1), (2, 0), 1, 5),  # depthwise, channel multiplier 2
     (1, 33, 6, 6, 33, 7, 7, 1, 3, 1, 33),  # depthwise 7x7, channels a tile + 1
 ]
@@ -520,10 +565,18 @@ def _pair(v) -> list[int]:
     return [v, v] if isinstance(v, int) else list(v)
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("bits", [3, 6])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", CONV_CASES)
+# (bits, channels_last) by a covering design, not the full product: every (case, dtype) runs
+# both bit-widths (4- and 8-bit code fields) and both memory formats, in two of the four
+# pairings, alternating; every pair of values of any two dimensions is covered. Every code of
+# both widths is checked bit for bit by test_decode_is_bit_exact_for_every_code_and_edge;
+# both formats on every case and dtype here.
+@pytest.mark.parametrize(
+    ("case", "dtype", "bits", "channels_last"),
+    [pytest.param(case, dtype, bits, cl,
+                  id=f"case{CONV_CASES.index(case)}-{_dtype_id(dtype)}-{bits}-{cl}")
+     for case, dtype, (bits, cl) in covering(
+         CONV_CASES, DTYPES, (((3, False), (6, True)), ((3, True), (6, False))))],
+)  # fmt: skip
 def test_shift_conv2d_matches_reference(case, dtype, bits: int, channels_last: bool) -> None:
     n, cin, h, wd, cout, kh, kw, stride, padding, dilation, groups = case
     seed = sum(hash(str(v)) % 97 for v in case) + bits
@@ -669,7 +722,7 @@ CONV_INT8_CASES = [
     (1, 3, 9, 11, 17, 3, 3, 1, 1, 1, 1, 2),  # 99 pixels, Cout a 16-channel tile + 1
     (2, 16, 4, 4, 16, 1, 1, 1, 0, 1, 1, 3),  # 1x1: one tile exactly (32 pixels, 16 outputs, K 16)
     (3, 4, 10, 9, 8, 5, 3, (2, 1), (2, 0), (1, 2), 2, 4),  # grouped, 4 outputs a group
-    (2, 6, 12, 12, 6, 3, 3, 1, 2, 2, 6, 5),  # depthwise, dilated, 288 pixels
+    (2, 6, 9, 8, 6, 3, 3, 1, 2, 2, 6, 5),  # depthwise, dilated, 144 pixels: a 128-tile + 16
     (1, 4, 9, 9, 8, 3, 3, 2, 1, 1, 4, 6),  # depthwise, channel multiplier 2
     (2, 18, 6, 5, 20, 3, 3, 1, 1, 1, 2, 7),  # K = 81: six K steps, 10 outputs a group
     (1, 7, 13, 6, 33, 5, 3, 2, 2, 2, 1, 8),  # 5x3, stride, padding and dilation 2; 33 outputs
