@@ -20,6 +20,57 @@ if not torch.cuda.is_available():
 if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
+
+def _device_calls_without_repatching() -> None:
+    """The Triton interpreter patches ``triton.language`` for a launch, and again (never
+    restored, so never needed) at every call of a ``@triton.jit`` helper inside it: a scan of
+    the whole module each time, a fifth of the kernels' interpreted time. Here a helper's call
+    inside a launch that patched its modules already does nothing; launches patch and restore
+    as before. Where Triton's interpreter lacks these internals, it is left as it is."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    patch, launch = getattr(interpreter, "_patch_lang", None), interpreter.GridExecutor.__call__
+    if patch is None or not hasattr(interpreter, "_LangPatchScope"):
+        return
+    patched: list[frozenset[int]] = []  # the modules the launch in progress patched
+    starting = [False]
+
+    def modules(fn) -> frozenset[int]:
+        return frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+
+    def patch_lang(fn):
+        if patched and not starting[0] and modules(fn) <= patched[-1]:
+            return interpreter._LangPatchScope()  # the launch's patch is in place
+        scope = patch(fn)
+        if starting[0]:  # the launch's own patch: in place until its restore
+            starting[0] = False
+            patched.append(modules(fn))
+            restore = scope.restore
+
+            def restore_and_end() -> None:
+                patched.pop()
+                restore()
+
+            scope.restore = restore_and_end
+        return scope
+
+    def run_launch(self, *args, **kwargs):
+        starting[0] = True
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            starting[0] = False
+
+    interpreter._patch_lang = patch_lang
+    interpreter.GridExecutor.__call__ = run_launch
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _device_calls_without_repatching()
+
 # OpenVINO imports absl.logging, whose handler keeps the sys.stderr of its import and closes that
 # stream when logging is reconfigured (Hydra does, in-process) while sys.stderr is another one.
 # Under pytest that stream is pytest's own capture file: closing it breaks every later test of
