@@ -27,7 +27,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tqdm import tqdm
@@ -122,13 +124,15 @@ def run_build(command: list[str], cwd: Path, what: str) -> tuple[int, str]:
     stops (a build tool's children would run on otherwise), with the elapsed time on a
     terminal; returns its exit status and output (stdout and stderr, kept in memory: a full
     disk would swallow a log file)."""
-    build = subprocess.Popen(
-        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        errors="replace", start_new_session=True,
-    )  # fmt: skip
-    # the try starts at once: a stop while the progress line was being set up (tqdm's first
-    # lock takes milliseconds) left the build running, outside Popen's and this handler's reach
+    build = None
+    # a stop while the progress line was being set up (tqdm's first lock takes milliseconds), or
+    # while Popen returned after the fork, left the build running: Popen held, the try around it
     try:
+        with _stops_held():
+            build = subprocess.Popen(
+                command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                errors="replace", start_new_session=True,
+            )  # fmt: skip
         with tqdm(desc=what, bar_format="{desc}: {elapsed}", disable=None, file=sys.stderr,
                   leave=False) as shown:  # fmt: skip
             while True:
@@ -138,12 +142,34 @@ def run_build(command: list[str], cwd: Path, what: str) -> tuple[int, str]:
                 except subprocess.TimeoutExpired:
                     shown.refresh()
     except BaseException:
-        os.killpg(build.pid, signal.SIGKILL)
-        build.wait()
-        if build.stdout is not None:
-            build.stdout.close()
+        if build is not None:
+            os.killpg(build.pid, signal.SIGKILL)
+            build.wait()
+            if build.stdout is not None:
+                build.stdout.close()
         raise
     return build.returncode, output
+
+
+@contextlib.contextmanager
+def _stops_held() -> Iterator[None]:
+    """Within the block, Ctrl-C and SIGTERM are recorded, not acted on; on leaving it, each
+    reaches the handler it would have reached. For a step that must not be cut in its middle
+    (a started build whose process id is not yet known). Outside the main thread, where no
+    handler runs, nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, lambda n, _: held.append(n)) for signum in stops}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in held:
+            signal.raise_signal(signum)
 
 
 def stop_abandoned_builds(out: Path) -> None:
