@@ -12,10 +12,11 @@ Layers and the top level:
   a pair of pixels taken whenever both hold one;
 - the top level ``inq_top``: a valid/ready input stream of pixels (raster order, channels
   packed, channel 0 at the least significant bits) and a valid/ready output stream of the last
-  op's pixels (int32 fields). After a frame's last pixel it holds ``in_ready`` low for
-  :attr:`Design.frame_gap` cycles, the layers' flush ticks, and it starts a frame only while
-  its output buffer has room for it (``FRAMES`` frames), so a consumer that stalls loses
-  nothing.
+  op's pixels (int32 fields). A pixel taken is registered before the layers read it (a cycle
+  of latency, the handshake's logic off the layers' paths). After a frame's last pixel it holds
+  ``in_ready`` low for :attr:`Design.frame_gap` cycles, the layers' flush ticks, and it starts
+  a frame only while its output buffer has room for it (``FRAMES`` frames), so a consumer that
+  stalls loses nothing.
 
 One pixel enters per cycle: a frame takes ``H * W + frame_gap`` cycles (the initiation
 interval, :attr:`Design.interval`).
@@ -352,12 +353,13 @@ def fifo_depths(
     """The FIFO depths each add needs (by layer name), from a cycle model of the design with
     every layer's graph ``latencies``: input frames back to back at one pixel a cycle, the
     fastest the top level accepts them (gaps in the input only let a lagging branch catch
-    up). A window layer's output ``(i, j)`` leaves ``latency + 2`` cycles after its due pixel
-    arrived (the input register, the window's, the graph's stages); an add's ``latency + 1``
-    after it takes a pair."""
+    up), each pixel reaching the layers that read the input a cycle after ``inq_top`` takes
+    it (its input register). A window layer's output ``(i, j)`` leaves ``latency + 2`` cycles
+    after its due pixel arrived (the window's input register, its window register, the
+    graph's stages); an add's ``latency + 1`` after it takes a pair."""
     pixels = design.in_h * design.in_w
-    times: dict[str, list[int]] = {
-        "": [f * design.interval + i for f in range(frames) for i in range(pixels)]
+    times: dict[str, list[int]] = {  # when each input pixel reaches the layers: taken + 1
+        "": [f * design.interval + i + 1 for f in range(frames) for i in range(pixels)]
     }
     depths = {}
     for layer, latency in zip(design.layers, latencies, strict=True):
@@ -418,8 +420,8 @@ def _top_module(design: Design) -> str:
     for layer in design.layers:
         bits = layer.out_channels * (OUT_WIDTH if layer is last else layer.out_width)
         inputs = "".join(
-            f".in_valid{suffix}({source or 'fire'}{'_valid' if source else ''}), "
-            f".in_data{suffix}({source or 'in'}_data), "
+            f".in_valid{suffix}({source or 'taken'}_valid), "
+            f".in_data{suffix}({source or 'taken'}_data), "
             for suffix, source in zip(("", "_b"), layer.sources, strict=False)
         )
         chain.append(
@@ -448,6 +450,14 @@ module inq_top (
     reg [{bb - 1}:0] beat;        // beats of the frame being read out
     assign in_ready = gap == 0 && (pixel != 0 || frames < FRAMES);
     wire fire = in_valid && in_ready;
+    // the pixel taken, registered: the layers that read the input see a register's valid and
+    // data, a cycle after the handshake, not its logic (in_ready's counters, in_valid)
+    reg taken_valid;
+    reg [{in_bits - 1}:0] taken_data;
+    always @(posedge clk) begin
+        taken_valid <= rst ? 1'b0 : fire;
+        taken_data <= in_data;
+    end
 
 {layers}
 

@@ -223,13 +223,14 @@ def layer_graph(op: IntOp, tensors: dict[str, Tensor], window: Window) -> CombLo
 
 def pipelined(graph: CombLogic, stage_delay: float) -> Pipeline:
     """``graph`` cut into register stages of at most ``stage_delay`` (da4ml's delay units:
-    about one carry-chain adder each), reading the same input bus as ``graph``.
+    about one carry-chain adder each, a constant add or negation after an adder counted as
+    one too: :func:`_count_tail`), reading the same input bus as ``graph``.
 
     da4ml's retiming traces the stages again without the inputs no output reads (a tap whose
     weights are all zero), which narrows the first stage's input bus and shifts every field
     after it; such inputs are put back into the first stage, unread, at their place.
     """
-    pipeline = to_pipeline(graph, stage_delay, verbose=False)
+    pipeline = to_pipeline(_count_tail(graph), stage_delay, verbose=False)
     first = pipeline.solutions[0]
     present = {op.id0 for op in first.ops if op.opcode == -1}
     lost = [
@@ -241,6 +242,35 @@ def pipelined(graph: CombLogic, stage_delay: float) -> Pipeline:
         return pipeline
     first = first._replace(ops=[*first.ops, *lost])  # appended: no index in use moves
     return Pipeline((first, *pipeline.solutions[1:]))
+
+
+_CHAINS = (4, -2, -3)  # a constant add, relu(-x), quantize(-x): a carry chain each
+
+
+def _count_tail(graph: CombLogic) -> CombLogic:
+    """``graph`` with each constant add and negation after an adder counted as one more unit
+    of delay, like an adder: da4ml's tracer gives them none, so the requantization's rounding
+    add and the clamp's constant adds and negations, each a carry chain, would share a stage
+    with the last adder. (Negations of the inputs, before any adder, keep da4ml's count.)
+    Where da4ml retimes the stages (``stage_delay`` above 1) it balances them by its own
+    delay model; the stage count is this one's."""
+    latency: list[float] = []
+    after_adder: list[bool] = []
+    ops = []
+    for op in graph.ops:
+        parents = [] if op.opcode in (-1, 5) else [op.id0] + ([op.id1] if op.id1 >= 0 else [])
+        if op.opcode in (6, -6):
+            parents.append(op.data & 0xFFFFFFFF)
+        base_old = max((graph.ops[p].latency for p in parents), default=0.0)
+        base_new = max((latency[p] for p in parents), default=0.0)
+        delta = op.latency - base_old
+        downstream = any(after_adder[p] for p in parents)
+        if op.opcode in _CHAINS and downstream:
+            delta = max(delta, 1.0)
+        latency.append(base_new + delta)
+        after_adder.append(downstream or op.opcode in (0, 1))
+        ops.append(op._replace(latency=base_new + delta) if op.opcode != -1 else op)
+    return graph._replace(ops=ops)
 
 
 def adders(pipeline: Pipeline) -> int:
