@@ -244,7 +244,10 @@ def pipelined(graph: CombLogic, stage_delay: float) -> Pipeline:
     return Pipeline((first, *pipeline.solutions[1:]))
 
 
-_CHAINS = (4, -2, -3)  # a constant add, relu(-x), quantize(-x): a carry chain each
+# da4ml's opcodes read here: an input (-1) and a constant (5) have no operand; a mux (6, -6)
+# holds its condition's id in the low 32 bits of ``data``; an add or subtract of two values
+# (0, 1); after one, a constant add, relu(-x) or quantize(-x) is a carry chain each
+_NO_OPERANDS, _MUXES, _ADDS, _CHAINS = (-1, 5), (6, -6), (0, 1), (4, -2, -3)
 
 
 def _count_tail(graph: CombLogic) -> CombLogic:
@@ -254,22 +257,19 @@ def _count_tail(graph: CombLogic) -> CombLogic:
     with the last adder. (Negations of the inputs, before any adder, keep da4ml's count.)
     Where da4ml retimes the stages (``stage_delay`` above 1) it balances them by its own
     delay model; the stage count is this one's."""
-    latency: list[float] = []
+    ops: list[Op] = []
     after_adder: list[bool] = []
-    ops = []
     for op in graph.ops:
-        parents = [] if op.opcode in (-1, 5) else [op.id0] + ([op.id1] if op.id1 >= 0 else [])
-        if op.opcode in (6, -6):
+        parents = [] if op.opcode in _NO_OPERANDS else [op.id0] + [op.id1] * (op.id1 >= 0)
+        if op.opcode in _MUXES:
             parents.append(op.data & 0xFFFFFFFF)
-        base_old = max((graph.ops[p].latency for p in parents), default=0.0)
-        base_new = max((latency[p] for p in parents), default=0.0)
-        delta = op.latency - base_old
+        delta = op.latency - max((graph.ops[p].latency for p in parents), default=0.0)
         downstream = any(after_adder[p] for p in parents)
         if op.opcode in _CHAINS and downstream:
             delta = max(delta, 1.0)
-        latency.append(base_new + delta)
-        after_adder.append(downstream or op.opcode in (0, 1))
-        ops.append(op._replace(latency=base_new + delta) if op.opcode != -1 else op)
+        start = max((ops[p].latency for p in parents), default=0.0)
+        ops.append(op._replace(latency=start + delta))
+        after_adder.append(downstream or op.opcode in _ADDS)
     return graph._replace(ops=ops)
 
 
