@@ -36,17 +36,18 @@ def _device_calls_without_repatching() -> None:
     if patch is None or not hasattr(interpreter, "_LangPatchScope"):
         return
     patched: list[frozenset[int]] = []  # the modules the launch in progress patched
-    starting = [False]
+    starting = False  # a launch has begun and not yet patched
 
     def modules(fn) -> frozenset[int]:
         return frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
 
     def patch_lang(fn):
-        if patched and not starting[0] and modules(fn) <= patched[-1]:
+        nonlocal starting
+        if patched and not starting and modules(fn) <= patched[-1]:
             return interpreter._LangPatchScope()  # the launch's patch is in place
         scope = patch(fn)
-        if starting[0]:  # the launch's own patch: in place until its restore
-            starting[0] = False
+        if starting:  # the launch's own patch: in place until its restore
+            starting = False
             patched.append(modules(fn))
             restore = scope.restore
 
@@ -58,11 +59,12 @@ def _device_calls_without_repatching() -> None:
         return scope
 
     def run_launch(self, *args, **kwargs):
-        starting[0] = True
+        nonlocal starting
+        starting = True
         try:
             return launch(self, *args, **kwargs)
         finally:
-            starting[0] = False
+            starting = False
 
     interpreter._patch_lang = patch_lang
     interpreter.GridExecutor.__call__ = run_launch
