@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import math
+import zlib
 from pathlib import Path
 
 import pytest
@@ -579,7 +580,7 @@ def _pair(v) -> list[int]:
 )  # fmt: skip
 def test_shift_conv2d_matches_reference(case, dtype, bits: int, channels_last: bool) -> None:
     n, cin, h, wd, cout, kh, kw, stride, padding, dilation, groups = case
-    seed = sum(hash(str(v)) % 97 for v in case) + bits
+    seed = zlib.crc32(repr(case).encode()) % 10_000 + bits  # str hashes differ per process
     shape = [cout, cin // groups, kh, kw]
     packed = pack_codes(random_codes(cout, math.prod(shape[1:]), bits, seed), bits)
     w = decode_weight(packed, bits, 0, tuple(shape), dtype).double()
