@@ -43,11 +43,15 @@ module inq_window #(
     reg [NB-1:0] n, n1;             // raster index of the pixel shifted in next, and n + 1
     reg [NB-1:0] due, due_step;     // when the next output is due, and due + SW
     reg [NB-1:0] row_due, row_step; // when the first output of its row is due, and + SH * W
-    reg signed [NB-1:0] r0, c0;     // its window's top-left input row and column
-    reg [KH-1:0] row_in;            // per window row u: r0 + u inside the frame
-    reg [KW-1:0] col_in;            // per window column v: c0 + v inside the frame
-    reg [NB-1:0] oj;                // its column
-    reg row_end;                    // oj == OW - 1
+    reg [NB-1:0] oi1, oj1;          // its output row and column, plus 1
+    reg row_end;                    // its column is OW - 1
+    // The padding masks, per window row u and column v: inside the frame for this output row
+    // (column), and for the next one. Each is one flip-flop whose next value is a register or
+    // a constant, chosen by the enables: a compare of the counters with constants feeds only
+    // the "next" masks, a cycle before they are used (no adder and no carry chain between the
+    // line buffer and the window, nor between the enables and a mask).
+    reg [KH-1:0] row_in, row_in1;
+    reg [KW-1:0] col_in, col_in1;
     reg at_last, at_end;            // n == N - 1, n == H * W - 1
     reg flushing;                   // n >= H * W
     reg [P-1:0] beat;               // the registered input pixel
@@ -61,8 +65,8 @@ module inq_window #(
     wire [NB-1:0] n_next = wrap ? 0 : advance ? n1 : n;
     wire [NB-1:0] due_next = wrap ? T0 : !capture ? due : row_end ? row_step : due_step;
     wire [NB-1:0] row_due_next = wrap ? T0 : capture && row_end ? row_step : row_due;
-    wire signed [NB-1:0] r0_next = wrap ? -PH : capture && row_end ? r0 + SH : r0;
-    wire signed [NB-1:0] c0_next = wrap || capture && row_end ? -PW : capture ? c0 + SW : c0;
+    wire next_row = capture && row_end;
+    wire restart_row = wrap || next_row;  // the next output is the first of a row
     wire flushing_next = wrap ? 1'b0 : advance && at_end ? 1'b1 : flushing;
     wire advance_next = in_valid | flushing_next;
     wire due_hit = wrap ? T0 == 0                              // n_next == due_next, from
@@ -109,7 +113,7 @@ module inq_window #(
         beat <= in_data;
         if (rst) begin
             n <= 0; n1 <= 1; due <= T0; due_step <= T0 + SW; row_due <= T0;
-            row_step <= T0 + SH * W; r0 <= -PH; c0 <= -PW; oj <= 0; row_end <= OW == 1;
+            row_step <= T0 + SH * W; oi1 <= 1; oj1 <= 1; row_end <= OW == 1;
             at_last <= N == 1; at_end <= H * W == 1; flushing <= 0; out_valid <= 0;
         end else begin
             n <= n_next;
@@ -122,25 +126,42 @@ module inq_window #(
             row_step <= row_due_next + SH * W;
             flushing <= flushing_next;
             out_valid <= capture;
-            r0 <= r0_next;
-            c0 <= c0_next;
-            if (wrap || capture && row_end) begin
-                oj <= 0; row_end <= OW == 1;
+            if (wrap) oi1 <= 1;
+            else if (next_row) oi1 <= oi1 + 1;
+            if (restart_row) begin
+                oj1 <= 1; row_end <= OW == 1;
             end else if (capture) begin
-                oj <= oj + 1; row_end <= oj == OW - 2;
+                oj1 <= oj1 + 1; row_end <= oj1 == OW - 1;
             end
         end
     end
-    // the padding masks, from the next window's corner: a register each, not a comparison
-    // between the line buffer and the window
+    // Row u of output row i reads input row i*SH - PH + u: inside the frame for i in
+    // [RLO, RHI]; column v likewise for output columns in [CLO, CHI]. The "next" mask of the
+    // output after i + 1 compares the register i + 1 with the bounds less one.
     generate
         for (u = 0; u < KH; u = u + 1) begin : row_masks
+            localparam integer RLO = PH - u <= 0 ? 0 : (PH - u + SH - 1) / SH;
+            localparam integer RHI = H - 1 + PH - u < 0 ? -1 : (H - 1 + PH - u) / SH;
             always @(posedge clk)
-                row_in[u] <= rst ? -PH + u >= 0 && -PH + u < H : r0_next + u >= 0 && r0_next + u < H;
+                if (rst || wrap) begin
+                    row_in[u] <= 0 >= RLO && 0 <= RHI;
+                    row_in1[u] <= 1 >= RLO && 1 <= RHI;
+                end else if (next_row) begin
+                    row_in[u] <= row_in1[u];
+                    row_in1[u] <= (RLO <= 1 || oi1 >= RLO - 1) && RHI >= 1 && oi1 <= RHI - 1;
+                end
         end
         for (v = 0; v < KW; v = v + 1) begin : col_masks
+            localparam integer CLO = PW - v <= 0 ? 0 : (PW - v + SW - 1) / SW;
+            localparam integer CHI = W - 1 + PW - v < 0 ? -1 : (W - 1 + PW - v) / SW;
             always @(posedge clk)
-                col_in[v] <= rst ? -PW + v >= 0 && -PW + v < W : c0_next + v >= 0 && c0_next + v < W;
+                if (rst || restart_row) begin
+                    col_in[v] <= 0 >= CLO && 0 <= CHI;
+                    col_in1[v] <= 1 >= CLO && 1 <= CHI;
+                end else if (capture) begin
+                    col_in[v] <= col_in1[v];
+                    col_in1[v] <= (CLO <= 1 || oj1 >= CLO - 1) && CHI >= 1 && oj1 <= CHI - 1;
+                end
         end
     endgenerate
 endmodule
