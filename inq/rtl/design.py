@@ -461,16 +461,24 @@ module inq_top (
 
 {layers}
 
-    // the output buffer: FRAMES frames of BEATS beats
+    // the output buffer: FRAMES frames of BEATS beats. The out_ready pin reaches only the
+    // read side's enables (the read position, its successor, its lap bit, the beat counter):
+    // a frame read out whole reaches the frame count a cycle later, which only delays the
+    // next frame's admission by that cycle, never overfills the buffer.
     reg [{out_bits - 1}:0] buffer [0:{depth - 1}];
-    reg [{ab - 1}:0] head, tail, count;
+    reg [{ab - 1}:0] head, head1, tail; // read position, the one after it, write position
+    reg head_lap, tail_lap;             // each position's laps of the buffer, modulo 2
+    reg beat_last;                      // beat == BEATS - 1
+    reg frame_read;                     // a frame's last beat was read in the last cycle
     wire push = {prev[0]};
     wire pop = out_valid && out_ready;
-    assign out_valid = count != 0;
+    assign out_valid = head != tail || head_lap != tail_lap;
     assign out_data = buffer[head];
     always @(posedge clk) begin
         if (rst) begin
-            pixel <= 0; gap <= 0; frames <= 0; beat <= 0; head <= 0; tail <= 0; count <= 0;
+            pixel <= 0; gap <= 0; frames <= 0; beat <= 0; beat_last <= BEATS == 1;
+            head <= 0; head1 <= {1 % depth}; tail <= 0; head_lap <= 0; tail_lap <= 0;
+            frame_read <= 0;
         end else begin
             if (gap != 0) gap <= gap - 1;
             if (fire) begin
@@ -482,13 +490,17 @@ module inq_top (
             if (push) begin
                 buffer[tail] <= {prev[1]};
                 tail <= tail == {depth - 1} ? 0 : tail + 1;
+                if (tail == {depth - 1}) tail_lap <= !tail_lap;
             end
             if (pop) begin
-                head <= head == {depth - 1} ? 0 : head + 1;
-                beat <= beat == BEATS - 1 ? 0 : beat + 1;
+                head <= head1;
+                head1 <= head1 == {depth - 1} ? 0 : head1 + 1;
+                if (head == {depth - 1}) head_lap <= !head_lap;
+                beat <= beat_last ? 0 : beat + 1;
+                beat_last <= beat_last ? BEATS == 1 : beat == BEATS - 2;
             end
-            count <= count + push - pop;
-            frames <= frames + (fire && pixel == 0) - (pop && beat == BEATS - 1);
+            frame_read <= pop && beat_last;
+            frames <= frames + (fire && pixel == 0) - frame_read;
         end
     end
 endmodule
