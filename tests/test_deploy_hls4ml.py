@@ -1,8 +1,9 @@
 """hls4ml export (inq.deploy.hls4ml): the C simulation that g++ compiles from the project hls4ml
 writes equals the integer model bit for bit (digits at 2, 4 and 5 bits on the whole test split, a
 residual block, ReLU6 clamps), every conv/dense weight constant is 0 or a power of two, every
-activation type is the integer model's, and bad requests are refused in one line with nothing
-lost. Each project compiles for 20-40 s: marked slow."""
+weight, bias and scale array is static const where synthesis reads it (read from the C++, its
+synthesis path compiled), every activation type is the integer model's, and bad requests are
+refused in one line with nothing lost. Each project compiles for 20-40 s: marked slow."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import stat
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ from inq.cli import main
 from inq.data import build_datasets
 from inq.deploy.hls4ml import (
     HlsLayer,
+    declare_constants,
     exact_type,
     export_hls4ml,
     hls_shadow,
@@ -102,6 +105,74 @@ def _written(project: Path, hls_model: Any, kinds: tuple[str, ...]) -> dict[str,
     return out
 
 
+_ARRAY = re.compile(r"^(?P<qualifiers>(?:\w+ )*?)(?P<type>\w+) (?P<name>\w+)\[(?P<size>\d+)\]"
+                    r"(?: = \{(?P<values>[^}]*)\})?;$")  # fmt: skip
+
+
+def _builds(code: str) -> list[tuple[str, str]]:
+    """Each line of the C++ ``code`` that is not a preprocessor conditional, with the build it
+    is in: ``sim`` (under ``#ifndef __SYNTHESIS__``: the C simulation), ``synth`` (its
+    ``#else``) or ``both``."""
+    lines, branches = [], []
+    for line in code.splitlines():
+        if line.startswith("#if"):
+            branches.append("sim" if line == "#ifndef __SYNTHESIS__" else "both")
+        elif line == "#else":
+            branches[-1] = {"sim": "synth", "synth": "sim"}.get(branches[-1], "both")
+        elif line == "#endif":
+            branches.pop()
+        else:
+            lines.append((next((b for b in reversed(branches) if b != "both"), "both"), line))
+    return lines
+
+
+def _declarations(code: str) -> list[tuple[str, re.Match[str]]]:
+    """The array declarations of the C++ ``code``, each with its build (:func:`_builds`)."""
+    return [(build, array) for build, line in _builds(code) if (array := _ARRAY.match(line))]
+
+
+def _assert_constant_arrays(project: Path, hls_model: Any) -> None:
+    """Every weight, bias and scale array of ``project`` is, where synthesis reads it, defined
+    once, ``static const``, with the values the C simulation loads into its own copy (the one
+    non-const declaration, under ``#ifndef __SYNTHESIS__``); every typedef of its type in the
+    layers' configs (the functions take it through those) is const; the arrays and nothing
+    else but the layers' values are the arguments of the model's ``nnet::`` calls; and g++
+    compiles the synthesis path (``__SYNTHESIS__`` defined once the open-source ``ap_types``,
+    which refuse it, are in): no product there takes a non-const array."""
+    firmware = project / "firmware"
+    arrays = {v.name: v.type.name for layer in hls_model.get_layers() for v in layer.get_weights()}
+    assert arrays
+    for name, kind in arrays.items():
+        declared = _declarations((firmware / "weights" / f"{name}.h").read_text())
+        builds = [(build, array["name"], array["type"]) for build, array in declared]
+        assert builds == [("sim", name, kind), ("synth", name, kind)], name
+        (_, sim), (_, synth) = declared
+        assert sim["qualifiers"] == "" and sim["values"] is None, name  # filled from the text
+        assert synth["qualifiers"] == "static const " and synth["size"] == sim["size"], name
+        text = (firmware / "weights" / f"{name}.txt").read_text()
+        assert synth["values"] == text, name  # what the C simulation computes with
+    for path in [*firmware.glob("*.h"), *firmware.glob("*.cpp")]:  # no other declaration
+        assert not re.search(rf"\b({'|'.join(arrays)})\[", path.read_text()), path
+    typedefs = re.findall(r"^ *typedef (const )?(\w+) (?:weight|bias|scale)_t;$",
+                          (firmware / "parameters.h").read_text(), re.M)  # fmt: skip
+    assert {kind for _, kind in typedefs} == set(arrays.values())
+    assert all(const for const, _ in typedefs)
+    cpp = "\n".join(line for build, line in _builds((firmware / "myproject.cpp").read_text())
+                    if build != "sim")  # fmt: skip
+    values = {v.name for v in hls_model.get_input_variables()}
+    values |= {v.name for layer in hls_model.get_layers() for v in layer.get_variables()}
+    passed = {arg for call in re.findall(r"\bnnet::\w+<[^;]*?>\(([^;]*)\);", cpp)
+              for arg in call.split(", ")}  # fmt: skip
+    assert set(arrays) <= passed <= values | set(arrays)
+    synthesis = '#include "firmware/myproject.h"\n#define __SYNTHESIS__\n' \
+        '#include "firmware/myproject.cpp"\n'  # fmt: skip
+    compiled = subprocess.run(
+        ["g++", "-fsyntax-only", "-std=c++11", f"-I{firmware / 'ap_types'}", f"-I{project}",
+         "-x", "c++", "-"], input=synthesis, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_every_weight_constant_in_the_project_is_zero_or_a_power_of_two(digits) -> None:
     model, hls_model, layers, project, _ = digits
@@ -117,6 +188,12 @@ def test_every_weight_constant_in_the_project_is_zero_or_a_power_of_two(digits) 
     written = sum(int((np.frexp(np.abs(v[v != 0]))[0] != 0.5).sum())
                   for k, v in scales.items() if k.endswith(".scale"))  # fmt: skip
     assert counted == written > 0  # the requantization multipliers of the BatchNorm layers
+
+
+@pytest.mark.slow
+def test_every_weight_bias_and_scale_array_in_the_cpp_is_const(digits) -> None:
+    _, hls_model, _, project, _ = digits
+    _assert_constant_arrays(project, hls_model)
 
 
 @pytest.mark.slow
@@ -180,6 +257,7 @@ def test_a_residual_block_with_relu6_clamps_and_channel_level_sets_is_exact(
     assert {layer.name for layer in layers} >= {"add", "sub", "sub_1"}
     x = 4 * torch.randn(512, 3, 8, 8, generator=torch.Generator().manual_seed(5))
     assert np.array_equal(run_csim(hls_model, x.numpy()), _expected(model, x))
+    _assert_constant_arrays(tmp_path / "prj", hls_model)
 
 
 @pytest.mark.slow
@@ -209,6 +287,36 @@ def test_a_clamp_no_op_folded_cuts_a_signed_input_at_both_ends(tmp_path: Path) -
     expected = _expected(model, x)
     assert expected.min() == 0 and expected.max() == 96 * 2**-5  # both ends cut
     assert np.array_equal(run_csim(hls_model, x.numpy()), expected)
+
+
+def test_declare_constants_makes_the_arrays_const_or_names_the_file_it_cannot(
+    tmp_path: Path,
+) -> None:
+    """On the files as hls4ml 1.3 writes them, the synthesis definition of each array becomes
+    ``static const`` and the configs' typedefs of its type const; a header with one definition
+    for both builds (what ``write_weights_txt=False`` writes) or no typedef of the type in a
+    config is refused, naming the file, rather than left non-const."""
+    firmware = tmp_path / "firmware"
+    (firmware / "weights").mkdir(parents=True)
+    variable = types.SimpleNamespace(name="w2", type=types.SimpleNamespace(name="conv_weight_t"))
+    hls_model = types.SimpleNamespace(get_layers=lambda: [
+        types.SimpleNamespace(get_weights=lambda: [variable])])  # fmt: skip
+    header, parameters = firmware / "weights" / "w2.h", firmware / "parameters.h"
+    simulated, synthesised = "conv_weight_t w2[3];\n", "conv_weight_t w2[3] = {0.5, 0, -1};\n"
+    header.write_text(f"#ifndef __SYNTHESIS__\n{simulated}#else\n{synthesised}#endif\n")
+    config = "struct config2 : nnet::conv2d_config {{\n    typedef {}conv_weight_t weight_t;\n}};\n"
+    parameters.write_text("typedef conv_accum_t accum_t;\n" + config.format("") * 2)
+    declare_constants(hls_model, tmp_path)
+    assert header.read_text() == f"#ifndef __SYNTHESIS__\n{simulated}#else\n" \
+        f"static const {synthesised}#endif\n"  # fmt: skip
+    assert parameters.read_text() == "typedef conv_accum_t accum_t;\n" + config.format("const ") * 2
+    header.write_text(synthesised)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(header))}: not hls4ml 1.3's two "):
+        declare_constants(hls_model, tmp_path)
+    header.write_text(f"#ifndef __SYNTHESIS__\n{simulated}#else\n{synthesised}#endif\n")
+    parameters.write_text("typedef conv_accum_t accum_t;\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(parameters))}: no typedef of "):
+        declare_constants(hls_model, tmp_path)
 
 
 def test_exact_types_hold_their_values() -> None:
@@ -472,4 +580,5 @@ def test_inq_export_hls4ml_prints_each_layers_types_and_multiplications(digits) 
             row = rf"^{layer.name} +{layer.op} +{re.escape(layer.types['weight'])} +"
             assert re.search(row + rf".* 0/{layer.constants}$", printed, re.M)
     assert "weights multiplied by a non-power-of-two constant: 0;" in printed
+    assert "; weights, biases and scales static const for synthesis;" in printed
     assert (project / "build_prj.tcl").exists() and list((project / "firmware").glob("*.so"))

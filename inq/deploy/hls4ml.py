@@ -20,10 +20,14 @@ hand so that no value is ever rounded where the integer model does not round:
 
 Weights are exact ``ap_fixed`` constants, not hls4ml's exponent type: that type holds no zero
 (INQ weights are often 0), is reachable only through a QKeras quantizer, and its writer calls
-``np.product`` (gone in NumPy 2). A multiplication by a constant ``±2**k`` is a shift (or plain
-wiring) in the synthesised logic all the same; :class:`HlsLayer` counts, per layer, the
-constants that are not (goal: none among the weights; the BatchNorm multipliers are the
-requantizations, one per channel).
+``np.product`` (gone in NumPy 2). Every weight, bias and scale array is ``static const`` where
+Vitis HLS reads it, and so is every parameter it is passed to (:func:`declare_constants`; hls4ml
+writes plain globals): the synthesised C++ has no ``a * w`` with a non-constant ``w``, and Vitis
+HLS sees each product as one by a constant, a shift (or plain wiring) for ``±2**k``. The C
+simulation keeps hls4ml's own copies, filled with the same values from text files (g++ compiles
+tens of thousands of ``ap_fixed`` initializers many times slower than the rest of a project).
+:class:`HlsLayer` counts, per layer, the constants that are not (goal: none among the weights;
+the BatchNorm multipliers are the requantizations, one per channel).
 
 Refused, in one line naming the op: activation scales that are not powers of two, a value range
 narrower than its type (a ReLU6 clamp), windowed or non-power-of-two average pooling whose
@@ -69,6 +73,7 @@ __all__ = [
     "MANIFEST",
     "TARGET",
     "HlsLayer",
+    "declare_constants",
     "exact_type",
     "export_hls4ml",
     "hls_shadow",
@@ -509,8 +514,9 @@ def _input_dims(model: IntegerModel, given: Sequence[int] | None) -> list[int]:
 
 def _convert(hls4ml: Any, shadow: _Shadow, dims: list[int], input_type: str,
              layers: list[HlsLayer], out: Path, io_type: str) -> Any:  # fmt: skip
-    """hls4ml's converter on ``shadow`` with every type set, then the project written and its
-    C simulation compiled (:func:`_compile`); hls4ml's printing goes to ``out/inq_build.log``."""
+    """hls4ml's converter on ``shadow`` with every type set, then the project written, its
+    arrays declared constant (:func:`declare_constants`) and its C simulation compiled
+    (:func:`_compile`); hls4ml's printing goes to ``out/inq_build.log``."""
     log = out / BUILD_LOG
     with open(log, "w") as sink, contextlib.redirect_stdout(sink):
         config = hls4ml.utils.config_from_pytorch_model(
@@ -529,9 +535,52 @@ def _convert(hls4ml: Any, shadow: _Shadow, dims: list[int], input_type: str,
             hls_config=config,
         )  # fmt: skip
         hls_model.write()
+        declare_constants(hls_model, out)
         sink.flush()
         _compile(hls_model, out, sink)
     return hls_model
+
+
+def declare_constants(hls_model: Any, out: Path) -> None:
+    """Declare every weight, bias and scale array of the project in ``out`` constant where
+    Vitis HLS reads it. hls4ml 1.3 (no writer option changes it) writes each as a plain global
+    in ``firmware/weights/<name>.h``, twice: under ``#ifndef __SYNTHESIS__`` without values,
+    filled from ``<name>.txt`` at the C simulation's first call, and for synthesis with its
+    values, which this makes ``static const``. The functions it is passed to take it as
+    ``typename CONFIG_T::weight_t weights[N]`` (``bias_t``, ``scale_t``), and a const array
+    can be passed only where that type is const: each such typedef in ``parameters.h`` is made
+    const too (the C simulation's writable arrays pass all the same). Then no product in the
+    synthesised C++ is by a non-constant array.
+
+    Raises:
+        ValueError: naming the file where an array's two declarations, or a typedef of its type,
+            are not as hls4ml 1.3 writes them (so an hls4ml that writes them otherwise cannot
+            leave an array non-const unnoticed).
+    """
+    firmware = out / "firmware"
+    kinds: set[str] = set()
+    for layer in hls_model.get_layers():
+        for variable in layer.get_weights():
+            name, kind = re.escape(variable.name), re.escape(variable.type.name)
+            path = firmware / "weights" / f"{variable.name}.h"
+            text, count = re.subn(
+                rf"^(#ifndef __SYNTHESIS__\n{kind} {name}\[(\d+)\];\n#else\n)({kind} {name}"
+                rf"\[\2\] = \{{)", r"\1static const \3", path.read_text(), flags=re.M,
+            )  # fmt: skip
+            if count != 1 or len(re.findall(rf"\b{name}\[", text)) != 2:
+                raise ValueError(f"{path}: not hls4ml 1.3's two declarations of "
+                                 f"{variable.name}; it would not be constant")  # fmt: skip
+            path.write_text(text)
+            kinds.add(variable.type.name)
+    path = firmware / "parameters.h"
+    text = path.read_text()
+    for kind in sorted(kinds):
+        text, count = re.subn(rf"^( *typedef )(?:const )?({re.escape(kind)} (?:weight|bias|scale)"
+                              r"_t;)$", r"\1const \2", text, flags=re.M)  # fmt: skip
+        if count == 0:
+            raise ValueError(f"{path}: no typedef of {kind} as a layer's weight_t, bias_t or "
+                             "scale_t; its array would not be constant")  # fmt: skip
+    path.write_text(text)
 
 
 def _compile(hls_model: Any, out: Path, log: IO[str]) -> None:
@@ -584,8 +633,8 @@ def _raise_compile_error(output: str) -> None:
 
 def _check_written(hls_model: Any, layers: list[HlsLayer], out: Path) -> None:
     """Every weight and scale of the project, read back from the text files its C simulation
-    loads, is the value ``inq`` gave (hls4ml prints them in decimal, and may reorder a conv's
-    weights to channels-last: compared as sorted arrays).
+    loads and from the headers synthesis reads, is the value ``inq`` gave (hls4ml prints them
+    in decimal, and may reorder a conv's weights to channels-last: compared as sorted arrays).
 
     Raises:
         ValueError: naming the first file that does not read back.
@@ -593,11 +642,20 @@ def _check_written(hls_model: Any, layers: list[HlsLayer], out: Path) -> None:
     given = {(layer.name, key): values for layer in layers for key, values in layer.values.items()}
     for layer in hls_model.get_layers():
         for key, variable in layer.weights.items():
-            path = out / "firmware" / "weights" / f"{variable.name}.txt"
-            written = np.sort(np.array(path.read_text().replace(",", " ").split(), np.float64))
             expected = given.get((layer.name, key), np.asarray(variable.data, np.float64))
-            if not np.array_equal(written, np.sort(expected.ravel())):
-                raise ValueError(f"{path}: its values are not {layer.name}'s {key} exactly")
+            for suffix in (".txt", ".h"):
+                path = out / "firmware" / "weights" / f"{variable.name}{suffix}"
+                if not np.array_equal(np.sort(_written(path)), np.sort(expected.ravel())):
+                    raise ValueError(f"{path}: its values are not {layer.name}'s {key} exactly")
+
+
+def _written(path: Path) -> np.ndarray:
+    """The values of a weight array as hls4ml wrote them: all of ``<name>.txt``, or those in
+    braces in ``<name>.h``."""
+    text = path.read_text()
+    if path.suffix == ".h":
+        text = text.partition("= {")[2].partition("}")[0]
+    return np.array(text.replace(",", " ").split(), np.float64)
 
 
 def _check_csim(model: IntegerModel, hls_model: Any, dims: list[int], count: int = 64) -> None:
@@ -649,7 +707,8 @@ def _write(job: Job) -> list[str]:
     return [
         *lines,
         f"weights multiplied by a non-power-of-two constant: {weights}; requantization "
-        f"multipliers: {scales}; C simulation == integer model on 64 random inputs",
+        f"multipliers: {scales}; weights, biases and scales static const for synthesis; C "
+        "simulation == integer model on 64 random inputs",
         f"synthesis (Vitis HLS, not run here): cd {output} && vitis-run --tcl build_prj.tcl "
         "--mode hls",
     ]
