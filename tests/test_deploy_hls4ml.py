@@ -1,9 +1,10 @@
 """hls4ml export (inq.deploy.hls4ml): the C simulation that g++ compiles from the project hls4ml
 writes equals the integer model bit for bit (digits at 2, 4 and 5 bits on the whole test split, a
-residual block, ReLU6 clamps), every conv/dense weight constant is 0 or a power of two, every
-weight, bias and scale array is static const where synthesis reads it (read from the C++, its
-synthesis path compiled), every activation type is the integer model's, and bad requests are
-refused in one line with nothing lost. Each project compiles for 20-40 s: marked slow."""
+residual block, ReLU6 clamps, requantization by powers of two), every conv/dense weight constant
+is 0 or a power of two, every weight, bias and scale array is static const where synthesis reads
+it (read from the C++, its synthesis path compiled), every activation type is the integer
+model's, and bad requests are refused in one line with nothing lost. Each project compiles for
+20-40 s: marked slow."""
 
 from __future__ import annotations
 
@@ -105,6 +106,11 @@ def _written(project: Path, hls_model: Any, kinds: tuple[str, ...]) -> dict[str,
     return out
 
 
+def _pow2_or_zero(values: np.ndarray) -> bool:
+    magnitudes = np.abs(values[values != 0])
+    return bool(np.array_equal(magnitudes, np.exp2(np.round(np.log2(magnitudes)))))
+
+
 _ARRAY = re.compile(r"^(?P<qualifiers>(?:\w+ )*?)(?P<type>\w+) (?P<name>\w+)\[(?P<size>\d+)\]"
                     r"(?: = \{(?P<values>[^}]*)\})?;$")  # fmt: skip
 
@@ -179,9 +185,7 @@ def test_every_weight_constant_in_the_project_is_zero_or_a_power_of_two(digits) 
     weights = {k: v for k, v in _written(project, hls_model, ("Conv2D", "Dense")).items()
                if k.endswith(".weight")}  # fmt: skip
     assert len(weights) == sum(op.op in ("conv", "linear") for op in model.ops)
-    for values in weights.values():
-        magnitudes = np.abs(values[values != 0])
-        assert np.array_equal(magnitudes, np.exp2(np.round(np.log2(magnitudes))))
+    assert all(_pow2_or_zero(values) for values in weights.values())
     assert all(layer.non_pow2 == 0 for layer in layers if "weight" in layer.types)
     scales = _written(project, hls_model, ("BatchNormalization",))
     counted = sum(layer.non_pow2 for layer in layers if "scale" in layer.types)
@@ -226,10 +230,11 @@ class ResidualRelu6(nn.Module):
         return self.fc(nn.functional.adaptive_avg_pool2d(y, 1).flatten(1))
 
 
-def _residual_relu6_model() -> IntegerModel:
+def _residual_relu6_model(requant_terms: int | None = None) -> IntegerModel:
     """:class:`ResidualRelu6` at 3 bits with a level set per output channel (``mse`` n1) and
     random BatchNorm scales (negative ones too), calibrated on inputs large enough that both
-    ReLU6 cut at 6 below their type's top."""
+    ReLU6 cut at 6 below their type's top; each requantization multiplier a sum of at most
+    ``requant_terms`` signed powers of two where given."""
     from inq.quant.lower import Lowering
 
     torch.manual_seed(0)
@@ -238,10 +243,13 @@ def _residual_relu6_model() -> IntegerModel:
         for bn in (net.conv[1], net.branch[1]):
             bn.running_var.uniform_(0.5, 1.5)
             bn.weight.uniform_(-1.5, 1.5)
-    lowering = Lowering(packed_model(net, 3, granularity="channel", n1_rule="mse"), act_bits=8)
+    lowering = Lowering(packed_model(net, 3, granularity="channel", n1_rule="mse"), act_bits=8,
+                        requant_terms=requant_terms)  # fmt: skip
     gen = torch.Generator().manual_seed(2)
     lowering.calibrate([4 * torch.randn(16, 3, 8, 8, generator=gen) for _ in range(2)])
-    return lowering.integer_model({"model": {}, "data": {}, "act_bits": 8, "input_bits": 8})
+    data = {"name": "synthetic", "in_channels": 3, "image_size": 8, "num_classes": 4}
+    return lowering.integer_model({"model": {}, "data": data, "act_bits": 8, "input_bits": 8,
+                                   "requant_terms": requant_terms})  # fmt: skip
 
 
 @pytest.mark.slow
@@ -258,6 +266,41 @@ def test_a_residual_block_with_relu6_clamps_and_channel_level_sets_is_exact(
     x = 4 * torch.randn(512, 3, 8, 8, generator=torch.Generator().manual_seed(5))
     assert np.array_equal(run_csim(hls_model, x.numpy()), _expected(model, x))
     _assert_constant_arrays(tmp_path / "prj", hls_model)
+
+
+@pytest.mark.slow
+def test_requant_terms_1_makes_every_constant_a_power_of_two_and_stays_exact(
+    tmp_path: Path,
+) -> None:
+    """Calibrated with ``requant_terms=1``, every requantization is a shift: the project's
+    BatchNorm scales, like its weights, are all 0 or ``±2**k`` (without it they are not), the
+    export says so, and the C simulation still equals the integer model bit for bit."""
+    _, _, layers = hls_shadow(_residual_relu6_model(), (3, 8, 8))
+    assert max(layer.terms for layer in layers) > 1  # the same model with 31-bit multipliers
+    model = _residual_relu6_model(requant_terms=1)
+    save_integer(tmp_path / "r.int.safetensors", model)
+    made = []
+
+    def keep(*args: Any, **kwargs: Any) -> tuple[Any, list[HlsLayer]]:
+        made.append(export_hls4ml(*args, **kwargs))
+        return made[-1]
+
+    argv = ["export", str(tmp_path / "r.int.safetensors"), "--hls4ml", "-o", str(tmp_path / "prj")]
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
+        patch.setattr("inq.deploy.hls4ml.export_hls4ml", keep)
+        assert main(argv) == 0
+    ((hls_model, layers),) = made
+    assert all(layer.non_pow2 == 0 and layer.terms <= 1 for layer in layers)
+    written = _written(tmp_path / "prj", hls_model, ("Conv2D", "Dense", "BatchNormalization"))
+    products = {k: v for k, v in written.items() if k.endswith((".weight", ".scale"))}
+    assert sum(k.endswith(".scale") for k in products) >= 3  # conv, branch and fc requantize
+    assert all(_pow2_or_zero(values) for values in products.values())
+    printed = out.getvalue()
+    assert "requantization multipliers not a power of two: 0, each a sum of at most 1 signed " \
+        "powers of two (calibrated with requant_terms=1: 0 have more);" in printed  # fmt: skip
+    _assert_constant_arrays(tmp_path / "prj", hls_model)
+    x = 4 * torch.randn(512, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+    assert np.array_equal(run_csim(hls_model, x.numpy()), _expected(model, x))
 
 
 @pytest.mark.slow
@@ -580,5 +623,9 @@ def test_inq_export_hls4ml_prints_each_layers_types_and_multiplications(digits) 
             row = rf"^{layer.name} +{layer.op} +{re.escape(layer.types['weight'])} +"
             assert re.search(row + rf".* 0/{layer.constants}$", printed, re.M)
     assert "weights multiplied by a non-power-of-two constant: 0;" in printed
-    assert "; weights, biases and scales static const for synthesis;" in printed
+    most = max(layer.terms for layer in layers if "scale" in layer.types)
+    assert most > 1 and re.search(
+        r"; requantization multipliers not a power of two: [1-9]\d*, each a sum of at most "
+        rf"{most} signed powers of two \(calibrated without requant_terms\); weights, biases and "
+        "scales static const for synthesis;", printed)  # fmt: skip
     assert (project / "build_prj.tcl").exists() and list((project / "firmware").glob("*.so"))
