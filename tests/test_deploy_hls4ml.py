@@ -1,8 +1,10 @@
 """hls4ml export (inq.deploy.hls4ml): the C simulation that g++ compiles from the project hls4ml
 writes equals the integer model bit for bit (digits at 2, 4 and 5 bits on the whole test split, a
-residual block, ReLU6 clamps), every conv/dense weight constant is 0 or a power of two, every
-activation type is the integer model's, and bad requests are refused in one line with nothing
-lost. Each project compiles for 20-40 s: marked slow."""
+residual block, ReLU6 clamps, requantization by powers of two), every conv/dense weight constant
+is 0 or a power of two, every weight, bias and scale array is static const where synthesis reads
+it (read from the C++, its synthesis path compiled), every activation type is the integer
+model's, and bad requests are refused in one line with nothing lost. Each project compiles for
+20-40 s: marked slow."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import stat
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,7 @@ from inq.cli import main
 from inq.data import build_datasets
 from inq.deploy.hls4ml import (
     HlsLayer,
+    declare_constants,
     exact_type,
     export_hls4ml,
     hls_shadow,
@@ -102,21 +106,98 @@ def _written(project: Path, hls_model: Any, kinds: tuple[str, ...]) -> dict[str,
     return out
 
 
+def _pow2_or_zero(values: np.ndarray) -> bool:
+    magnitudes = np.abs(values[values != 0])
+    return bool(np.array_equal(magnitudes, np.exp2(np.round(np.log2(magnitudes)))))
+
+
+_ARRAY = re.compile(r"^(?P<qualifiers>(?:\w+ )*?)(?P<type>\w+) (?P<name>\w+)\[(?P<size>\d+)\]"
+                    r"(?: = \{(?P<values>[^}]*)\})?;$")  # fmt: skip
+
+
+def _builds(code: str) -> list[tuple[str, str]]:
+    """Each line of the C++ ``code`` that is not a preprocessor conditional, with the build it
+    is in: ``sim`` (under ``#ifndef __SYNTHESIS__``: the C simulation), ``synth`` (its
+    ``#else``) or ``both``."""
+    lines, branches = [], []
+    for line in code.splitlines():
+        if line.startswith("#if"):
+            branches.append("sim" if line == "#ifndef __SYNTHESIS__" else "both")
+        elif line == "#else":
+            branches[-1] = {"sim": "synth", "synth": "sim"}.get(branches[-1], "both")
+        elif line == "#endif":
+            branches.pop()
+        else:
+            lines.append((next((b for b in reversed(branches) if b != "both"), "both"), line))
+    return lines
+
+
+def _declarations(code: str) -> list[tuple[str, re.Match[str]]]:
+    """The array declarations of the C++ ``code``, each with its build (:func:`_builds`)."""
+    return [(build, array) for build, line in _builds(code) if (array := _ARRAY.match(line))]
+
+
+def _assert_constant_arrays(project: Path, hls_model: Any) -> None:
+    """Every weight, bias and scale array of ``project`` is, where synthesis reads it, defined
+    once, ``static const``, with the values the C simulation loads into its own copy (the one
+    non-const declaration, under ``#ifndef __SYNTHESIS__``); every typedef of its type in the
+    layers' configs (the functions take it through those) is const; the arrays and nothing
+    else but the layers' values are the arguments of the model's ``nnet::`` calls; and g++
+    compiles the synthesis path (``__SYNTHESIS__`` defined once the open-source ``ap_types``,
+    which refuse it, are in): no product there takes a non-const array."""
+    firmware = project / "firmware"
+    arrays = {v.name: v.type.name for layer in hls_model.get_layers() for v in layer.get_weights()}
+    assert arrays
+    for name, kind in arrays.items():
+        declared = _declarations((firmware / "weights" / f"{name}.h").read_text())
+        builds = [(build, array["name"], array["type"]) for build, array in declared]
+        assert builds == [("sim", name, kind), ("synth", name, kind)], name
+        (_, sim), (_, synth) = declared
+        assert sim["qualifiers"] == "" and sim["values"] is None, name  # filled from the text
+        assert synth["qualifiers"] == "static const " and synth["size"] == sim["size"], name
+        text = (firmware / "weights" / f"{name}.txt").read_text()
+        assert synth["values"] == text, name  # what the C simulation computes with
+    for path in [*firmware.glob("*.h"), *firmware.glob("*.cpp")]:  # no other declaration
+        assert not re.search(rf"\b({'|'.join(arrays)})\[", path.read_text()), path
+    typedefs = re.findall(r"^ *typedef (const )?(\w+) (?:weight|bias|scale)_t;$",
+                          (firmware / "parameters.h").read_text(), re.M)  # fmt: skip
+    assert {kind for _, kind in typedefs} == set(arrays.values())
+    assert all(const for const, _ in typedefs)
+    cpp = "\n".join(line for build, line in _builds((firmware / "myproject.cpp").read_text())
+                    if build != "sim")  # fmt: skip
+    values = {v.name for v in hls_model.get_input_variables()}
+    values |= {v.name for layer in hls_model.get_layers() for v in layer.get_variables()}
+    passed = {arg for call in re.findall(r"\bnnet::\w+<[^;]*?>\(([^;]*)\);", cpp)
+              for arg in call.split(", ")}  # fmt: skip
+    assert set(arrays) <= passed <= values | set(arrays)
+    synthesis = '#include "firmware/myproject.h"\n#define __SYNTHESIS__\n' \
+        '#include "firmware/myproject.cpp"\n'  # fmt: skip
+    compiled = subprocess.run(
+        ["g++", "-fsyntax-only", "-std=c++11", f"-I{firmware / 'ap_types'}", f"-I{project}",
+         "-x", "c++", "-"], input=synthesis, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_every_weight_constant_in_the_project_is_zero_or_a_power_of_two(digits) -> None:
     model, hls_model, layers, project, _ = digits
     weights = {k: v for k, v in _written(project, hls_model, ("Conv2D", "Dense")).items()
                if k.endswith(".weight")}  # fmt: skip
     assert len(weights) == sum(op.op in ("conv", "linear") for op in model.ops)
-    for values in weights.values():
-        magnitudes = np.abs(values[values != 0])
-        assert np.array_equal(magnitudes, np.exp2(np.round(np.log2(magnitudes))))
+    assert all(_pow2_or_zero(values) for values in weights.values())
     assert all(layer.non_pow2 == 0 for layer in layers if "weight" in layer.types)
     scales = _written(project, hls_model, ("BatchNormalization",))
     counted = sum(layer.non_pow2 for layer in layers if "scale" in layer.types)
     written = sum(int((np.frexp(np.abs(v[v != 0]))[0] != 0.5).sum())
                   for k, v in scales.items() if k.endswith(".scale"))  # fmt: skip
     assert counted == written > 0  # the requantization multipliers of the BatchNorm layers
+
+
+@pytest.mark.slow
+def test_every_weight_bias_and_scale_array_in_the_cpp_is_const(digits) -> None:
+    _, hls_model, _, project, _ = digits
+    _assert_constant_arrays(project, hls_model)
 
 
 @pytest.mark.slow
@@ -149,10 +230,11 @@ class ResidualRelu6(nn.Module):
         return self.fc(nn.functional.adaptive_avg_pool2d(y, 1).flatten(1))
 
 
-def _residual_relu6_model() -> IntegerModel:
+def _residual_relu6_model(requant_terms: int | None = None) -> IntegerModel:
     """:class:`ResidualRelu6` at 3 bits with a level set per output channel (``mse`` n1) and
     random BatchNorm scales (negative ones too), calibrated on inputs large enough that both
-    ReLU6 cut at 6 below their type's top."""
+    ReLU6 cut at 6 below their type's top; each requantization multiplier a sum of at most
+    ``requant_terms`` signed powers of two where given."""
     from inq.quant.lower import Lowering
 
     torch.manual_seed(0)
@@ -161,10 +243,13 @@ def _residual_relu6_model() -> IntegerModel:
         for bn in (net.conv[1], net.branch[1]):
             bn.running_var.uniform_(0.5, 1.5)
             bn.weight.uniform_(-1.5, 1.5)
-    lowering = Lowering(packed_model(net, 3, granularity="channel", n1_rule="mse"), act_bits=8)
+    lowering = Lowering(packed_model(net, 3, granularity="channel", n1_rule="mse"), act_bits=8,
+                        requant_terms=requant_terms)  # fmt: skip
     gen = torch.Generator().manual_seed(2)
     lowering.calibrate([4 * torch.randn(16, 3, 8, 8, generator=gen) for _ in range(2)])
-    return lowering.integer_model({"model": {}, "data": {}, "act_bits": 8, "input_bits": 8})
+    data = {"name": "synthetic", "in_channels": 3, "image_size": 8, "num_classes": 4}
+    return lowering.integer_model({"model": {}, "data": data, "act_bits": 8, "input_bits": 8,
+                                   "requant_terms": requant_terms})  # fmt: skip
 
 
 @pytest.mark.slow
@@ -178,6 +263,42 @@ def test_a_residual_block_with_relu6_clamps_and_channel_level_sets_is_exact(
     assert kinds == {"conv", "add"}  # both ReLU6 cut below their type's top
     hls_model, layers = export_hls4ml(model, tmp_path / "prj", (3, 8, 8), io_type=io_type)
     assert {layer.name for layer in layers} >= {"add", "sub", "sub_1"}
+    x = 4 * torch.randn(512, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+    assert np.array_equal(run_csim(hls_model, x.numpy()), _expected(model, x))
+    _assert_constant_arrays(tmp_path / "prj", hls_model)
+
+
+@pytest.mark.slow
+def test_requant_terms_1_makes_every_constant_a_power_of_two_and_stays_exact(
+    tmp_path: Path,
+) -> None:
+    """Calibrated with ``requant_terms=1``, every requantization is a shift: the project's
+    BatchNorm scales, like its weights, are all 0 or ``±2**k`` (without it they are not), the
+    export says so, and the C simulation still equals the integer model bit for bit."""
+    _, _, layers = hls_shadow(_residual_relu6_model(), (3, 8, 8))
+    assert max(layer.terms for layer in layers) > 1  # the same model with 31-bit multipliers
+    model = _residual_relu6_model(requant_terms=1)
+    save_integer(tmp_path / "r.int.safetensors", model)
+    made = []
+
+    def keep(*args: Any, **kwargs: Any) -> tuple[Any, list[HlsLayer]]:
+        made.append(export_hls4ml(*args, **kwargs))
+        return made[-1]
+
+    argv = ["export", str(tmp_path / "r.int.safetensors"), "--hls4ml", "-o", str(tmp_path / "prj")]
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
+        patch.setattr("inq.deploy.hls4ml.export_hls4ml", keep)
+        assert main(argv) == 0
+    ((hls_model, layers),) = made
+    assert all(layer.non_pow2 == 0 and layer.terms <= 1 for layer in layers)
+    written = _written(tmp_path / "prj", hls_model, ("Conv2D", "Dense", "BatchNormalization"))
+    products = {k: v for k, v in written.items() if k.endswith((".weight", ".scale"))}
+    assert sum(k.endswith(".scale") for k in products) >= 3  # conv, branch and fc requantize
+    assert all(_pow2_or_zero(values) for values in products.values())
+    printed = out.getvalue()
+    assert "requantization multipliers not a power of two: 0, each a sum of at most 1 signed " \
+        "powers of two (calibrated with requant_terms=1: 0 have more);" in printed  # fmt: skip
+    _assert_constant_arrays(tmp_path / "prj", hls_model)
     x = 4 * torch.randn(512, 3, 8, 8, generator=torch.Generator().manual_seed(5))
     assert np.array_equal(run_csim(hls_model, x.numpy()), _expected(model, x))
 
@@ -209,6 +330,36 @@ def test_a_clamp_no_op_folded_cuts_a_signed_input_at_both_ends(tmp_path: Path) -
     expected = _expected(model, x)
     assert expected.min() == 0 and expected.max() == 96 * 2**-5  # both ends cut
     assert np.array_equal(run_csim(hls_model, x.numpy()), expected)
+
+
+def test_declare_constants_makes_the_arrays_const_or_names_the_file_it_cannot(
+    tmp_path: Path,
+) -> None:
+    """On the files as hls4ml 1.3 writes them, the synthesis definition of each array becomes
+    ``static const`` and the configs' typedefs of its type const; a header with one definition
+    for both builds (what ``write_weights_txt=False`` writes) or no typedef of the type in a
+    config is refused, naming the file, rather than left non-const."""
+    firmware = tmp_path / "firmware"
+    (firmware / "weights").mkdir(parents=True)
+    variable = types.SimpleNamespace(name="w2", type=types.SimpleNamespace(name="conv_weight_t"))
+    hls_model = types.SimpleNamespace(get_layers=lambda: [
+        types.SimpleNamespace(get_weights=lambda: [variable])])  # fmt: skip
+    header, parameters = firmware / "weights" / "w2.h", firmware / "parameters.h"
+    simulated, synthesised = "conv_weight_t w2[3];\n", "conv_weight_t w2[3] = {0.5, 0, -1};\n"
+    header.write_text(f"#ifndef __SYNTHESIS__\n{simulated}#else\n{synthesised}#endif\n")
+    config = "struct config2 : nnet::conv2d_config {{\n    typedef {}conv_weight_t weight_t;\n}};\n"
+    parameters.write_text("typedef conv_accum_t accum_t;\n" + config.format("") * 2)
+    declare_constants(hls_model, tmp_path)
+    assert header.read_text() == f"#ifndef __SYNTHESIS__\n{simulated}#else\n" \
+        f"static const {synthesised}#endif\n"  # fmt: skip
+    assert parameters.read_text() == "typedef conv_accum_t accum_t;\n" + config.format("const ") * 2
+    header.write_text(synthesised)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(header))}: not hls4ml 1.3's two "):
+        declare_constants(hls_model, tmp_path)
+    header.write_text(f"#ifndef __SYNTHESIS__\n{simulated}#else\n{synthesised}#endif\n")
+    parameters.write_text("typedef conv_accum_t accum_t;\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(parameters))}: no typedef of "):
+        declare_constants(hls_model, tmp_path)
 
 
 def test_exact_types_hold_their_values() -> None:
@@ -472,4 +623,9 @@ def test_inq_export_hls4ml_prints_each_layers_types_and_multiplications(digits) 
             row = rf"^{layer.name} +{layer.op} +{re.escape(layer.types['weight'])} +"
             assert re.search(row + rf".* 0/{layer.constants}$", printed, re.M)
     assert "weights multiplied by a non-power-of-two constant: 0;" in printed
+    most = max(layer.terms for layer in layers if "scale" in layer.types)
+    assert most > 1 and re.search(
+        r"; requantization multipliers not a power of two: [1-9]\d*, each a sum of at most "
+        rf"{most} signed powers of two \(calibrated without requant_terms\); weights, biases and "
+        "scales static const for synthesis;", printed)  # fmt: skip
     assert (project / "build_prj.tcl").exists() and list((project / "firmware").glob("*.so"))

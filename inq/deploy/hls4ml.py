@@ -20,10 +20,18 @@ hand so that no value is ever rounded where the integer model does not round:
 
 Weights are exact ``ap_fixed`` constants, not hls4ml's exponent type: that type holds no zero
 (INQ weights are often 0), is reachable only through a QKeras quantizer, and its writer calls
-``np.product`` (gone in NumPy 2). A multiplication by a constant ``±2**k`` is a shift (or plain
-wiring) in the synthesised logic all the same; :class:`HlsLayer` counts, per layer, the
-constants that are not (goal: none among the weights; the BatchNorm multipliers are the
-requantizations, one per channel).
+``np.product`` (gone in NumPy 2). Every weight, bias and scale array is ``static const`` where
+Vitis HLS reads it, and so is every parameter it is passed to (:func:`declare_constants`; hls4ml
+writes plain globals): the synthesised C++ has no ``a * w`` with a non-constant ``w``, and Vitis
+HLS sees each product as one by a constant, a shift (or plain wiring) for ``±2**k``, K shifts
+added for a sum of K signed powers of two. The C simulation keeps hls4ml's own copies, filled
+with the same values from text files (g++ compiles tens of thousands of ``ap_fixed``
+initializers many times slower than the rest of a project). :class:`HlsLayer` counts, per
+layer, the constants that are not ``0`` or ``±2**k`` and the most signed powers of two one of
+them is the sum of: none and 1 among the weights; the BatchNorm scales are the requantization
+multipliers, one per channel, each a sum of at most K signed powers of two where the model was
+calibrated with ``requant_terms=K``, so with K=1 every constant a product takes is 0 or
+``±2**k``.
 
 Refused, in one line naming the op: activation scales that are not powers of two, a value range
 narrower than its type (a ReLU6 clamp), windowed or non-power-of-two average pooling whose
@@ -69,6 +77,7 @@ __all__ = [
     "MANIFEST",
     "TARGET",
     "HlsLayer",
+    "declare_constants",
     "exact_type",
     "export_hls4ml",
     "hls_shadow",
@@ -86,13 +95,16 @@ IO_TYPES = ("io_parallel", "io_stream")
 class HlsLayer:
     """One hls4ml layer of the shadow: its ``name``, the integer op it comes from, the types
     ``inq`` set (``weight``, ``bias``, ``accum``, ``scale``, ``result``) and the constants it
-    multiplies by (``constants``: count, ``non_pow2``: those not zero or ``±2**k``)."""
+    multiplies by (``constants``: count, ``non_pow2``: those not zero or ``±2**k``, ``terms``:
+    the most signed powers of two one of them is the sum of, so 1 where every one is a shift;
+    a requantization calibrated with ``requant_terms=K`` has at most K)."""
 
     name: str
     op: str
     types: dict[str, str]
     constants: int = 0
     non_pow2: int = 0
+    terms: int = 0
     values: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
 
@@ -329,8 +341,8 @@ class _Builder:
         types = {"weight": exact_type(weight), "bias": exact_type(bias), "accum": acc,
                  "result": acc}  # fmt: skip
         name = self._module(_layer_name(op.op, op), module, (self.value[op.inputs[0]],))
-        self.layers.append(HlsLayer(name, op.name, types, weight.size,
-                                    _non_pow2(weight), {"weight": weight}))  # fmt: skip
+        self.layers.append(HlsLayer(name, op.name, types, weight.size, _non_pow2(weight),
+                                    _terms(weight), {"weight": weight}))  # fmt: skip
         scale = np.ldexp(t["multiplier"].double().numpy(),
                          _log2(a["scale"], op) - unit - t["shift"].numpy())  # fmt: skip
         self.value[op.name] = self._rescale(op, _layer_name("bn", op), name, scale, _activation(op))
@@ -347,7 +359,7 @@ class _Builder:
         biases = np.full(len(scale), bias)
         types = {"scale": exact_type(scale), "bias": exact_type(biases), "result": result}
         self.layers.append(HlsLayer(name, op.name, types, scale.size, _non_pow2(scale),
-                                    {"scale": scale, "bias": biases}))  # fmt: skip
+                                    _terms(scale), {"scale": scale, "bias": biases}))  # fmt: skip
         return self._module(name, bn.eval(), (source,))
 
     def _avgpool(self, op: IntOp) -> None:
@@ -404,9 +416,30 @@ def _layer_name(stem: str, op: IntOp) -> str:
 def _non_pow2(values: np.ndarray) -> int:
     """How many of ``values`` are neither 0 nor ``±2**k``: the multiplications by them that
     need a multiplier (the rest are shifts)."""
-    magnitudes = np.abs(values[values != 0])
-    mantissas, _ = np.frexp(magnitudes)
-    return int((mantissas != 0.5).sum())
+    return int((_signed_digits(values) > 1).sum())
+
+
+def _terms(values: np.ndarray) -> int:
+    """The most signed powers of two one of ``values`` is the sum of (0 if all are 0)."""
+    return int(_signed_digits(values).max(initial=0))
+
+
+def _signed_digits(values: np.ndarray) -> np.ndarray:
+    """For each of ``values`` (float64s, each an integer times a power of two), the fewest
+    signed powers of two it is the sum of: the non-zero digits of its canonical signed-digit
+    form, so a product by it is that many shifts added (0 for 0, 1 for ``±2**k``).
+
+    Example:
+        >>> _signed_digits(np.array([0.0, 0.25, -3.0, 0.75, 11.0])).tolist()
+        [0, 1, 2, 2, 3]
+    """
+    magnitudes, where = np.unique(np.abs(values.astype(np.float64)), return_inverse=True)
+    digits = np.zeros(len(magnitudes), np.int64)
+    for i, value in enumerate(magnitudes.tolist()):
+        if value:
+            n = int(math.ldexp(value, -_lowest_bit(value)))  # odd
+            digits[i] = ((3 * n) ^ n).bit_count()  # the digits of n's non-adjacent form
+    return digits[where.reshape(-1)].reshape(values.shape)
 
 
 def export_hls4ml(
@@ -509,8 +542,9 @@ def _input_dims(model: IntegerModel, given: Sequence[int] | None) -> list[int]:
 
 def _convert(hls4ml: Any, shadow: _Shadow, dims: list[int], input_type: str,
              layers: list[HlsLayer], out: Path, io_type: str) -> Any:  # fmt: skip
-    """hls4ml's converter on ``shadow`` with every type set, then the project written and its
-    C simulation compiled (:func:`_compile`); hls4ml's printing goes to ``out/inq_build.log``."""
+    """hls4ml's converter on ``shadow`` with every type set, then the project written, its
+    arrays declared constant (:func:`declare_constants`) and its C simulation compiled
+    (:func:`_compile`); hls4ml's printing goes to ``out/inq_build.log``."""
     log = out / BUILD_LOG
     with open(log, "w") as sink, contextlib.redirect_stdout(sink):
         config = hls4ml.utils.config_from_pytorch_model(
@@ -529,9 +563,52 @@ def _convert(hls4ml: Any, shadow: _Shadow, dims: list[int], input_type: str,
             hls_config=config,
         )  # fmt: skip
         hls_model.write()
+        declare_constants(hls_model, out)
         sink.flush()
         _compile(hls_model, out, sink)
     return hls_model
+
+
+def declare_constants(hls_model: Any, out: Path) -> None:
+    """Declare every weight, bias and scale array of the project in ``out`` constant where
+    Vitis HLS reads it. hls4ml 1.3 (no writer option changes it) writes each as a plain global
+    in ``firmware/weights/<name>.h``, twice: under ``#ifndef __SYNTHESIS__`` without values,
+    filled from ``<name>.txt`` at the C simulation's first call, and for synthesis with its
+    values, which this makes ``static const``. The functions it is passed to take it as
+    ``typename CONFIG_T::weight_t weights[N]`` (``bias_t``, ``scale_t``), and a const array
+    can be passed only where that type is const: each such typedef in ``parameters.h`` is made
+    const too (the C simulation's writable arrays pass all the same). Then no product in the
+    synthesised C++ is by a non-constant array.
+
+    Raises:
+        ValueError: naming the file where an array's two declarations, or a typedef of its type,
+            are not as hls4ml 1.3 writes them (so an hls4ml that writes them otherwise cannot
+            leave an array non-const unnoticed).
+    """
+    firmware = out / "firmware"
+    kinds: set[str] = set()
+    for layer in hls_model.get_layers():
+        for variable in layer.get_weights():
+            name, kind = re.escape(variable.name), re.escape(variable.type.name)
+            path = firmware / "weights" / f"{variable.name}.h"
+            text, count = re.subn(
+                rf"^(#ifndef __SYNTHESIS__\n{kind} {name}\[(\d+)\];\n#else\n)({kind} {name}"
+                rf"\[\2\] = \{{)", r"\1static const \3", path.read_text(), flags=re.M,
+            )  # fmt: skip
+            if count != 1 or len(re.findall(rf"\b{name}\[", text)) != 2:
+                raise ValueError(f"{path}: not hls4ml 1.3's two declarations of "
+                                 f"{variable.name}; it would not be constant")  # fmt: skip
+            path.write_text(text)
+            kinds.add(variable.type.name)
+    path = firmware / "parameters.h"
+    text = path.read_text()
+    for kind in sorted(kinds):
+        text, count = re.subn(rf"^( *typedef )(?:const )?({re.escape(kind)} (?:weight|bias|scale)"
+                              r"_t;)$", r"\1const \2", text, flags=re.M)  # fmt: skip
+        if count == 0:
+            raise ValueError(f"{path}: no typedef of {kind} as a layer's weight_t, bias_t or "
+                             "scale_t; its array would not be constant")  # fmt: skip
+    path.write_text(text)
 
 
 def _compile(hls_model: Any, out: Path, log: IO[str]) -> None:
@@ -584,8 +661,8 @@ def _raise_compile_error(output: str) -> None:
 
 def _check_written(hls_model: Any, layers: list[HlsLayer], out: Path) -> None:
     """Every weight and scale of the project, read back from the text files its C simulation
-    loads, is the value ``inq`` gave (hls4ml prints them in decimal, and may reorder a conv's
-    weights to channels-last: compared as sorted arrays).
+    loads and from the headers synthesis reads, is the value ``inq`` gave (hls4ml prints them
+    in decimal, and may reorder a conv's weights to channels-last: compared as sorted arrays).
 
     Raises:
         ValueError: naming the first file that does not read back.
@@ -593,11 +670,20 @@ def _check_written(hls_model: Any, layers: list[HlsLayer], out: Path) -> None:
     given = {(layer.name, key): values for layer in layers for key, values in layer.values.items()}
     for layer in hls_model.get_layers():
         for key, variable in layer.weights.items():
-            path = out / "firmware" / "weights" / f"{variable.name}.txt"
-            written = np.sort(np.array(path.read_text().replace(",", " ").split(), np.float64))
             expected = given.get((layer.name, key), np.asarray(variable.data, np.float64))
-            if not np.array_equal(written, np.sort(expected.ravel())):
-                raise ValueError(f"{path}: its values are not {layer.name}'s {key} exactly")
+            for suffix in (".txt", ".h"):
+                path = out / "firmware" / "weights" / f"{variable.name}{suffix}"
+                if not np.array_equal(np.sort(_written(path)), np.sort(expected.ravel())):
+                    raise ValueError(f"{path}: its values are not {layer.name}'s {key} exactly")
+
+
+def _written(path: Path) -> np.ndarray:
+    """The values of a weight array as hls4ml wrote them: all of ``<name>.txt``, or those in
+    braces in ``<name>.h``."""
+    text = path.read_text()
+    if path.suffix == ".h":
+        text = text.partition("= {")[2].partition("}")[0]
+    return np.array(text.replace(",", " ").split(), np.float64)
 
 
 def _check_csim(model: IntegerModel, hls_model: Any, dims: list[int], count: int = 64) -> None:
@@ -637,22 +723,37 @@ def _write(job: Job) -> list[str]:
         f"{header.path} -> {output}: hls4ml project ({BACKEND}, {io_type}); compiling "
         "its C simulation with g++ ...", flush=True), io_type)  # fmt: skip
     lines = [f"{'layer':<12} {'op':<6} {'weight':<12} {'accum':<14} {'scale':<14} "
-             f"{'result':<20} non-pow2"]  # fmt: skip
+             f"{'result':<20} terms non-pow2"]  # fmt: skip
     for layer in layers:
         types = layer.types
         lines.append(f"{layer.name:<12} {layer.op:<6} {types.get('weight', '-'):<12} "
                      f"{types.get('accum', '-'):<14} {types.get('scale', '-'):<14} "
-                     f"{types.get('result', '-'):<20} "
+                     f"{types.get('result', '-'):<20} {layer.terms:<5} "
                      f"{layer.non_pow2}/{layer.constants}")  # fmt: skip
     weights = sum(layer.non_pow2 for layer in layers if "weight" in layer.types)
-    scales = sum(layer.non_pow2 for layer in layers if "scale" in layer.types)
     return [
         *lines,
-        f"weights multiplied by a non-power-of-two constant: {weights}; requantization "
-        f"multipliers: {scales}; C simulation == integer model on 64 random inputs",
+        f"weights multiplied by a non-power-of-two constant: {weights}; "
+        f"{_requantization(layers, int_model.info.get('requant_terms'))}; weights, biases and "
+        "scales static const for synthesis; C simulation == integer model on 64 random inputs",
         f"synthesis (Vitis HLS, not run here): cd {output} && vitis-run --tcl build_prj.tcl "
         "--mode hls",
     ]
+
+
+def _requantization(layers: list[HlsLayer], terms: int | None) -> str:
+    """What the requantization BatchNorms of ``layers`` multiply by: how many multipliers are
+    not a power of two, the most signed powers of two one is the sum of, and how many have
+    more than ``terms`` (the model's ``requant_terms``; None: calibrated without)."""
+    scales = [layer for layer in layers if "scale" in layer.types]
+    most = max((layer.terms for layer in scales), default=0)
+    text = (f"requantization multipliers not a power of two: "
+            f"{sum(layer.non_pow2 for layer in scales)}, each a sum of at most {most} signed "
+            "powers of two")  # fmt: skip
+    if terms is None:
+        return f"{text} (calibrated without requant_terms)"
+    over = sum(int((_signed_digits(layer.values["scale"]) > terms).sum()) for layer in scales)
+    return f"{text} (calibrated with requant_terms={terms}: {over} have more)"
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
