@@ -73,18 +73,25 @@ def digits(request, tmp_path_factory) -> tuple[IntegerModel, Any, list[HlsLayer]
     model, _ = quantize_on(packed_from_masked(load_masked(masked)), DIGITS_DATA,
                            QuantSettings(act_bits=8))  # fmt: skip
     save_integer(folder / "d.int.safetensors", model)
-    made = []  # the command's own hls4ml model, kept for its C simulation
+    hls_model, layers, printed = _export_by_the_cli(folder / "d.int.safetensors", folder / "prj")
+    return model, hls_model, layers, folder / "prj", printed
+
+
+def _export_by_the_cli(source: Path, project: Path) -> tuple[Any, list[HlsLayer], str]:
+    """``inq export SOURCE --hls4ml -o PROJECT``: the command's own hls4ml model (kept for its
+    C simulation), its layers and what it printed."""
+    made = []
 
     def keep(*args: Any, **kwargs: Any) -> tuple[Any, list[HlsLayer]]:
         made.append(export_hls4ml(*args, **kwargs))
         return made[-1]
 
-    argv = ["export", str(folder / "d.int.safetensors"), "--hls4ml", "-o", str(folder / "prj")]
+    argv = ["export", str(source), "--hls4ml", "-o", str(project)]
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
         patch.setattr("inq.deploy.hls4ml.export_hls4ml", keep)
         assert main(argv) == 0
     ((hls_model, layers),) = made
-    return model, hls_model, layers, folder / "prj", out.getvalue()
+    return hls_model, layers, out.getvalue()
 
 
 @pytest.mark.slow
@@ -278,24 +285,14 @@ def test_requant_terms_1_makes_every_constant_a_power_of_two_and_stays_exact(
     _, _, layers = hls_shadow(_residual_relu6_model(), (3, 8, 8))
     assert max(layer.terms for layer in layers) > 1  # the same model with 31-bit multipliers
     model = _residual_relu6_model(requant_terms=1)
-    save_integer(tmp_path / "r.int.safetensors", model)
-    made = []
-
-    def keep(*args: Any, **kwargs: Any) -> tuple[Any, list[HlsLayer]]:
-        made.append(export_hls4ml(*args, **kwargs))
-        return made[-1]
-
-    argv = ["export", str(tmp_path / "r.int.safetensors"), "--hls4ml", "-o", str(tmp_path / "prj")]
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
-        patch.setattr("inq.deploy.hls4ml.export_hls4ml", keep)
-        assert main(argv) == 0
-    ((hls_model, layers),) = made
+    source = tmp_path / "r.int.safetensors"
+    save_integer(source, model)
+    hls_model, layers, printed = _export_by_the_cli(source, tmp_path / "prj")
     assert all(layer.non_pow2 == 0 and layer.terms <= 1 for layer in layers)
     written = _written(tmp_path / "prj", hls_model, ("Conv2D", "Dense", "BatchNormalization"))
     products = {k: v for k, v in written.items() if k.endswith((".weight", ".scale"))}
     assert sum(k.endswith(".scale") for k in products) >= 3  # conv, branch and fc requantize
     assert all(_pow2_or_zero(values) for values in products.values())
-    printed = out.getvalue()
     assert "requantization multipliers not a power of two: 0, each a sum of at most 1 signed " \
         "powers of two (calibrated with requant_terms=1: 0 have more);" in printed  # fmt: skip
     _assert_constant_arrays(tmp_path / "prj", hls_model)
