@@ -43,15 +43,10 @@ module inq_window #(
     reg [NB-1:0] n, n1;             // raster index of the pixel shifted in next, and n + 1
     reg [NB-1:0] due, due_step;     // when the next output is due, and due + SW
     reg [NB-1:0] row_due, row_step; // when the first output of its row is due, and + SH * W
-    reg [NB-1:0] oi1, oj1;          // its output row and column, plus 1
+    wire [NB-1:0] oi1, oj1;         // its output row and column, plus 1
     reg row_end;                    // its column is OW - 1
-    // The padding masks, per window row u and column v: inside the frame for this output row
-    // (column), and for the next one. Each is one flip-flop whose next value is a register or
-    // a constant, chosen by the enables: a compare of the counters with constants feeds only
-    // the "next" masks, a cycle before they are used (no adder and no carry chain between the
-    // line buffer and the window, nor between the enables and a mask).
-    reg [KH-1:0] row_in, row_in1;
-    reg [KW-1:0] col_in, col_in1;
+    wire [KH-1:0] row_in;           // per window row u: inside the frame (inq_masks)
+    wire [KW-1:0] col_in;           // per window column v: likewise
     reg at_last, at_end;            // n == N - 1, n == H * W - 1
     reg flushing;                   // n >= H * W
     reg [P-1:0] beat;               // the registered input pixel
@@ -113,7 +108,7 @@ module inq_window #(
         beat <= in_data;
         if (rst) begin
             n <= 0; n1 <= 1; due <= T0; due_step <= T0 + SW; row_due <= T0;
-            row_step <= T0 + SH * W; oi1 <= 1; oj1 <= 1; row_end <= OW == 1;
+            row_step <= T0 + SH * W; row_end <= OW == 1;
             at_last <= N == 1; at_end <= H * W == 1; flushing <= 0; out_valid <= 0;
         end else begin
             n <= n_next;
@@ -126,41 +121,48 @@ module inq_window #(
             row_step <= row_due_next + SH * W;
             flushing <= flushing_next;
             out_valid <= capture;
-            if (wrap) oi1 <= 1;
-            else if (next_row) oi1 <= oi1 + 1;
-            if (restart_row) begin
-                oj1 <= 1; row_end <= OW == 1;
-            end else if (capture) begin
-                oj1 <= oj1 + 1; row_end <= oj1 == OW - 1;
-            end
+            if (restart_row) row_end <= OW == 1;
+            else if (capture) row_end <= oj1 == OW - 1;
         end
     end
-    // Row u of output row i reads input row i*SH - PH + u: inside the frame for i in
-    // [RLO, RHI]; column v likewise for output columns in [CLO, CHI]. The "next" mask of the
-    // output after i + 1 compares the register i + 1 with the bounds less one.
+    inq_masks #(.N(KH), .SIZE(H), .STRIDE(SH), .PAD(PH), .NB(NB)) row_masks (
+        .clk(clk), .restart(rst || wrap), .step(next_row), .index1(oi1), .in_frame(row_in));
+    inq_masks #(.N(KW), .SIZE(W), .STRIDE(SW), .PAD(PW), .NB(NB)) col_masks (
+        .clk(clk), .restart(rst || restart_row), .step(capture), .index1(oj1), .in_frame(col_in));
+endmodule
+
+// inq_masks: along one axis of a window (its N rows, or columns), whether each tap lies inside
+// the frame (SIZE inputs, stride STRIDE, padding PAD) for the current output index i. Tap t of
+// output i reads input i*STRIDE - PAD + t: inside for i in [LO, HI]. Each mask is a flip-flop,
+// and so is the mask of output i + 1 (in_frame1): restart (i = 0) loads constants, step (i + 1)
+// moves in_frame1 in and compares the counter index1 = i + 1 with constants for the next one, a
+// cycle before it is used: no adder or carry chain between the line buffer and the window, nor
+// between the enables and a mask.
+module inq_masks #(
+    parameter N = 3, SIZE = 8, STRIDE = 1, PAD = 1, NB = 16
+) (
+    input clk,
+    input restart,
+    input step,
+    output reg [NB-1:0] index1,
+    output reg [N-1:0] in_frame
+);
+    reg [N-1:0] in_frame1;
+    always @(posedge clk)
+        if (restart) index1 <= 1;
+        else if (step) index1 <= index1 + 1;
+    genvar t;
     generate
-        for (u = 0; u < KH; u = u + 1) begin : row_masks
-            localparam integer RLO = PH - u <= 0 ? 0 : (PH - u + SH - 1) / SH;
-            localparam integer RHI = H - 1 + PH - u < 0 ? -1 : (H - 1 + PH - u) / SH;
+        for (t = 0; t < N; t = t + 1) begin : taps
+            localparam integer LO = PAD - t <= 0 ? 0 : (PAD - t + STRIDE - 1) / STRIDE;
+            localparam integer HI = SIZE - 1 + PAD - t < 0 ? -1 : (SIZE - 1 + PAD - t) / STRIDE;
             always @(posedge clk)
-                if (rst || wrap) begin
-                    row_in[u] <= 0 >= RLO && 0 <= RHI;
-                    row_in1[u] <= 1 >= RLO && 1 <= RHI;
-                end else if (next_row) begin
-                    row_in[u] <= row_in1[u];
-                    row_in1[u] <= (RLO <= 1 || oi1 >= RLO - 1) && RHI >= 1 && oi1 <= RHI - 1;
-                end
-        end
-        for (v = 0; v < KW; v = v + 1) begin : col_masks
-            localparam integer CLO = PW - v <= 0 ? 0 : (PW - v + SW - 1) / SW;
-            localparam integer CHI = W - 1 + PW - v < 0 ? -1 : (W - 1 + PW - v) / SW;
-            always @(posedge clk)
-                if (rst || restart_row) begin
-                    col_in[v] <= 0 >= CLO && 0 <= CHI;
-                    col_in1[v] <= 1 >= CLO && 1 <= CHI;
-                end else if (capture) begin
-                    col_in[v] <= col_in1[v];
-                    col_in1[v] <= (CLO <= 1 || oj1 >= CLO - 1) && CHI >= 1 && oj1 <= CHI - 1;
+                if (restart) begin
+                    in_frame[t] <= 0 >= LO && 0 <= HI;
+                    in_frame1[t] <= 1 >= LO && 1 <= HI;
+                end else if (step) begin
+                    in_frame[t] <= in_frame1[t];
+                    in_frame1[t] <= (LO <= 1 || index1 >= LO - 1) && HI >= 1 && index1 <= HI - 1;
                 end
         end
     endgenerate
