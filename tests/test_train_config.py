@@ -141,9 +141,11 @@ def test_a_config_value_error_is_one_line_from_the_command_line(
 def test_a_config_file_value_error_is_one_line(tmp_path: Path) -> None:
     """A bad value in an experiment file (not the command line) is the same one line."""
     (tmp_path / "bad.yaml").write_text("defaults:\n  - config\n  - _self_\ntrainer:\n  seed: x\n")
-    proc = inq_train("--config-dir", str(tmp_path), "--config-name", "bad", check=False)
-    assert (proc.returncode, proc.stderr) == (
+    status, out, err = inq_train_here("--config-dir", str(tmp_path), "--config-name", "bad",
+                                      cwd=tmp_path)  # fmt: skip
+    assert (status, out, err) == (
         1,
+        "",
         "inq-train: error: trainer.seed: must be an integer, got 'x'\n",
     )
 

@@ -50,11 +50,12 @@ def inq_train(
     return proc
 
 
-def inq_train_here(*args: str, cwd: Path) -> tuple[int, str, str]:
+def inq_train_here(*args: str, cwd: Path, terminal: bool = False) -> tuple[int, str, str]:
     """Run ``inq-train``'s console entry point with ``args`` in this process, in ``cwd``:
     (exit status, stdout, stderr). For what does not depend on a process of its own (its
     refusals, a short run), without the ~2 s of a new interpreter importing torch; logging,
-    the working directory and torch's thread count as they were before."""
+    the working directory and torch's thread count as they were before. ``terminal``: stderr
+    says it is a terminal (``isatty``), as a console's does."""
     import contextlib
     import io
     import logging
@@ -63,7 +64,11 @@ def inq_train_here(*args: str, cwd: Path) -> tuple[int, str, str]:
 
     from inq.train.app import main
 
-    out, err = io.StringIO(), io.StringIO()
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return terminal
+
+    out, err = io.StringIO(), Terminal()
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     argv, here, threads = sys.argv, Path.cwd(), torch.get_num_threads()
