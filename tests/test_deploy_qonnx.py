@@ -46,13 +46,23 @@ def _expected(model: IntegerModel, x: torch.Tensor) -> np.ndarray:
     return (model(x).double() * model.output_scale()).numpy()
 
 
+def _digits(bits: int, tmp_path_factory: pytest.TempPathFactory) -> tuple[IntegerModel, Path]:
+    folder = tmp_path_factory.mktemp(f"qonnx{bits}")
+    _, model = shared_digits_integer(folder, bits)
+    save_integer(folder / "d.int.safetensors", model)
+    return model, folder / "d.int.safetensors"
+
+
 @pytest.fixture(scope="module", params=[2, 4, 5])
 def digits(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[IntegerModel, Path]:
     """A digits run at 2, 4 and 5 bits, its integer model (8-bit activations) and its file."""
-    folder = tmp_path_factory.mktemp(f"qonnx{request.param}")
-    _, model = shared_digits_integer(folder, request.param)
-    save_integer(folder / "d.int.safetensors", model)
-    return model, folder / "d.int.safetensors"
+    return _digits(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def digits4(tmp_path_factory: pytest.TempPathFactory) -> tuple[IntegerModel, Path]:
+    """The 4-bit run alone, for what the bits do not change: the commands' file handling."""
+    return _digits(4, tmp_path_factory)
 
 
 def test_qonnx_executor_equals_the_integer_model_on_the_whole_test_split(digits) -> None:
@@ -128,11 +138,11 @@ def _export(int_file: Path, out: Path) -> onnx.ModelProto:
 
 
 def test_inq_eval_of_a_qonnx_file_prints_the_integer_models_accuracy(
-    digits, tmp_path: Path, capsys
+    digits4, tmp_path: Path, capsys
 ) -> None:
     """The data set comes from the file (no --data): the QONNX file records it as the integer
     model does; accuracy and loss are the integer model's, to the last digit."""
-    model, int_file = digits
+    model, int_file = digits4
     out = tmp_path / "d.qonnx.onnx"
     proto = _export(int_file, out)
     props = {p.key: json.loads(p.value) for p in proto.metadata_props}
@@ -206,12 +216,12 @@ def test_inq_verify_passes_an_export_and_names_the_node_of_a_tampered_weight(
 
 
 def test_a_weight_changed_within_its_level_set_fails_verify_and_eval_by_its_digest(
-    digits, tmp_path: Path, capsys
+    digits4, tmp_path: Path, capsys
 ) -> None:
     """Issue 46: one weight's sign flipped stays in its level set and changed the loss, and
     verify said OK; one byte flipped, and eval printed an accuracy. The file's sha256 digest
     (inq.deploy.onnx.save_onnx) now tells both."""
-    _, int_file = digits
+    _, int_file = digits4
     proto = _export(int_file, tmp_path / "d.qonnx.onnx")
     made_by = {out: node for node in proto.graph.node for out in node.output}
     gemm = next(node for node in proto.graph.node if node.op_type == "Gemm")
