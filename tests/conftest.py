@@ -96,3 +96,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the tests marked ``slow`` after all the others (in their order), so that a failure
     of the fast suite shows within minutes."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With ``-n`` and no ``--dist`` of the caller's: xdist's ``worksteal``, so that a worker
+    that runs out of tests takes queued ones from the other (the tests' lengths range from
+    milliseconds to seconds: an even split at the start ends unevenly). Set here, not in
+    pytest's options, so that ``-p no:xdist`` still works."""
+    given = any(arg.startswith(("--dist", "-d")) for arg in config.invocation_params.args)
+    if getattr(config.option, "dist", "no") == "load" and not given:
+        config.option.dist = "worksteal"
