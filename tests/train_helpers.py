@@ -4,6 +4,7 @@ study scripts of ``experiments/``."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import subprocess
 import sys
@@ -50,6 +51,13 @@ def inq_train(
     return proc
 
 
+class _Terminal(io.StringIO):
+    """A captured stderr that says it is a terminal, as a console's does."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def inq_train_here(*args: str, cwd: Path, terminal: bool = False) -> tuple[int, str, str]:
     """Run ``inq-train``'s console entry point with ``args`` in this process, in ``cwd``:
     (exit status, stdout, stderr). For what does not depend on a process of its own (its
@@ -57,18 +65,13 @@ def inq_train_here(*args: str, cwd: Path, terminal: bool = False) -> tuple[int, 
     the working directory and torch's thread count as they were before. ``terminal``: stderr
     says it is a terminal (``isatty``), as a console's does."""
     import contextlib
-    import io
     import logging
 
     import torch
 
     from inq.train.app import main
 
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return terminal
-
-    out, err = io.StringIO(), Terminal()
+    out, err = io.StringIO(), (_Terminal() if terminal else io.StringIO())
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     argv, here, threads = sys.argv, Path.cwd(), torch.get_num_threads()

@@ -341,8 +341,8 @@ class _Builder:
         types = {"weight": exact_type(weight), "bias": exact_type(bias), "accum": acc,
                  "result": acc}  # fmt: skip
         name = self._module(_layer_name(op.op, op), module, (self.value[op.inputs[0]],))
-        self.layers.append(HlsLayer(name, op.name, types, weight.size, _non_pow2(weight),
-                                    _terms(weight), {"weight": weight}))  # fmt: skip
+        self.layers.append(HlsLayer(name, op.name, types, *_constants(weight),
+                                    {"weight": weight}))  # fmt: skip
         scale = np.ldexp(t["multiplier"].double().numpy(),
                          _log2(a["scale"], op) - unit - t["shift"].numpy())  # fmt: skip
         self.value[op.name] = self._rescale(op, _layer_name("bn", op), name, scale, _activation(op))
@@ -358,8 +358,8 @@ class _Builder:
             bn.bias.fill_(bias)
         biases = np.full(len(scale), bias)
         types = {"scale": exact_type(scale), "bias": exact_type(biases), "result": result}
-        self.layers.append(HlsLayer(name, op.name, types, scale.size, _non_pow2(scale),
-                                    _terms(scale), {"scale": scale, "bias": biases}))  # fmt: skip
+        self.layers.append(HlsLayer(name, op.name, types, *_constants(scale),
+                                    {"scale": scale, "bias": biases}))  # fmt: skip
         return self._module(name, bn.eval(), (source,))
 
     def _avgpool(self, op: IntOp) -> None:
@@ -413,15 +413,12 @@ def _layer_name(stem: str, op: IntOp) -> str:
     return re.sub(r"_+", "_", re.sub(r"\W", "_", f"{stem}_{op.name}"))
 
 
-def _non_pow2(values: np.ndarray) -> int:
-    """How many of ``values`` are neither 0 nor ``±2**k``: the multiplications by them that
-    need a multiplier (the rest are shifts)."""
-    return int((_signed_digits(values) > 1).sum())
-
-
-def _terms(values: np.ndarray) -> int:
-    """The most signed powers of two one of ``values`` is the sum of (0 if all are 0)."""
-    return int(_signed_digits(values).max(initial=0))
+def _constants(values: np.ndarray) -> tuple[int, int, int]:
+    """``HlsLayer``'s figures of the constants ``values``: how many; how many are neither 0 nor
+    ``±2**k`` (the multiplications by them that need a multiplier, the rest are shifts); the
+    most signed powers of two one of them is the sum of (0 if all are 0)."""
+    digits = _signed_digits(values)
+    return values.size, int((digits > 1).sum()), int(digits.max(initial=0))
 
 
 def _signed_digits(values: np.ndarray) -> np.ndarray:
