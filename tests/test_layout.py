@@ -22,7 +22,8 @@ def _module_name(path: Path) -> str:
 @cache
 def import_graph() -> dict[str, set[str]]:
     """Module -> the ``inq`` modules it names in any import statement, at any depth."""
-    paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    # conftest.py: pytest's set-up of the doctests, never imported by the library
+    paths = {_module_name(p): p for p in ROOT.rglob("*.py") if p.name != "conftest.py"}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]

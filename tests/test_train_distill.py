@@ -17,7 +17,7 @@ from export_fixtures import quantize_on
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig, OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from train_helpers import INQ_TRAIN, TINY, inq_train, killed_and_resumed
+from train_helpers import INQ_TRAIN, TINY, inq_train, killed_and_resumed, torchrun_logs
 
 from inq.distill import frozen_teacher
 from inq.errors import ConfigError
@@ -256,7 +256,14 @@ def test_ste_with_distillation_resumes_byte_for_byte(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_two_gloo_processes_distill_and_resume_with_identical_ranks(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        *torchrun_logs(tmp_path),
+    ]
     settings = (*TINY, *KD, "trainer.checkpoint_every=3")
     # 4 steps per epoch and rank: float 1-4, stage 1 5-8; both ranks die at step 7, after the
     # checkpoint of step 6, and each loads the teacher from float.pt on resume

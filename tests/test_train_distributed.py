@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from train_helpers import INQ_TORCHRUN, INQ_TRAIN, TINY
+from train_helpers import INQ_TORCHRUN, INQ_TRAIN, TINY, torchrun_logs
 
 from inq import INQScheduler
 from inq.masked import load_masked
@@ -29,6 +29,7 @@ def test_two_compiled_gloo_processes_prune_distill_and_stay_identical(tmp_path: 
     run_dir = tmp_path / "run"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        *torchrun_logs(tmp_path),
         str(INQ_TRAIN), *TINY, "trainer.compile=true", "inq.cache_values=true",
         f"hydra.run.dir={run_dir}",
         "prune.sparsity=0.5", "prune.steps=1", "prune.epochs=1", "inq.distill.weight=0.5",
@@ -55,6 +56,7 @@ def test_two_gloo_processes_stay_identical(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        *torchrun_logs(tmp_path),
         str(INQ_TRAIN), *TINY, "inq.strategy=random", f"hydra.run.dir={run_dir}",
         "quant.act_bits=8", "quant.epochs=1", "quant.batches=2",
     ]  # fmt: skip
@@ -85,7 +87,7 @@ def test_inq_torchrun_ends_in_one_line_and_its_stop_line_resumes(tmp_path: Path)
     """Issue 33: under torchrun, an error or SIGTERM printed torchrun's ChildFailedError or
     SignalException traceback and the message once per rank, and the stop line named
     ``inq-train trainer.resume=DIR``, which refuses a run saved by two processes."""
-    launcher = [str(INQ_TORCHRUN), "--standalone", "--nproc_per_node=2"]
+    launcher = [str(INQ_TORCHRUN), "--standalone", "--nproc_per_node=2", *torchrun_logs(tmp_path)]
     bad = subprocess.run([*launcher, "inq.bits=9", f"hydra.run.dir={tmp_path / 'bad'}"],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert bad.returncode == 1
@@ -111,7 +113,12 @@ def test_inq_torchrun_ends_in_one_line_and_its_stop_line_resumes(tmp_path: Path)
     assert err == "inq-train: stopped by SIGTERM; continue from the last checkpoint with: " + (
         f"{stop_line}{run_dir}\n"
     )
-    command = [*launcher[:2], *stop_line.split()[1:-1], f"trainer.resume={run_dir}"]
+    command = [
+        *launcher[:2],
+        *stop_line.split()[1:-1],
+        *torchrun_logs(tmp_path),
+        f"trainer.resume={run_dir}",
+    ]
     resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
@@ -204,7 +211,8 @@ def _teardown_ranks(tmp_path: Path, mode: str) -> list[dict]:
     script = tmp_path / "rank.py"
     script.write_text(_TEARDOWN_RANK)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=2", str(script), mode, str(tmp_path)]  # fmt: skip
+               "--nproc_per_node=2", *torchrun_logs(tmp_path),
+               str(script), mode, str(tmp_path)]  # fmt: skip
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

@@ -25,6 +25,12 @@ TINY = (
 )
 
 
+def torchrun_logs(tmp_path: Path) -> list[str]:
+    """torchrun's option that puts its log folder in the test's ``tmp_path``: by default each
+    run makes a ``torchelastic_*`` folder in the system's temporary folder and leaves it."""
+    return [f"--log-dir={tmp_path / 'torchrun'}"]
+
+
 def inq_train(
     *overrides: str,
     env: dict[str, str] | None = None,
