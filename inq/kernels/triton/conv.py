@@ -24,9 +24,8 @@ import triton.language as tl
 from torch import Tensor
 
 from inq.codes import code_width
-from inq.kernels.layout import chunk_columns
 from inq.kernels.ops import conv2d_output_size, effective_n1, output_format
-from inq.kernels.triton.conv_mma import conv_layout, conv_mma
+from inq.kernels.triton.conv_mma import conv_layout, conv_mma, conv_mma_fits
 from inq.kernels.triton.decode import (
     FLOAT_DTYPES,
     MIN_EXP,
@@ -241,7 +240,7 @@ def shift_conv2d(
     channels_last = memory_format == torch.channels_last
     effective = n1 if n1_rows is None else effective_n1(int(n1), n1_rows)
     n1_ptr, n1_value, per_row = n1_args(effective, o, x.dtype, x.device)  # checks n1
-    if groups == 1 and x.dtype != torch.float32 and out.numel() and 2 * cg >= chunk_columns(bits):
+    if groups == 1 and x.dtype != torch.float32 and out.numel() and conv_mma_fits(cg, bits):
         layout = conv_layout(packed, bits, n1, weight_shape, x.dtype, n1_rows)
         if layout is not None:
             conv_mma(batched, layout, weight_shape, bias, stride, padding, dilation, out)

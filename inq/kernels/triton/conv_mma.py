@@ -18,6 +18,7 @@ activations and weights the layout cannot hold keep the kernels of
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -45,8 +46,11 @@ from inq.kernels.triton.swar import decode_pair, slot_dot
 
 __all__ = [
     "ConvLayout",
+    "ConvMmaGrid",
     "conv_layout",
     "conv_mma",
+    "conv_mma_fits",
+    "conv_mma_grid",
     "conv_mma_tiles",
 ]
 
@@ -172,6 +176,44 @@ def conv_mma_tiles(pixels: int, out_channels: int) -> tuple[int, int, int]:
     return block_m, block_n, 4
 
 
+def conv_mma_fits(channels: int, bits: int) -> bool:
+    """Whether a ``groups=1`` fp16/bf16 convolution with ``channels`` input channels goes to
+    :func:`conv_mma`: at least half a chunk of them a tap (with fewer, most of each chunk's
+    products would be padding; a first convolution's 3 channels keep the implicit GEMM).
+
+    Example:
+        >>> conv_mma_fits(3, 4), conv_mma_fits(64, 4), conv_mma_fits(32, 8)
+        (False, True, True)
+    """
+    return 2 * channels >= chunk_columns(bits)
+
+
+class ConvMmaGrid(NamedTuple):
+    """The launch of :func:`conv_mma` (the time model of :mod:`inq.kernels.model` reads it)."""
+
+    block_m: int  # output pixels a CTA covers
+    block_n: int  # output channels a CTA covers
+    warps: int
+    per_tap: int  # chunks of one tap's (padded) channels
+    split: int  # CTAs that share each tile's K loop
+
+
+def conv_mma_grid(
+    pixels: int, out_channels: int, channels: int, taps: int, chunk: int, sms: int
+) -> ConvMmaGrid:
+    """The tiles and the K split of :func:`conv_mma` for ``pixels = N*OH*OW`` outputs of
+    ``out_channels`` from ``channels`` in ``taps = KH*KW`` taps, ``chunk`` columns a chunk.
+
+    Example:
+        >>> conv_mma_grid(49, 512, 512, 9, 128, 132)  # ResNet-18's last convs at batch 1
+        ConvMmaGrid(block_m=64, block_n=128, warps=4, per_tap=4, split=9)
+    """
+    block_m, block_n, warps = conv_mma_tiles(pixels, out_channels)
+    per_tap = triton.cdiv(channels, chunk)
+    tiles = triton.cdiv(pixels, block_m) * triton.cdiv(out_channels, block_n)
+    return ConvMmaGrid(block_m, block_n, warps, per_tap, k_splits(taps * per_tap, tiles, sms))
+
+
 def conv_mma(
     x: Tensor,
     layout: ConvLayout,
@@ -190,11 +232,11 @@ def conv_mma(
     pixels = nb * oh * ow
     weight = layout.weight
     nhwc = x.permute(0, 2, 3, 1).contiguous()
-    block_m, block_n, warps = conv_mma_tiles(pixels, o)
     chunk = CHUNK_WORDS * weight.per_word
-    per_tap = layout.channels_padded // chunk
+    block_m, block_n, warps, per_tap, split = conv_mma_grid(
+        pixels, o, layout.channels_padded, kh * kw, chunk, sm_count(x.device)
+    )
     tiles = triton.cdiv(pixels, block_m) * triton.cdiv(o, block_n)
-    split = k_splits(kh * kw * per_tap, tiles, sm_count(x.device))
     per_split = triton.cdiv(kh * kw * per_tap, split)
     channels_last = not out.is_contiguous()  # then dense channels_last (the caller's check)
     # the partial sums in out's order, and out as the reduce sees it: channels last or second
