@@ -1,8 +1,8 @@
 """Write the time model's calibration file for a GPU run (see ``inq.kernels.model``).
 
-Joins the fp16 linear records of ``inq bench kernel --json`` with the figures of the variants
-that ran, from ``inq bench kernel --static --json`` compiled with the GPU's Triton, so that the
-model can be checked against the run after the kernels change. Runs since issue 47 record the
+Joins the fp16 linear and convolution records of ``inq bench kernel --json`` with the figures of
+the variants that ran, from ``inq bench kernel --static --json`` compiled with the GPU's Triton,
+so that the model can be checked against the run after the kernels change. Runs since issue 47 record the
 tilings they offered; for an older run, make the file at the commit the run was made with (the
 tilings are then what the dispatcher offers):
 

@@ -18,12 +18,17 @@ from inq.kernels.model import (
     H100,
     H200,
     Calibration,
+    ConvCase,
     Figures,
     Tiling,
     calibrate,
     calibration_records,
+    conv_tiling,
+    estimate_convs,
     estimate_linear,
+    format_conv_estimates,
     load_calibration,
+    predict_conv,
     predict_dense,
     predict_linear,
     table_problems,
@@ -140,7 +145,9 @@ def _bench(tilings: list[dict] | None = None) -> dict:
     """A run before issue 47 (the dirty flush only), or with ``tilings`` one since."""
     record = {"op": "linear", "name": "4096x4096", "batch": 1, "bits": 4, "dtype": "fp16",
               "time_us": 14.0, "baseline_us": 17.6}  # fmt: skip
-    bench = {"device": "NVIDIA H200", "results": [record, record | {"op": "conv2d"}]}
+    conv = record | {"op": "conv2d", "name": "layer1.0.conv1", "time_dirty_us": 50.0,
+                     "baseline_dirty_us": 30.0}  # fmt: skip
+    bench = {"device": "NVIDIA H200", "results": [record, conv]}
     if tilings is not None:
         record |= {"tilings": tilings, "time_dirty_us": 15.0, "baseline_dirty_us": 20.0}
         bench["harness"] = {"repeats": 50}
@@ -148,9 +155,12 @@ def _bench(tilings: list[dict] | None = None) -> dict:
 
 
 def _static() -> list[dict]:
-    return [{"name": variant_name(16, n), "bits": 4, "dtype": "fp16", "num_warps": 4,
-             "ctas_per_sm": 5, "loop_instructions": 365 - n, "wgmma_wait": 0, "mma": 16}
-            for n in (64, 128)]  # fmt: skip
+    conv = {"name": "conv mma 128x64", "bits": 4, "dtype": "fp16", "num_warps": 4,
+            "num_stages": 3, "ctas_per_sm": 2, "loop_instructions": 261, "wgmma_wait": 0,
+            "mma": 8}  # fmt: skip
+    return [conv] + [{"name": variant_name(16, n), "bits": 4, "dtype": "fp16", "num_warps": 4,
+                      "ctas_per_sm": 5, "loop_instructions": 365 - n, "wgmma_wait": 0,
+                      "mma": 16} for n in (64, 128)]  # fmt: skip
 
 
 def test_calibration_records_keep_what_the_model_needs() -> None:
@@ -177,6 +187,69 @@ def test_calibration_records_keep_what_the_model_needs() -> None:
     swapped = [t | {"time_us": 21.0 - t["time_us"]} for t in timed]
     found = calibrate(calibration_records(_bench(swapped), _static(), CLEAN, "3.6.0"))
     assert {predicted[0].ranking, found[0].ranking} == {True, False}
+
+
+def test_a_convolution_record_keeps_its_shapes_and_launch() -> None:
+    """A run since issue 47: each ResNet-18 convolution with its shapes, the launch the
+    dispatcher makes and its variant's figures, checked against the kernel alone (cuDNN has
+    no model); a run before it timed conv kernels since replaced, and gives none."""
+    timed = [{"block_m": 16, "block_n": 128, "split_k": 5, "num_stages": 4, "time_us": 9.0}]
+    data = calibration_records(_bench(timed), _static(), DIRTY, "3.6.0")
+    conv = data["records"][1]
+    assert (conv["op"], conv["time_us"], conv["baseline_us"]) == ("conv2d", 50.0, 30.0)
+    assert conv["case"] == {"input_shape": (1, 64, 56, 56), "weight_shape": (64, 64, 3, 3),
+                            "output_shape": (1, 64, 56, 56)}  # fmt: skip
+    (launch,) = conv["tilings"]
+    assert (launch["variant"], launch["split_k"], launch["padded"]) == ("conv mma 128x64", 1, True)
+    assert launch["figures"]["loop_instructions"] == 261
+    checks = calibrate(json.loads(json.dumps(data)))  # as read back from its file
+    assert [(c.name, c.kernel) for c in checks] == [
+        ("4096x4096", "inq"), ("4096x4096", "cuBLAS"), ("layer1.0.conv1", "inq")
+    ]  # fmt: skip
+    assert checks[2].measured_us == 50.0 and checks[2].tiling == "128x64"
+    assert len(calibration_records(_bench(), _static(), DIRTY, "3.6.0")["records"]) == 1
+
+
+def test_a_convolution_launches_as_the_dispatcher_does() -> None:
+    """3 input channels keep the implicit GEMM on packed codes; wider convolutions take the
+    kernel layout, a chunk (128 columns of nibbles, 64 of bytes) an iteration, K split to fill
+    the SMs where the tiles are few."""
+    first = conv_tiling(ConvCase((1, 3, 224, 224), (64, 3, 7, 7), (1, 64, 112, 112)), 4, 132)
+    assert (first.variant, first.block_k, first.split_k, first.padded) == (
+        "conv implicit gemm 128x64x32", 32, 1, False
+    )  # fmt: skip
+    last = ConvCase((1, 512, 7, 7), (512, 512, 3, 3), (1, 512, 7, 7))
+    assert conv_tiling(last, 4, 132).name == "64x128/9"
+    assert (conv_tiling(last, 8, 132).block_k, conv_tiling(last, 8, 132).split_k) == (64, 18)
+
+
+def test_the_convolution_terms_by_hand() -> None:
+    """layer1's 3x3 conv at batch 1, nibble codes: 25 tiles of 128 pixels x 64 channels, one
+    chunk a tap (64 channels padded to 128), 9 iterations; DRAM once for codes, input and
+    output. Padding is not read: 64 channels cost no more than 128 would; fewer loop
+    instructions are never slower."""
+    case = ConvCase((1, 64, 56, 56), (64, 64, 3, 3), (1, 64, 56, 56))
+    fig = Figures(4, 3, 2, 261, 0, True)
+    tiling = conv_tiling(case, 4, H200.sms)
+    p = predict_conv(case, 4, tiling, fig)
+    assert (p.ctas, p.rounds, p.resident, p.reduce_us) == (25, 1, 1, 0.0)
+    assert p.dram_bytes == 64 * 9 * 64 + 2 * 64 * 56 * 56 + 2 * 3136 * 64
+    wide = ConvCase((1, 128, 56, 56), (64, 128, 3, 3), (1, 64, 56, 56))
+    assert predict_conv(wide, 4, conv_tiling(wide, 4, H200.sms), fig).total_us >= p.total_us
+    fewer = replace(fig, loop_instructions=200)
+    assert predict_conv(case, 4, tiling, fewer).total_us <= p.total_us
+
+
+def test_conv_estimates_cover_the_network_per_layer() -> None:
+    """Every ResNet-18 convolution whose variant was compiled, at both batches, and the sums."""
+    figures = {("conv mma 128x64", 4): Figures(4, 3, 2, 261, 0, True)}
+    rows = estimate_convs(figures, [4, 5], H200)
+    assert {r.tiling.variant for r in rows} == {"conv mma 128x64"} and {r.bits for r in rows} == {4}
+    assert {(r.name, r.batch) for r in rows} >= {("layer1.0.conv1", 1), ("layer3.1.conv2", 32)}
+    table = format_conv_estimates(rows, H200)
+    total = sum(r.prediction.total_us for r in rows if r.batch == 1)
+    assert "estimates, not measurements" in table and f"{total:.1f}" in table.splitlines()[-1]
+    assert rows[0].record()["estimate_us"] == rows[0].prediction.total_us
 
 
 def test_estimates_take_the_fastest_tiling(tmp_path: Path) -> None:

@@ -52,6 +52,9 @@ def test_every_variant_compiles_for_sm90_and_passes(
     assert "model estimate on H200" in printed and f"model against {calibration}" in printed
     # the time model on this commit's kernels: every fp16 linear case at 4 bits, both devices
     assert len(payload["estimates"]) == 2 * 4 * 4
+    # and every ResNet-18 convolution at both batches, per layer, with the sums
+    assert len(payload["conv_estimates"]) == 2 * 2 * 20
+    assert "model estimate of ResNet-18's convolutions" in printed
     assert len(payload["calibration"][str(calibration)]) == 64
     assert "grids on 132 SMs" in printed and "FAIL" not in printed
 

@@ -795,6 +795,8 @@ def run_static(args: argparse.Namespace) -> int:
     figures = static.figures(results)
     estimates = {device.name: model.estimate_linear(figures, args.bits, device)
                  for device in (model.H200, model.H100)}  # fmt: skip
+    convs = {device.name: model.estimate_convs(figures, args.bits, device)
+             for device in (model.H200, model.H100)}  # fmt: skip
     checks = {path: model.calibrate(data) for path, data in calibrations.items()}
     print(static.format_static(results))
     print()
@@ -802,6 +804,8 @@ def run_static(args: argparse.Namespace) -> int:
     for device in (model.H200, model.H100):
         print()
         print(model.format_estimates(estimates[device.name], device))
+        print()
+        print(model.format_conv_estimates(convs[device.name], device))
     for path, found in checks.items():
         print()
         print(model.format_calibration(found, str(path)))
@@ -815,6 +819,7 @@ def run_static(args: argparse.Namespace) -> int:
         payload = {
             "variants": [r.record() for r in results],  # one per variant, comparable across commits
             "estimates": [e.record() for rows in estimates.values() for e in rows],
+            "conv_estimates": [e.record() for rows in convs.values() for e in rows],
             "calibration": {str(path): [asdict(c) | {"error": c.error} for c in found]
                             for path, found in checks.items()},
         }  # fmt: skip

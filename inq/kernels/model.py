@@ -1,5 +1,5 @@
-"""A static time model of the linear kernels and of their cuBLAS baseline, from SASS figures and
-the launch alone (``inq bench kernel --static``; no GPU).
+"""A static time model of the linear and convolution kernels and of the linear layers' cuBLAS
+baseline, from SASS figures and the launch alone (``inq bench kernel --static``; no GPU).
 
 For one benchmark case and one tiling (the GPU keeps the fastest the dispatcher offers, as
 :func:`inq.kernels.triton.swar.choose` does, and so does the model) the time is the sum of:
@@ -28,6 +28,8 @@ For one benchmark case and one tiling (the GPU keeps the fastest the dispatcher 
   (:attr:`Device.copy_gbps`, what a device-to-device copy reaches);
 - **split K**: the reduce kernel (a launch gap, a latency, partial sums in and the output out).
 
+A convolution is the same sum for its implicit GEMM (:func:`predict_conv`): pixels by output
+channels over the taps' channels, its activations gathered from the L2 a step at a time.
 The dense baseline is the same model for a warp-specialized GEMM (MMA overlapped): its DRAM
 traffic, or its waves of 128 x 128 tensor-core tiles, and a DRAM latency each side. Device
 figures are data-sheet numbers, measurements or stated assumptions, the same for every shape;
@@ -55,6 +57,9 @@ __all__ = [
     "HARNESSES",
     "Calibration",
     "Check",
+    "ConvCase",
+    "ConvEstimate",
+    "ConvTiling",
     "Device",
     "Estimate",
     "Figures",
@@ -64,11 +69,15 @@ __all__ = [
     "Tiling",
     "calibrate",
     "calibration_records",
+    "conv_tiling",
+    "estimate_convs",
     "estimate_linear",
     "format_calibration",
+    "format_conv_estimates",
     "format_estimates",
     "load_calibration",
     "predict",
+    "predict_conv",
     "predict_dense",
     "predict_linear",
     "table_problems",
@@ -296,6 +305,101 @@ def predict_linear(
     return predict(launch, fig, device, harness)
 
 
+@dataclass(frozen=True)
+class ConvCase:
+    """One fp16 convolution (``groups=1``) as the model sees it: its shapes."""
+
+    input_shape: tuple[int, ...]  # N, C, H, W
+    weight_shape: tuple[int, ...]  # O, C, KH, KW
+    output_shape: tuple[int, ...]  # N, O, OH, OW
+
+    @property
+    def pixels(self) -> int:
+        n, _, oh, ow = self.output_shape
+        return n * oh * ow
+
+
+@dataclass(frozen=True)
+class ConvTiling:
+    """One launch of a convolution kernel: the tensor-core kernel on the linear kernels'
+    layout (``padded``: K is each tap's channels padded to whole chunks), or the implicit GEMM
+    on packed codes (a first convolution's few channels)."""
+
+    variant: str  # the static check's name of the variant that runs
+    block_m: int  # output pixels a CTA covers
+    block_n: int  # output channels a CTA covers
+    block_k: int  # K columns of a main-loop iteration (one chunk on the kernel layout)
+    split_k: int
+    padded: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.block_m}x{self.block_n}" + (f"/{self.split_k}" if self.split_k > 1 else "")
+
+
+def conv_tiling(case: ConvCase, bits: int, sms: int) -> ConvTiling:
+    """The launch ``inq::shift_conv2d`` makes for ``case`` with fp16 activations on ``sms``
+    SMs (:func:`inq.kernels.triton.conv.shift_conv2d`'s choice)."""
+    from inq.kernels.layout import chunk_columns
+    from inq.kernels.triton.conv import conv_config
+    from inq.kernels.triton.conv_mma import conv_mma_fits, conv_mma_grid
+
+    o, c, kh, kw = case.weight_shape
+    if conv_mma_fits(c, bits):
+        chunk = chunk_columns(bits)
+        m, n, _, _, split = conv_mma_grid(case.pixels, o, c, kh * kw, chunk, sms)
+        return ConvTiling(f"conv mma {m}x{n}", m, n, chunk, split, True)
+    cfg = conv_config(case.pixels, o, c, kh * kw)
+    name = f"conv implicit gemm {cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
+    return ConvTiling(name, cfg.block_m, cfg.block_n, cfg.block_k, 1, False)
+
+
+def predict_conv(
+    case: ConvCase, bits: int, tiling: ConvTiling, fig: Figures,
+    device: Device = H200, harness: Harness = CLEAN,
+) -> Prediction:  # fmt: skip
+    """The time of the convolution ``case`` (fp16, ``bits``-bit codes) launched as ``tiling``
+    with the compiled ``fig``: an implicit GEMM of ``pixels x out_channels`` over
+    ``K = KH*KW*C`` (padded to whole chunks a tap on the kernel layout), through the same terms
+    as a linear layer (:func:`predict`). Each iteration gathers the pixels' activations of one
+    K step (the masked-off padding is not read) from the L2; the input comes from DRAM once.
+
+    Example:
+        >>> case = ConvCase((32, 64, 56, 56), (64, 64, 3, 3), (32, 64, 56, 56))
+        >>> tiling = conv_tiling(case, 4, H200.sms)
+        >>> tiling.variant, tiling.name
+        ('conv mma 128x64', '128x64')
+        >>> fig = Figures(4, 3, 2, 261, 0, True)  # the variant's figures (Triton 3.6)
+        >>> round(predict_conv(case, 4, tiling, fig).total_us)  # 48.4 us measured on the H200
+        42
+    """
+    n, c, h, w = case.input_shape
+    o, _, kh, kw = case.weight_shape
+    pixels, step = case.pixels, tiling.block_k
+    if tiling.padded:  # the kernel layout: 16 words a weight row and chunk
+        per_tap = -(-c // step)
+        steps, row_bytes, real = kh * kw * per_tap, CHUNK_WORDS * 4, -(-c // per_tap)
+    else:  # packed codes, K = (c, kh, kw) in steps of block_k
+        steps, real = -(-c * kh * kw // step), step
+        row_bytes = step * (4 if bits <= 4 else 8) // 8
+    split = tiling.split_k
+    tiles = -(-pixels // tiling.block_m) * -(-o // tiling.block_n)
+    codes = o * steps * row_bytes
+    read = codes + 2 * n * c * h * w
+    output = 2 * pixels * o
+    partial = 4 * split * pixels * o if split > 1 else 0  # fp32 partial sums
+    launch = Launch(
+        tiling.name, tiles * split, -(-steps // split),
+        weight_bytes=tiling.block_n * row_bytes, sharers=-(-pixels // tiling.block_m),
+        act_bytes=tiling.block_m * min(step, real) * 2,
+        macs=tiling.block_m * tiling.block_n * step, mma_per_clock=device.mma_per_clock,
+        stored=tiles * split * tiling.block_m * tiling.block_n * (4 if split > 1 else 2),
+        dram=read + output + 2 * partial, read=read,
+        reduce=partial + output if split > 1 else 0,
+    )  # fmt: skip
+    return predict(launch, fig, device, harness)
+
+
 _DENSE_TILE = 128  # the square tile of a Hopper fp16 GEMM, split along K to fill the SMs
 
 
@@ -420,6 +524,66 @@ def format_estimates(rows: list[Estimate], device: Device, harness: Harness = CL
 
 
 @dataclass(frozen=True)
+class ConvEstimate:
+    """The model's time of one ResNet-18 convolution on its launch (not a measurement)."""
+
+    name: str  # the layer, e.g. "layer1.0.conv1"
+    batch: int
+    bits: int
+    device: str
+    tiling: ConvTiling
+    prediction: Prediction
+
+    def record(self) -> dict[str, Any]:
+        return {"op": "conv2d", "name": self.name, "batch": self.batch, "bits": self.bits,
+                "device": self.device, "estimate_us": self.prediction.total_us,
+                "variant": self.tiling.variant, "prediction": asdict(self.prediction)}  # fmt: skip
+
+
+def estimate_convs(
+    figures: dict[tuple[str, int], Figures],
+    bits_list: Iterable[int],
+    device: Device = H200,
+    harness: Harness = CLEAN,
+) -> list[ConvEstimate]:
+    """The model's time of every convolution of the benchmark's ResNet-18 (224x224, batches
+    of :data:`inq.kernels.shapes.CONV_BATCHES`) on the launch ``inq::shift_conv2d`` makes,
+    from ``figures`` (compiled variants by name and bits: 5 to 8 bits take the byte-code
+    variant's figures); layers whose variant was not compiled are left out."""
+    from inq.kernels.shapes import CONV_BATCHES, resnet18_convs
+
+    out = []
+    for bits in bits_list:
+        for batch in CONV_BATCHES:
+            for layer in resnet18_convs(batch):
+                case = ConvCase(layer.input_shape, tuple(layer.conv.weight.shape),
+                                layer.output_shape)  # fmt: skip
+                tiling = conv_tiling(case, bits, device.sms)
+                fig = figures.get((tiling.variant, 4 if bits <= 4 else 8))
+                if fig is not None:
+                    p = predict_conv(case, bits, tiling, fig, device, harness)
+                    out.append(ConvEstimate(layer.name, batch, bits, device.name, tiling, p))
+    return out
+
+
+def format_conv_estimates(rows: list[ConvEstimate], device: Device) -> str:
+    """A layer per line, the estimated microseconds per (batch, bits), and their sums."""
+    columns = sorted({(r.batch, r.bits) for r in rows})
+    layers = list(dict.fromkeys(r.name for r in rows))
+    time = {(r.name, r.batch, r.bits): r.prediction.total_us for r in rows}
+    head = f"{'layer':<24}" + "".join(f"{f'b{b} {k}-bit':>13}" for b, k in columns)
+    body = [f"{name:<24}" + "".join(f"{time[name, b, k]:>13.1f}" if (name, b, k) in time
+                                    else f"{'-':>13}" for b, k in columns)
+            for name in layers]  # fmt: skip
+    total = f"{'sum':<24}" + "".join(
+        f"{sum(t for (_, tb, tk), t in time.items() if (tb, tk) == c):>13.1f}" for c in columns
+    )
+    title = (f"model estimate of ResNet-18's convolutions (inq::shift_conv2d, fp16) on "
+             f"{device.name}, us: estimates, not measurements")  # fmt: skip
+    return "\n".join([title, head, "-" * len(head), *body, total])
+
+
+@dataclass(frozen=True)
 class Check:
     """One measured figure against the model's prediction for it."""
 
@@ -440,11 +604,13 @@ class Check:
 def calibration_records(
     bench: dict[str, Any], static_records: list[dict[str, Any]], harness: Harness, triton: str
 ) -> dict[str, Any]:
-    """What the model needs of every fp16 linear record of ``inq bench kernel --json`` output
-    ``bench`` as ``harness`` timed it: the tilings offered for it, each with its launch, its own
-    time where the run timed each (clean flush), and the figures of its variant in
-    ``static_records`` (``inq bench kernel --static --json`` output, compiled with the
-    GPU's Triton ``triton``), so the calibration can be recomputed after the kernels change."""
+    """What the model needs of every fp16 record of ``inq bench kernel --json`` output
+    ``bench`` as ``harness`` timed it: for a linear layer the tilings offered for it, each with
+    its launch and its own time where the run timed each (clean flush); for a ResNet-18
+    convolution its shapes and the launch the dispatcher makes (runs since issue 47: earlier
+    ones timed convolution kernels since replaced); each with the figures of its variant in
+    ``static_records`` (``inq bench kernel --static --json`` output, compiled with the GPU's
+    Triton ``triton``), so the calibration can be recomputed after the kernels change."""
     device = DEVICES[_device_name(bench["device"])]
     # runs since issue 47 time each op with every harness; older ones with the dirty flush only
     if "harness" not in bench and not harness.dirty_l2:
@@ -453,7 +619,19 @@ def calibration_records(
     figures = {(r["name"], r["bits"]): r for r in static_records if r["dtype"] == "fp16"}
     records = []
     for r in bench["results"]:
-        if r["op"] != "linear" or r["dtype"] != "fp16":
+        if r["dtype"] != "fp16":
+            continue
+        measured = {"time_us": r[f"time{suffix}_us"], "baseline_us": r[f"baseline{suffix}_us"]}
+        common = {key: r[key] for key in ("name", "batch", "bits")}
+        if r["op"] == "conv2d":
+            if "harness" not in bench:
+                continue
+            case = _resnet18_case(r["name"], r["batch"])
+            tiling = conv_tiling(case, r["bits"], device.sms)
+            fig = Figures.from_record(figures[(tiling.variant, r["bits"])])
+            launch = asdict(tiling) | {"figures": asdict(fig), "time_us": None}
+            records.append({"op": "conv2d"} | common | measured | {"case": asdict(case),
+                           "tilings": [launch]})  # fmt: skip
             continue
         out_f, in_f = map(int, r["name"].split("x"))
         # the tilings the run offered, as it recorded them; older runs recorded none, and get
@@ -470,10 +648,20 @@ def calibration_records(
             time = None if harness.dirty_l2 else t["time_us"]  # tilings are timed clean
             tilings.append({key: t[key] for key in ("block_m", "block_n", "split_k")}
                            | {"figures": asdict(fig), "time_us": time})  # fmt: skip
-        measured = {"time_us": r[f"time{suffix}_us"], "baseline_us": r[f"baseline{suffix}_us"]}
-        common = {key: r[key] for key in ("name", "batch", "bits")}
-        records.append(common | measured | {"tilings": tilings})
+        records.append({"op": "linear"} | common | measured | {"tilings": tilings})
     return {"device": device.name, "harness": harness.name, "triton": triton, "records": records}
+
+
+def _resnet18_case(name: str, batch: int) -> ConvCase:
+    """The benchmark's convolution ``name`` of ResNet-18 at ``batch`` (see
+    :mod:`inq.kernels.shapes`)."""
+    from inq.kernels.shapes import resnet18_convs
+
+    for layer in resnet18_convs(batch):
+        if layer.name == name:
+            weight = tuple(layer.conv.weight.shape)
+            return ConvCase(layer.input_shape, weight, layer.output_shape)
+    raise ValueError(f"no convolution {name!r} in the benchmark's ResNet-18")
 
 
 def _device_name(reported: str) -> str:
@@ -531,14 +719,23 @@ def _ranking(measured: list[float | None], predicted: list[float], spread: float
 
 
 def calibrate(data: dict[str, Any]) -> list[Check]:
-    """The model against every record of a calibration file: the fastest tiling on offer
-    against the measured op, the dense model against the measured cuBLAS baseline, and the
-    order of the tilings where the run told them apart by more than it told the same launch
-    apart from itself (:func:`_spread`)."""
+    """The model against every record of a calibration file: for a linear layer the fastest
+    tiling on offer against the measured op, the dense model against the measured cuBLAS
+    baseline, and the order of the tilings where the run told them apart by more than it told
+    the same launch apart from itself (:func:`_spread`); for a convolution the launch that
+    ran against the measured op (cuDNN has no model here: its algorithm differs by layer)."""
     device, harness = DEVICES[data["device"]], HARNESSES[data["harness"]]
     spread = _spread(data["records"])
     checks = []
     for r in data["records"]:
+        common = (r["name"], r["batch"], r["bits"])
+        if r.get("op") == "conv2d":  # no model of cuDNN: the kernel alone
+            (t,) = r["tilings"]
+            tiling = ConvTiling(**{k: t[k] for k in ConvTiling.__dataclass_fields__})
+            case = ConvCase(**{k: tuple(v) for k, v in r["case"].items()})
+            p = predict_conv(case, r["bits"], tiling, Figures(**t["figures"]), device, harness)
+            checks.append(Check(*common, "inq", r["time_us"], p.total_us, tiling.name))
+            continue
         out_f, in_f = map(int, r["name"].split("x"))
         predicted = [
             predict_linear(out_f, in_f, r["batch"], r["bits"],
@@ -549,7 +746,6 @@ def calibrate(data: dict[str, Any]) -> list[Check]:
         best = min(predicted, key=lambda p: p.total_us)
         times = [t["time_us"] for t in r["tilings"]]
         ranking = _ranking(times, [p.total_us for p in predicted], spread)
-        common = (r["name"], r["batch"], r["bits"])
         checks.append(Check(*common, "inq", r["time_us"], best.total_us, best.tiling, ranking))
         cublas = predict_dense(out_f, in_f, r["batch"], device, harness)
         checks.append(Check(*common, "cuBLAS", r["baseline_us"], cublas, "dense"))
@@ -572,10 +768,10 @@ class Calibration:
 
 def format_calibration(checks: list[Check], source: str) -> str:
     """The table of predicted against measured microseconds, and the error summary."""
-    head = (f"{'shape':<12}{'batch':>6}{'bits':>5}  {'kernel':<7}{'tiling':<11}"
+    head = (f"{'shape':<22}{'batch':>6}{'bits':>5}  {'kernel':<7}{'tiling':<11}"
             f"{'measured':>10}{'model':>9}{'error':>8}  ranking")  # fmt: skip
     body = [
-        f"{c.name:<12}{c.batch:>6}{c.bits:>5}  {c.kernel:<7}{c.tiling:<11}{c.measured_us:>10.1f}"
+        f"{c.name:<22}{c.batch:>6}{c.bits:>5}  {c.kernel:<7}{c.tiling:<11}{c.measured_us:>10.1f}"
         f"{c.predicted_us:>9.1f}{100 * c.error:>+7.0f}%  "
         f"{'-' if c.ranking is None else 'right' if c.ranking else 'WRONG'}"
         for c in checks

@@ -727,10 +727,13 @@ def format_static(results: list[CompiledVariant]) -> str:
 
 
 def figures(results: list[CompiledVariant]) -> dict[tuple[str, int], Figures]:
-    """The model's figures of the compiled fp16 tensor-core linear variants, by name and bits."""
+    """The model's figures of the compiled fp16 variants it times, by name and bits: the
+    tensor-core linear kernel and both convolution kernels."""
+    timed = {("swar", "_mma_kernel"), ("conv_mma", "_conv_mma_kernel"),
+             ("conv", "_implicit_gemm_kernel")}  # fmt: skip
     return {(r.variant.name, r.variant.constexprs["BITS"]): Figures.from_record(r.record())
             for r in results
-            if r.variant.kernel == "_mma_kernel" and r.variant.module == "swar"
+            if (r.variant.module, r.variant.kernel) in timed
             and r.variant.dtype == "fp16" and r.loop is not None}  # fmt: skip
 
 
