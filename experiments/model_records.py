@@ -2,9 +2,9 @@
 
 Joins the fp16 linear and convolution records of ``inq bench kernel --json`` with the figures of
 the variants that ran, from ``inq bench kernel --static --json`` compiled with the GPU's Triton,
-so that the model can be checked against the run after the kernels change. Runs since issue 47 record the
-tilings they offered; for an older run, make the file at the commit the run was made with (the
-tilings are then what the dispatcher offers):
+so that the model can be checked against the run after the kernels change. Runs since issue 47
+record the tilings they offered; for an older run, make the file at the commit the run was made
+with (the tilings are then what the dispatcher offers):
 
     python3 experiments/model_records.py experiments/gpu/kernel_bench_issue31_h200.json \\
         experiments/static/issue31_triton3.6.json --harness "dirty flush" --triton 3.6.0 \\

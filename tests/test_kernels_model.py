@@ -4,12 +4,14 @@ calibration against every committed GPU record (the CI band of issue 47)."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from train_helpers import load_experiment
 
 from inq.cli import main
 from inq.kernels.model import (
@@ -302,3 +304,27 @@ def test_a_ranking_counts_only_where_the_run_tells_the_tilings_apart() -> None:
     assert rankings(record(1, 10.0, 12.0), record(16, 13.0, 15.6)) == [None, None]
     assert rankings(record(1, 10.0, 14.0), record(16, 13.0, 18.2)) == [True, True]
     assert rankings(record(1, 14.0, 10.0), record(16, 18.2, 13.0)) == [False, False]
+
+
+def test_the_integer_estimate_has_each_op_of_the_integer_resnet18(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """experiments/integer_estimate.py: the integer ResNet-18's 32 ops under their names in
+    the integer model (checked against one built on the CPU when the script was written), a
+    residual add after each block's last conv, every op a positive time; with a bench file, the
+    graph's measured time beside the sum."""
+    script = load_experiment("integer_estimate")
+    static = Path(__file__).parents[1] / "experiments/static/issue47_triton3.6.json"
+    figures = {r["name"]: Figures.from_record(r) for r in json.loads(static.read_text())["variants"]
+               if r["name"].startswith("int8 mma") and r["dtype"] == "uint8"}  # fmt: skip
+    ops = script.estimate(figures, 1, H200)
+    names = [name for name, _, _ in ops]
+    assert len(ops) == 32 and names[:6] == [
+        "input", "conv1", "maxpool", "layer1_0_conv1", "layer1_0_conv2", "add"
+    ]  # fmt: skip
+    assert names[-3:] == ["add_7", "avgpool", "fc"] and all(us > 0 for _, us, _ in ops)
+    assert names.index("add_2") == names.index("layer2_0_downsample_0") + 1
+    bench = Path(__file__).parents[1] / "experiments/gpu/kernel_bench_issue47_h200.json"
+    monkeypatch.setattr(sys, "argv", ["integer_estimate.py", str(static), str(bench)])
+    script.main()
+    assert "measured 222.5" in capsys.readouterr().out

@@ -1,0 +1,112 @@
+"""The time model's estimate of the integer ResNet-18 (int8 activations, 4-bit weights) as one
+CUDA graph, op by op, against a GPU run of ``inq bench kernel`` (issue 48). An experiment, not
+yet part of ``inq.kernels.model``: the run it is checked against timed only the whole graph.
+
+Each op as the integer model runs it on CUDA (``inq.quant.integer``): the input quantization,
+every convolution on the int8 tensor-core kernel (the launch ``imma_config`` makes; the
+requantization in its epilogue, or, where K is split, a zeroed int32 sum and a requantization
+pass), the 3x3 max pool, the 8 requantized residual adds, the global average pool and the
+classifier. A convolution goes through ``inq.kernels.model.predict`` with its variant's
+figures from an ``inq bench kernel --static --json`` file (the GPU's Triton) and the tensor
+cores' int8 rate (twice fp16's); the one-pass ops are a DRAM latency each side and their bytes
+at the copy bandwidth. The graph is the sum plus one harness floor. No constant is fitted here.
+
+    python experiments/integer_estimate.py experiments/static/issue47_triton3.6.json \\
+        experiments/gpu/kernel_bench_issue47_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from inq.kernels import model
+from inq.kernels.shapes import resnet18_convs
+from inq.kernels.triton.imma import imma_config, k_steps
+
+
+def imma_us(figures: dict, pixels: int, o: int, c: int, taps: int, read: int,
+            device: model.Device) -> tuple[float, str]:  # fmt: skip
+    """One requantized int8 convolution (or the classifier: ``taps`` 1): microseconds, variant."""
+    cfg = imma_config(pixels, o, 1, c, taps, device.sms)
+    steps = k_steps(c, taps, cfg.block_k, cfg.tapwise)
+    split, fused = cfg.split_k, cfg.split_k == 1
+    kind = ("" if cfg.tapwise else " flat") + (", split-K" if split > 1 else ", requantized")
+    name = f"int8 mma {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{kind}, 1 part"
+    # the requantized variants are compiled for uint8 input; a 16-row tile only split
+    fig = next(figures[n] for n in (name, name.replace(", requantized", ", split-K"))
+               if n in figures)  # fmt: skip
+    tiles = -(-pixels // cfg.block_m) * -(-o // cfg.block_n)
+    weights = o * steps * cfg.block_k
+    stored = tiles * split * cfg.block_m * cfg.block_n * (1 if fused else 4)
+    launch = model.Launch(
+        name, tiles * split, -(-steps // split), weight_bytes=cfg.block_n * cfg.block_k,
+        sharers=-(-pixels // cfg.block_m), act_bytes=cfg.block_m * cfg.block_k,
+        macs=cfg.block_m * cfg.block_n * cfg.block_k, mma_per_clock=2 * device.mma_per_clock,
+        stored=stored, dram=weights + read + pixels * o * (1 if fused else 4),
+        read=weights + read, reduce=0,
+    )  # fmt: skip
+    time = model.predict(launch, fig, device).kernel_us
+    if not fused:  # the int32 sums zeroed, then requantized in a pass of their own
+        time += one_pass(4 * pixels * o, device) + one_pass(5 * pixels * o, device)
+    return time, name
+
+
+def one_pass(moved: int, device: model.Device) -> float:
+    """A memory-bound kernel: a DRAM latency each side and ``moved`` bytes at the copy rate."""
+    return 2 * device.latency_us + moved / device.copy_gbps / 1e3
+
+
+def estimate(figures: dict, batch: int, device: model.Device) -> list[tuple[str, float, str]]:
+    """(op name as the integer model names it, microseconds, what runs) for every op."""
+    ops = [("input", one_pass(batch * 3 * 224 * 224 * 5, device), "fp32 -> int8")]
+    convs = resnet18_convs(batch)
+    # a block's residual add follows its last conv: the shortcut's where it has one
+    downsampled = {c.name.removesuffix(".downsample.0") for c in convs if "downsample" in c.name}
+    adds = 0
+    for layer in convs:
+        n, c, h, w = layer.input_shape
+        _, o, oh, ow = layer.output_shape
+        kh, kw = layer.conv.kernel_size
+        us, name = imma_us(figures, n * oh * ow, o, c, kh * kw, n * c * h * w, device)
+        ops.append((layer.name.replace(".", "_"), us, name))
+        if layer.name == "conv1":
+            ops.append(("maxpool", one_pass(n * o * oh * ow * 5 // 4, device), "3x3, stride 2"))
+        elif layer.name.endswith("downsample.0") or (
+            layer.name.endswith("conv2") and layer.name.removesuffix(".conv2") not in downsampled
+        ):
+            ops.append((f"add{f'_{adds}' if adds else ''}", one_pass(3 * n * o * oh * ow, device),
+                        "requantized add"))  # fmt: skip
+            adds += 1
+    ops.append(("avgpool", one_pass(batch * 512 * 50, device), "global average"))
+    us, name = imma_us(figures, batch, 1000, 512, 1, batch * 512, device)
+    ops.append(("fc", us, name))
+    return ops
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("static", type=Path, help="inq bench kernel --static --json output")
+    parser.add_argument("bench", type=Path, nargs="?", help="inq bench kernel --json output")
+    args = parser.parse_args()
+    variants = json.loads(args.static.read_text())["variants"]
+    figures = {r["name"]: model.Figures.from_record(r) for r in variants
+               if r["name"].startswith("int8 mma") and r["dtype"] == "uint8"}  # fmt: skip
+    runs = json.loads(args.bench.read_text())["end_to_end"] if args.bench else []
+    for batch in (1, 32):
+        ops = estimate(figures, batch, model.H200)
+        run = next((r for r in runs if r["batch"] == batch and r["bits"] == 4), {})
+        measured = {o["name"]: o["time_us"] for o in run.get("int8_ops", [])}
+        print(f"integer ResNet-18, batch {batch}, 4-bit weights, H200 (model estimate, us)")
+        for name, us, what in ops:
+            seen = f"{measured[name]:>9.1f}" if name in measured else f"{'-':>9}"
+            print(f"  {name:<24}{us:>8.1f}{seen}  {what}")
+        total = sum(us for _, us, _ in ops) + model.CLEAN.floor_us
+        graph = run.get("int8_graph_ms")
+        versus = f", measured {1e3 * graph:.1f} ({100 * (total / (1e3 * graph) - 1):+.0f} %)"
+        print(f"  graph: {total:.1f} us{versus if graph else ''}, {len(ops)} ops")
+
+
+if __name__ == "__main__":
+    main()
