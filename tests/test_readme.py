@@ -16,6 +16,7 @@ import json
 import re
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,10 @@ def test_readme_has_a_library_example() -> None:
 
 
 @pytest.mark.parametrize("source", PYTHON_BLOCKS, ids=lambda s: s.splitlines()[0])
-def test_readme_python_block_runs(source: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_readme_python_block_runs(
+    source: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its mkdtemp() folders, removed
     exec(compile(source, str(README), "exec"), {"__name__": "readme_example"})
     accuracies = [float(a) for a in re.findall(r"acc (\d\.\d+)", capsys.readouterr().out)]
     if accuracies:  # the INQ example prints float then per-stage accuracy
