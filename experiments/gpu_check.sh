@@ -16,7 +16,8 @@
 #           (experiments/model_records.py, clean and dirty flush: model_clean.json,
 #           model_dirty.json; copy them into experiments/gpu/ under a dated name, where CI checks
 #           the model against every one; without it, make them here afterwards from a static
-#           check compiled with the GPU's Triton, which needs no GPU);
+#           check compiled with the GPU's Triton, which needs no GPU), and the model's estimate
+#           of the integer ResNet-18 op by op beside each op's time (integer_estimate.log);
 #   ncu     Nsight Compute on the batch-1 and a batch-1024 linear kernel: DRAM throughput,
 #           issue slots, pipe utilisation, warp stall reasons (ncu_batch1.txt, ncu_batch1024.txt);
 #   imma    the int8 tensor-core and fused requantization tests on the GPU (imma.log);
@@ -114,6 +115,10 @@ if wanted bench; then
         --harness "$flush flush" --triton "${triton:-unknown}" -o "$logs/model_$flush.json"
       tail -n 1 "$logs/model_$flush.log"
     done
+    # the integer ResNet-18 op by op, the model's estimate beside each op's measured time
+    limit=$(limit_of model) step "integer model estimate vs this run" integer_estimate.log \
+      python3 experiments/integer_estimate.py "$logs/static.json" "$logs/kernel_bench.json"
+    tail -n 1 "$logs/integer_estimate.log"
   fi
 fi
 

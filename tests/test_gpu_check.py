@@ -184,9 +184,10 @@ def test_with_the_static_check_the_benchmark_is_held_against_the_time_model(
     proc = gpu_check(str(logs), cwd=REPO, env=env, path=fake_gpu)
     assert proc.returncode == 0, proc
     ran = calls.read_text().splitlines()
-    model = "experiments/model_records.py"
-    assert [line.split()[0] for line in ran] == ["-m", "-m", model, model]
+    model, integer = "experiments/model_records.py", "experiments/integer_estimate.py"
+    assert [line.split()[0] for line in ran] == ["-m", "-m", model, model, integer]
     assert f"--harness clean flush --triton unknown -o {logs}/model_clean.json" in ran[2]
+    assert ran[4] == f"{integer} {logs}/static.json {logs}/kernel_bench.json"
 
 
 def test_the_training_speed_step_keeps_within_a_shorter_step_timeout(

@@ -210,6 +210,14 @@ def test_a_convolution_record_keeps_its_shapes_and_launch() -> None:
     ]  # fmt: skip
     assert checks[2].measured_us == 50.0 and checks[2].tiling == "128x64"
     assert len(calibration_records(_bench(), _static(), DIRTY, "3.6.0")["records"]) == 1
+    # 5-bit codes run the byte-code variant (the run's network widths are 4 and 5 bits)
+    five = _bench(timed)
+    five["results"][1] |= {"bits": 5}
+    byte_codes = _static()[0] | {"bits": 8, "loop_instructions": 183}
+    (launch,) = calibration_records(five, [*_static(), byte_codes], DIRTY, "3.6.0")["records"][1][
+        "tilings"
+    ]
+    assert (launch["block_k"], launch["figures"]["loop_instructions"]) == (64, 183)
 
 
 def test_a_convolution_launches_as_the_dispatcher_does() -> None:

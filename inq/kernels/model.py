@@ -69,6 +69,7 @@ __all__ = [
     "Tiling",
     "calibrate",
     "calibration_records",
+    "compiled_bits",
     "conv_tiling",
     "estimate_convs",
     "estimate_linear",
@@ -337,6 +338,17 @@ class ConvTiling:
         return f"{self.block_m}x{self.block_n}" + (f"/{self.split_k}" if self.split_k > 1 else "")
 
 
+def compiled_bits(bits: int) -> int:
+    """The code width whose compiled variant runs ``bits``-bit codes (the static check compiles
+    nibble and byte codes: 4 and 8).
+
+    Example:
+        >>> compiled_bits(3), compiled_bits(5)
+        (4, 8)
+    """
+    return 4 if bits <= 4 else 8
+
+
 def conv_tiling(case: ConvCase, bits: int, sms: int) -> ConvTiling:
     """The launch ``inq::shift_conv2d`` makes for ``case`` with fp16 activations on ``sms``
     SMs (:func:`inq.kernels.triton.conv.shift_conv2d`'s choice)."""
@@ -381,7 +393,7 @@ def predict_conv(
         steps, row_bytes, real = kh * kw * per_tap, CHUNK_WORDS * 4, -(-c // per_tap)
     else:  # packed codes, K = (c, kh, kw) in steps of block_k
         steps, real = -(-c * kh * kw // step), step
-        row_bytes = step * (4 if bits <= 4 else 8) // 8
+        row_bytes = step * compiled_bits(bits) // 8  # nibble or byte codes
     split = tiling.split_k
     tiles = -(-pixels // tiling.block_m) * -(-o // tiling.block_n)
     codes = o * steps * row_bytes
@@ -559,7 +571,7 @@ def estimate_convs(
                 case = ConvCase(layer.input_shape, tuple(layer.conv.weight.shape),
                                 layer.output_shape)  # fmt: skip
                 tiling = conv_tiling(case, bits, device.sms)
-                fig = figures.get((tiling.variant, 4 if bits <= 4 else 8))
+                fig = figures.get((tiling.variant, compiled_bits(bits)))
                 if fig is not None:
                     p = predict_conv(case, bits, tiling, fig, device, harness)
                     out.append(ConvEstimate(layer.name, batch, bits, device.name, tiling, p))
@@ -628,7 +640,7 @@ def calibration_records(
                 continue
             case = _resnet18_case(r["name"], r["batch"])
             tiling = conv_tiling(case, r["bits"], device.sms)
-            fig = Figures.from_record(figures[(tiling.variant, r["bits"])])
+            fig = Figures.from_record(figures[(tiling.variant, compiled_bits(r["bits"]))])
             launch = asdict(tiling) | {"figures": asdict(fig), "time_us": None}
             records.append({"op": "conv2d"} | common | measured | {"case": asdict(case),
                            "tilings": [launch]})  # fmt: skip
