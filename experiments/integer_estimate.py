@@ -59,7 +59,9 @@ def one_pass(moved: int, device: model.Device) -> float:
 
 
 def estimate(figures: dict, batch: int, device: model.Device) -> list[tuple[str, float, str]]:
-    """(op name as the integer model names it, microseconds, what runs) for every op."""
+    """(op name as the integer model names it, microseconds, what runs) for every op. The
+    images come as the bench passes them (NCHW), so conv1 first copies its int8 input to
+    channels_last (``imma_conv2d``'s permute), within its op."""
     ops = [("input", one_pass(batch * 3 * 224 * 224 * 5, device), "fp32 -> int8")]
     convs = resnet18_convs(batch)
     # a block's residual add follows its last conv: the shortcut's where it has one
@@ -70,6 +72,8 @@ def estimate(figures: dict, batch: int, device: model.Device) -> list[tuple[str,
         _, o, oh, ow = layer.output_shape
         kh, kw = layer.conv.kernel_size
         us, name = imma_us(figures, n * oh * ow, o, c, kh * kw, n * c * h * w, device)
+        if layer.name == "conv1":
+            us += one_pass(2 * n * c * h * w, device)
         ops.append((layer.name.replace(".", "_"), us, name))
         if layer.name == "conv1":
             ops.append(("maxpool", one_pass(n * o * oh * ow * 5 // 4, device), "3x3, stride 2"))
@@ -80,6 +84,7 @@ def estimate(figures: dict, batch: int, device: model.Device) -> list[tuple[str,
                         "requantized add"))  # fmt: skip
             adds += 1
     ops.append(("avgpool", one_pass(batch * 512 * 50, device), "global average"))
+    ops.append(("flatten", 0.0, "a view"))
     us, name = imma_us(figures, batch, 1000, 512, 1, batch * 512, device)
     ops.append(("fc", us, name))
     return ops
@@ -93,12 +98,15 @@ def main() -> None:
     variants = json.loads(args.static.read_text())["variants"]
     figures = {r["name"]: model.Figures.from_record(r) for r in variants
                if r["name"].startswith("int8 mma") and r["dtype"] == "uint8"}  # fmt: skip
-    runs = json.loads(args.bench.read_text())["end_to_end"] if args.bench else []
+    bench = json.loads(args.bench.read_text()) if args.bench else {}
+    runs = bench.get("end_to_end", [])
+    device = model.DEVICES[model.device_name(bench["device"])] if bench else model.H200
     for batch in (1, 32):
-        ops = estimate(figures, batch, model.H200)
+        ops = estimate(figures, batch, device)
         run = next((r for r in runs if r["batch"] == batch and r["bits"] == 4), {})
         measured = {o["name"]: o["time_us"] for o in run.get("int8_ops", [])}
-        print(f"integer ResNet-18, batch {batch}, 4-bit weights, H200 (model estimate, us)")
+        print(f"integer ResNet-18, batch {batch}, 4-bit weights, {device.name} (model estimate, "
+              "us; measured beside it where the run timed each op)")  # fmt: skip
         for name, us, what in ops:
             seen = f"{measured[name]:>9.1f}" if name in measured else f"{'-':>9}"
             print(f"  {name:<24}{us:>8.1f}{seen}  {what}")

@@ -210,6 +210,12 @@ def test_a_convolution_record_keeps_its_shapes_and_launch() -> None:
     ]  # fmt: skip
     assert checks[2].measured_us == 50.0 and checks[2].tiling == "128x64"
     assert len(calibration_records(_bench(), _static(), DIRTY, "3.6.0")["records"]) == 1
+    # a run since the launch is recorded: its launch, not what the dispatcher makes now
+    recorded = _bench(timed)
+    recorded["results"][1]["launch"] = launch | {"block_m": 64, "block_n": 128}
+    del recorded["results"][1]["launch"]["figures"], recorded["results"][1]["launch"]["time_us"]
+    ran = calibration_records(recorded, _static(), DIRTY, "3.6.0")["records"][1]["tilings"][0]
+    assert (ran["block_m"], ran["block_n"]) == (64, 128)
     # 5-bit codes run the byte-code variant (the run's network widths are 4 and 5 bits)
     five = _bench(timed)
     five["results"][1] |= {"bits": 5}
@@ -228,6 +234,9 @@ def test_a_convolution_launches_as_the_dispatcher_does() -> None:
     assert (first.variant, first.block_k, first.split_k, first.padded) == (
         "conv implicit gemm 128x64x32", 32, 1, False
     )  # fmt: skip
+    depthwise = ConvCase((1, 1, 8, 8), (4, 1, 3, 3), (1, 4, 6, 6))
+    with pytest.raises(ValueError, match="no depthwise convolution"):
+        conv_tiling(depthwise, 4, 132)
     last = ConvCase((1, 512, 7, 7), (512, 512, 3, 3), (1, 512, 7, 7))
     assert conv_tiling(last, 4, 132).name == "64x128/9"
     assert (conv_tiling(last, 8, 132).block_k, conv_tiling(last, 8, 132).split_k) == (64, 18)
@@ -292,6 +301,11 @@ def test_a_bad_calibration_file_is_one_line(
     assert main(["bench", "kernel", "--static", "--calibration", str(bad)]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(bad) in err
+    conv = {"op": "conv2d", "name": "conv1", "batch": 1, "bits": 4, "time_us": 1.0,
+            "baseline_us": 1.0, "tilings": []}  # fmt: skip
+    bad.write_text(json.dumps({"device": "H200", "harness": "clean flush", "records": [conv]}))
+    with pytest.raises(ValueError, match="convolution record lacks its case"):
+        load_calibration(bad)
 
 
 def test_a_ranking_counts_only_where_the_run_tells_the_tilings_apart() -> None:
@@ -317,20 +331,21 @@ def test_a_ranking_counts_only_where_the_run_tells_the_tilings_apart() -> None:
 def test_the_integer_estimate_has_each_op_of_the_integer_resnet18(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """experiments/integer_estimate.py: the integer ResNet-18's 32 ops under their names in
+    """experiments/integer_estimate.py: the integer ResNet-18's 33 ops under their names in
     the integer model (checked against one built on the CPU when the script was written), a
-    residual add after each block's last conv, every op a positive time; with a bench file, the
-    graph's measured time beside the sum."""
+    residual add after each block's last conv, every op but the flatten (a view) a positive
+    time; with a bench file, the graph's measured time beside the sum."""
     script = load_experiment("integer_estimate")
     static = Path(__file__).parents[1] / "experiments/static/issue47_triton3.6.json"
     figures = {r["name"]: Figures.from_record(r) for r in json.loads(static.read_text())["variants"]
                if r["name"].startswith("int8 mma") and r["dtype"] == "uint8"}  # fmt: skip
     ops = script.estimate(figures, 1, H200)
     names = [name for name, _, _ in ops]
-    assert len(ops) == 32 and names[:6] == [
+    assert len(ops) == 33 and names[:6] == [
         "input", "conv1", "maxpool", "layer1_0_conv1", "layer1_0_conv2", "add"
     ]  # fmt: skip
-    assert names[-3:] == ["add_7", "avgpool", "fc"] and all(us > 0 for _, us, _ in ops)
+    assert names[-4:] == ["add_7", "avgpool", "flatten", "fc"]
+    assert [name for name, us, _ in ops if us <= 0] == ["flatten"]
     assert names.index("add_2") == names.index("layer2_0_downsample_0") + 1
     bench = Path(__file__).parents[1] / "experiments/gpu/kernel_bench_issue47_h200.json"
     monkeypatch.setattr(sys, "argv", ["integer_estimate.py", str(static), str(bench)])

@@ -144,6 +144,7 @@ class BenchResult:
     graph_copies: int  # copies of the inputs both graphs rotate over
     tilings: list[Tiling] = field(default_factory=list)  # linear on the swar kernels only
     chosen: int | None = None  # the index in tilings the dispatcher runs
+    launch: dict[str, Any] | None = None  # conv2d: the launch made (model.ConvTiling's fields)
 
 
 @dataclass
@@ -392,6 +393,8 @@ def bench_linear(
 def bench_resnet18(
     bits: int, dtype: torch.dtype, batches: list[int], harness: Harness, copy: float
 ) -> list[BenchResult]:
+    from inq.kernels.triton.decode import sm_count
+
     results = []
     for batch in batches:
         for name, conv, shape, out_shape in resnet18_convs(batch):
@@ -407,8 +410,10 @@ def bench_resnet18(
             ours = harness.time(op, (x_cl, packed), copies)
             base = harness.time(bound(F.conv2d, None, *args), (x_cl, weight_cl), copies)
             moved = packed.numel() + (x.numel() + math.prod(out_shape)) * x.element_size()
-            results.append(_result("conv2d", name, batch, bits, dtype, ours, base, moved, copy,
-                                   copies))  # fmt: skip
+            result = _result("conv2d", name, batch, bits, dtype, ours, base, moved, copy, copies)
+            case = model.ConvCase(shape, tuple(wshape), out_shape)
+            result.launch = asdict(model.conv_tiling(case, bits, sm_count(x.device)))
+            results.append(result)
     return results
 
 

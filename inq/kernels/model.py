@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inq.codes import code_width
 from inq.kernels.layout import CHUNK_WORDS
 from inq.kernels.shapes import LINEAR_BATCHES, LINEAR_SHAPES
 
@@ -69,8 +70,8 @@ __all__ = [
     "Tiling",
     "calibrate",
     "calibration_records",
-    "compiled_bits",
     "conv_tiling",
+    "device_name",
     "estimate_convs",
     "estimate_linear",
     "format_calibration",
@@ -335,23 +336,18 @@ class ConvTiling:
 
     @property
     def name(self) -> str:
-        return f"{self.block_m}x{self.block_n}" + (f"/{self.split_k}" if self.split_k > 1 else "")
-
-
-def compiled_bits(bits: int) -> int:
-    """The code width whose compiled variant runs ``bits``-bit codes (the static check compiles
-    nibble and byte codes: 4 and 8).
-
-    Example:
-        >>> compiled_bits(3), compiled_bits(5)
-        (4, 8)
-    """
-    return 4 if bits <= 4 else 8
+        tiles = f"{self.block_m}x{self.block_n}" + ("" if self.padded else f"x{self.block_k}")
+        return tiles + (f"/{self.split_k}" if self.split_k > 1 else "")
 
 
 def conv_tiling(case: ConvCase, bits: int, sms: int) -> ConvTiling:
     """The launch ``inq::shift_conv2d`` makes for ``case`` with fp16 activations on ``sms``
-    SMs (:func:`inq.kernels.triton.conv.shift_conv2d`'s choice)."""
+    SMs (:func:`inq.kernels.triton.conv.shift_conv2d`'s choice, where the kernel layout holds
+    the weight, as it does for the power-of-two codes of a trained layer).
+
+    Raises:
+        ValueError: a depthwise convolution (one channel a group): not modelled.
+    """
     from inq.kernels.layout import chunk_columns
     from inq.kernels.triton.conv import conv_config
     from inq.kernels.triton.conv_mma import conv_mma_fits, conv_mma_grid
@@ -359,9 +355,12 @@ def conv_tiling(case: ConvCase, bits: int, sms: int) -> ConvTiling:
     o, c, kh, kw = case.weight_shape
     if conv_mma_fits(c, bits):
         chunk = chunk_columns(bits)
-        m, n, _, _, split = conv_mma_grid(case.pixels, o, c, kh * kw, chunk, sms)
+        grid = conv_mma_grid(case.pixels, o, c, kh * kw, chunk, sms)
+        m, n, split = grid.block_m, grid.block_n, grid.split
         return ConvTiling(f"conv mma {m}x{n}", m, n, chunk, split, True)
     cfg = conv_config(case.pixels, o, c, kh * kw)
+    if cfg.kernel != "implicit_gemm":
+        raise ValueError(f"the time model has no {cfg.kernel} convolution ({case.weight_shape})")
     name = f"conv implicit gemm {cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
     return ConvTiling(name, cfg.block_m, cfg.block_n, cfg.block_k, 1, False)
 
@@ -375,6 +374,9 @@ def predict_conv(
     ``K = KH*KW*C`` (padded to whole chunks a tap on the kernel layout), through the same terms
     as a linear layer (:func:`predict`). Each iteration gathers the pixels' activations of one
     K step (the masked-off padding is not read) from the L2; the input comes from DRAM once.
+    ``fig`` is the variant the static check compiles (3x3 taps, whole chunks of channels): a
+    7x7 or 1x1 convolution, or channels that fill half a chunk (a channel mask on each load),
+    run the same loop with other index arithmetic, which the model does not see.
 
     Example:
         >>> case = ConvCase((32, 64, 56, 56), (64, 64, 3, 3), (32, 64, 56, 56))
@@ -393,7 +395,7 @@ def predict_conv(
         steps, row_bytes, real = kh * kw * per_tap, CHUNK_WORDS * 4, -(-c // per_tap)
     else:  # packed codes, K = (c, kh, kw) in steps of block_k
         steps, real = -(-c * kh * kw // step), step
-        row_bytes = step * compiled_bits(bits) // 8  # nibble or byte codes
+        row_bytes = step * code_width(bits) // 8  # nibble or byte codes
     split = tiling.split_k
     tiles = -(-pixels // tiling.block_m) * -(-o // tiling.block_n)
     codes = o * steps * row_bytes
@@ -493,7 +495,7 @@ def estimate_linear(
             for batch in LINEAR_BATCHES:
                 options = []
                 for cfg in _swar_tilings(batch, out_f, in_f, bits, device.sms):
-                    fig = figures.get((variant_name(cfg.block_m, cfg.block_n), bits))
+                    fig = figures.get((variant_name(cfg.block_m, cfg.block_n), code_width(bits)))
                     if fig is not None:
                         tiling = Tiling(cfg.block_m, cfg.block_n, cfg.split_k)
                         options.append(predict_linear(out_f, in_f, batch, bits, tiling, fig,
@@ -562,19 +564,18 @@ def estimate_convs(
     of :data:`inq.kernels.shapes.CONV_BATCHES`) on the launch ``inq::shift_conv2d`` makes,
     from ``figures`` (compiled variants by name and bits: 5 to 8 bits take the byte-code
     variant's figures); layers whose variant was not compiled are left out."""
-    from inq.kernels.shapes import CONV_BATCHES, resnet18_convs
+    from inq.kernels.shapes import CONV_BATCHES
 
     out = []
+    cases = {batch: _resnet18_cases(batch) for batch in CONV_BATCHES}
     for bits in bits_list:
         for batch in CONV_BATCHES:
-            for layer in resnet18_convs(batch):
-                case = ConvCase(layer.input_shape, tuple(layer.conv.weight.shape),
-                                layer.output_shape)  # fmt: skip
+            for name, case in cases[batch].items():
                 tiling = conv_tiling(case, bits, device.sms)
-                fig = figures.get((tiling.variant, compiled_bits(bits)))
+                fig = figures.get((tiling.variant, code_width(bits)))
                 if fig is not None:
                     p = predict_conv(case, bits, tiling, fig, device, harness)
-                    out.append(ConvEstimate(layer.name, batch, bits, device.name, tiling, p))
+                    out.append(ConvEstimate(name, batch, bits, device.name, tiling, p))
     return out
 
 
@@ -602,7 +603,7 @@ class Check:
     name: str
     batch: int
     bits: int
-    kernel: str  # "inq" (the fastest tiling on offer) or "cuBLAS"
+    kernel: str  # "inq" (a linear layer's fastest tiling on offer, a conv's launch) or "cuBLAS"
     measured_us: float
     predicted_us: float
     tiling: str
@@ -623,27 +624,33 @@ def calibration_records(
     ones timed convolution kernels since replaced); each with the figures of its variant in
     ``static_records`` (``inq bench kernel --static --json`` output, compiled with the GPU's
     Triton ``triton``), so the calibration can be recomputed after the kernels change."""
-    device = DEVICES[_device_name(bench["device"])]
+    device = DEVICES[device_name(bench["device"])]
     # runs since issue 47 time each op with every harness; older ones with the dirty flush only
     if "harness" not in bench and not harness.dirty_l2:
         raise ValueError("the bench file predates the clean flush: its figures are dirty-flush")
     suffix = "_dirty" if "harness" in bench and harness.dirty_l2 else ""
     figures = {(r["name"], r["bits"]): r for r in static_records if r["dtype"] == "fp16"}
+    cases: dict[int, dict[str, ConvCase]] = {}  # ResNet-18's convolutions by batch, then name
     records = []
     for r in bench["results"]:
-        if r["dtype"] != "fp16":
+        if r["dtype"] != "fp16" or r["op"] not in ("linear", "conv2d"):
             continue
         measured = {"time_us": r[f"time{suffix}_us"], "baseline_us": r[f"baseline{suffix}_us"]}
         common = {key: r[key] for key in ("name", "batch", "bits")}
         if r["op"] == "conv2d":
             if "harness" not in bench:
                 continue
-            case = _resnet18_case(r["name"], r["batch"])
-            tiling = conv_tiling(case, r["bits"], device.sms)
-            fig = Figures.from_record(figures[(tiling.variant, compiled_bits(r["bits"]))])
-            launch = asdict(tiling) | {"figures": asdict(fig), "time_us": None}
+            if r["batch"] not in cases:
+                cases[r["batch"]] = _resnet18_cases(r["batch"])
+            case = cases[r["batch"]][r["name"]]
+            # the launch as the run recorded it; earlier runs recorded none, and get what the
+            # dispatcher makes now (so make their file at the commit of the run)
+            launch = r.get("launch")
+            tiling = ConvTiling(**launch) if launch else conv_tiling(case, r["bits"], device.sms)
+            fig = Figures.from_record(figures[(tiling.variant, code_width(r["bits"]))])
+            ran = asdict(tiling) | {"figures": asdict(fig), "time_us": None}
             records.append({"op": "conv2d"} | common | measured | {"case": asdict(case),
-                           "tilings": [launch]})  # fmt: skip
+                           "tilings": [ran]})  # fmt: skip
             continue
         out_f, in_f = map(int, r["name"].split("x"))
         # the tilings the run offered, as it recorded them; older runs recorded none, and get
@@ -655,7 +662,7 @@ def calibration_records(
         ]  # fmt: skip
         tilings = []
         for t in offered:
-            static = figures[(variant_name(t["block_m"], t["block_n"]), r["bits"])]
+            static = figures[(variant_name(t["block_m"], t["block_n"]), code_width(r["bits"]))]
             fig = Figures.from_record(static | {"num_stages": t["num_stages"]})
             time = None if harness.dirty_l2 else t["time_us"]  # tilings are timed clean
             tilings.append({key: t[key] for key in ("block_m", "block_n", "split_k")}
@@ -664,20 +671,22 @@ def calibration_records(
     return {"device": device.name, "harness": harness.name, "triton": triton, "records": records}
 
 
-def _resnet18_case(name: str, batch: int) -> ConvCase:
-    """The benchmark's convolution ``name`` of ResNet-18 at ``batch`` (see
-    :mod:`inq.kernels.shapes`)."""
+def _resnet18_cases(batch: int) -> dict[str, ConvCase]:
+    """The benchmark's ResNet-18 convolutions at ``batch`` by name (:mod:`inq.kernels.shapes`)."""
     from inq.kernels.shapes import resnet18_convs
 
-    for layer in resnet18_convs(batch):
-        if layer.name == name:
-            weight = tuple(layer.conv.weight.shape)
-            return ConvCase(layer.input_shape, weight, layer.output_shape)
-    raise ValueError(f"no convolution {name!r} in the benchmark's ResNet-18")
+    return {layer.name: ConvCase(layer.input_shape, tuple(layer.conv.weight.shape),
+                                 layer.output_shape)
+            for layer in resnet18_convs(batch)}  # fmt: skip
 
 
-def _device_name(reported: str) -> str:
-    """The :data:`DEVICES` key of a device name torch reports ("NVIDIA H200" -> "H200")."""
+def device_name(reported: str) -> str:
+    """The :data:`DEVICES` key of a device name torch reports.
+
+    Example:
+        >>> device_name("NVIDIA H200")
+        'H200'
+    """
     for name in DEVICES:
         if name.split()[0] in reported.split():
             return name
@@ -697,6 +706,9 @@ def load_calibration(path: Path) -> dict[str, Any]:
             problem = f"device or harness not one of {sorted(DEVICES)} / {sorted(HARNESSES)}"
         elif any(_RECORD_KEYS - record.keys() for record in data["records"]):
             problem = f"a record lacks one of {sorted(_RECORD_KEYS)}"
+        elif any(r.get("op") == "conv2d" and ("case" not in r or len(r["tilings"]) != 1)
+                 for r in data["records"]):  # fmt: skip
+            problem = "a convolution record lacks its case or has other than one launch"
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         problem = repr(err)
     if problem is not None:

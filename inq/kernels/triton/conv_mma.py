@@ -195,6 +195,7 @@ class ConvMmaGrid(NamedTuple):
     block_n: int  # output channels a CTA covers
     warps: int
     per_tap: int  # chunks of one tap's (padded) channels
+    tiles: int  # output tiles
     split: int  # CTAs that share each tile's K loop
 
 
@@ -206,12 +207,13 @@ def conv_mma_grid(
 
     Example:
         >>> conv_mma_grid(49, 512, 512, 9, 128, 132)  # ResNet-18's last convs at batch 1
-        ConvMmaGrid(block_m=64, block_n=128, warps=4, per_tap=4, split=9)
+        ConvMmaGrid(block_m=64, block_n=128, warps=4, per_tap=4, tiles=4, split=9)
     """
     block_m, block_n, warps = conv_mma_tiles(pixels, out_channels)
     per_tap = triton.cdiv(channels, chunk)
     tiles = triton.cdiv(pixels, block_m) * triton.cdiv(out_channels, block_n)
-    return ConvMmaGrid(block_m, block_n, warps, per_tap, k_splits(taps * per_tap, tiles, sms))
+    split = k_splits(taps * per_tap, tiles, sms)
+    return ConvMmaGrid(block_m, block_n, warps, per_tap, tiles, split)
 
 
 def conv_mma(
@@ -233,10 +235,9 @@ def conv_mma(
     weight = layout.weight
     nhwc = x.permute(0, 2, 3, 1).contiguous()
     chunk = CHUNK_WORDS * weight.per_word
-    block_m, block_n, warps, per_tap, split = conv_mma_grid(
+    block_m, block_n, warps, per_tap, tiles, split = conv_mma_grid(
         pixels, o, layout.channels_padded, kh * kw, chunk, sm_count(x.device)
     )
-    tiles = triton.cdiv(pixels, block_m) * triton.cdiv(o, block_n)
     per_split = triton.cdiv(kh * kw * per_tap, split)
     channels_last = not out.is_contiguous()  # then dense channels_last (the caller's check)
     # the partial sums in out's order, and out as the reduce sees it: channels last or second
