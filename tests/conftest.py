@@ -25,8 +25,10 @@ def _device_calls_without_repatching() -> None:
     """The Triton interpreter patches ``triton.language`` for a launch, and again (never
     restored, so never needed) at every call of a ``@triton.jit`` helper inside it: a scan of
     the whole module each time, a fifth of the kernels' interpreted time. Here a helper's call
-    inside a launch that patched its modules already does nothing; launches patch and restore
-    as before. Where Triton's interpreter lacks these internals, it is left as it is."""
+    inside a launch whose modules are patched already (by the launch, or by an earlier helper
+    of it: ``triton.language.standard``'s ``cdiv``, ``zeros``, ... see ``triton.language.core``,
+    which the kernels' own modules do not) does nothing; launches patch and restore as before.
+    Where Triton's interpreter lacks these internals, it is left as it is."""
     try:
         import triton.language as tl
         from triton.runtime import interpreter
@@ -35,7 +37,7 @@ def _device_calls_without_repatching() -> None:
     patch, launch = getattr(interpreter, "_patch_lang", None), interpreter.GridExecutor.__call__
     if patch is None or not hasattr(interpreter, "_LangPatchScope"):
         return
-    patched: list[frozenset[int]] = []  # the modules the launch in progress patched
+    patched: list[set[int]] = []  # the modules patched since the launch in progress began
     starting = False  # a launch has begun and not yet patched
 
     def modules(fn) -> frozenset[int]:
@@ -46,9 +48,11 @@ def _device_calls_without_repatching() -> None:
         if patched and not starting and modules(fn) <= patched[-1]:
             return interpreter._LangPatchScope()  # the launch's patch is in place
         scope = patch(fn)
+        if not starting and patched:  # a helper's, never restored: in place to the launch's end
+            patched[-1] |= modules(fn)
         if starting:  # the launch's own patch: in place until its restore
             starting = False
-            patched.append(modules(fn))
+            patched.append(set(modules(fn)))
             restore = scope.restore
 
             def restore_and_end() -> None:
