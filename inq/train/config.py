@@ -281,12 +281,14 @@ class INQConfig:
         setting without it."""
         if isinstance(self.bits, str) and self.bits != AUTO:
             raise ConfigError("inq.bits", f"an integer from 2 to 8, or auto; got {self.bits!r}")
-        given = {k: v for k, v in to_dict(self.budget).items() if v is not None}
+        budget = {f.name: getattr(self.budget, f.name) for f in fields(BudgetConfig)}
+        given = {k: v for k, v in budget.items() if v is not None}
         if self.bits != AUTO:
+            default = AutoConfig()
             unused = [f"budget.{k}" for k in given] + [
                 f"auto.{f.name}"
                 for f in fields(AutoConfig)
-                if to_dict(self.auto)[f.name] != to_dict(AutoConfig())[f.name]
+                if getattr(self.auto, f.name) != getattr(default, f.name)
             ]
             if unused:
                 raise ConfigError(
