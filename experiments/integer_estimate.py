@@ -23,6 +23,7 @@ from pathlib import Path
 
 from inq.kernels import model
 from inq.kernels.shapes import resnet18_convs
+from inq.kernels.static import imma_variant_name
 from inq.kernels.triton.imma import imma_config, k_steps
 
 
@@ -32,8 +33,8 @@ def imma_us(figures: dict, pixels: int, o: int, c: int, taps: int, read: int,
     cfg = imma_config(pixels, o, 1, c, taps, device.sms)
     steps = k_steps(c, taps, cfg.block_k, cfg.tapwise)
     split, fused = cfg.split_k, cfg.split_k == 1
-    kind = ("" if cfg.tapwise else " flat") + (", split-K" if split > 1 else ", requantized")
-    name = f"int8 mma {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{kind}, 1 part"
+    name = imma_variant_name(cfg.block_m, cfg.block_n, cfg.block_k, cfg.tapwise, not fused,
+                             fused, parts=1)  # fmt: skip
     # the requantized variants are compiled for uint8 input; a 16-row tile only split
     fig = next(figures[n] for n in (name, name.replace(", requantized", ", split-K"))
                if n in figures)  # fmt: skip
@@ -72,12 +73,12 @@ def estimate(figures: dict, batch: int, device: model.Device) -> list[tuple[str,
         _, o, oh, ow = layer.output_shape
         kh, kw = layer.conv.kernel_size
         us, name = imma_us(figures, n * oh * ow, o, c, kh * kw, n * c * h * w, device)
-        if layer.name == "conv1":
-            us += one_pass(2 * n * c * h * w, device)
-        ops.append((layer.name.replace(".", "_"), us, name))
-        if layer.name == "conv1":
+        if layer.name == "conv1":  # its NCHW input copied to channels_last first, then a pool
+            ops.append(("conv1", us + one_pass(2 * n * c * h * w, device), name))
             ops.append(("maxpool", one_pass(n * o * oh * ow * 5 // 4, device), "3x3, stride 2"))
-        elif layer.name.endswith("downsample.0") or (
+            continue
+        ops.append((layer.name.replace(".", "_"), us, name))
+        if layer.name.endswith("downsample.0") or (
             layer.name.endswith("conv2") and layer.name.removesuffix(".conv2") not in downsampled
         ):
             ops.append((f"add{f'_{adds}' if adds else ''}", one_pass(3 * n * o * oh * ow, device),

@@ -45,10 +45,11 @@ def _device_calls_without_repatching() -> None:
 
     def patch_lang(fn):
         nonlocal starting
-        if patched and not starting and modules(fn) <= patched[-1]:
+        helper = bool(patched) and not starting
+        if helper and modules(fn) <= patched[-1]:
             return interpreter._LangPatchScope()  # the launch's patch is in place
         scope = patch(fn)
-        if not starting and patched:  # a helper's, never restored: in place to the launch's end
+        if helper:  # never restored: in place to the launch's end
             patched[-1] |= modules(fn)
         if starting:  # the launch's own patch: in place until its restore
             starting = False

@@ -338,9 +338,7 @@ def imma_variants() -> list[Variant]:
                   "TAPWISE": tapwise, "EVEN_K": tapwise, "EVEN_N": tapwise,
                   "SPLIT_K": 2 if split else 1, "REQUANT": requant,
                   "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}  # fmt: skip
-            kind = ("" if tapwise else " flat") + (", split-K" if split else "")
-            kind += ", requantized" if requant else ""
-            name = f"int8 mma {m}x{n}x{k}{kind}, {parts} part{'s'[: parts - 1]}"
+            name = imma_variant_name(m, n, k, tapwise, split, requant, parts)
             # MACs the tensor cores do: a second weight part is a second product
             work = _work(m, n, k * parts)
             budget = None if not tapwise else IMMA_SKINNY_BUDGET if m <= 16 else IMMA_BUDGET
@@ -348,6 +346,19 @@ def imma_variants() -> list[Variant]:
                                cfg.num_stages, False, True, **work, budget=budget,
                                out_dtype="u8" if requant else None))  # fmt: skip
     return out
+
+
+def imma_variant_name(block_m: int, block_n: int, block_k: int, tapwise: bool, split: bool,
+                      requant: bool, parts: int) -> str:  # fmt: skip
+    """The static check's name of an int8 tensor-core variant (:func:`imma_variants`).
+
+    Example:
+        >>> imma_variant_name(64, 128, 128, True, False, True, 1)
+        'int8 mma 64x128x128, requantized, 1 part'
+    """
+    kind = ("" if tapwise else " flat") + (", split-K" if split else "")
+    kind += ", requantized" if requant else ""
+    return f"int8 mma {block_m}x{block_n}x{block_k}{kind}, {parts} part{'s'[: parts - 1]}"
 
 
 @dataclass(frozen=True)
