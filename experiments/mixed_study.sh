@@ -6,6 +6,7 @@
 #                resnet20 (experiments/study_resnet20.yaml: ResNet-20 on Fashion-MNIST)
 #       OUT_DIR  default runs/mixed_<CONFIG>; finished runs are skipped, stopped ones resumed
 #       SEEDS    default 0,1,2
+#   RECORD=FILE experiments/mixed_study.sh ...  # keep the finished runs there instead
 #   JOBS=2 experiments/mixed_study.sh ...   # that many seeds at once (one CPU thread each)
 #
 # Per seed: the float model once (the 5-bit one-shot job writes it), then, each from that float
@@ -15,6 +16,9 @@
 #   inq.bits=auto with each sensitivity method (loss, hessian) at 2.5, 3.0 and 4.0 average bits
 #   and at the ends rule's size, sizes counted nominally (b bits a weight, inq.auto.size=nominal,
 #   so that 2 and 3 bits differ), choices 2, 3, 4, 5, 8.
+# Each finished run is also kept in the tracked experiments/mixed_<CONFIG>_runs.json
+# (experiments/study_record.py): on a fresh machine, whose OUT_DIR is empty, the recorded runs are
+# skipped, and only the float models are trained again (checked to come out the same).
 # Finally the runs' summary.json files are collected into OUT_DIR/RESULTS.md and a plot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,19 +34,24 @@ declare -A model=([resnet20]='resnet20 --in-channels 1 --layer-bits conv:8 fc:8'
 # the ends rule's size in average bits (rounded down: auto may not exceed it)
 ends_bits=$(python experiments/rule_size.py ${model[$config]} --bits 2)
 ends_bits=$(python -c "import math; print(math.floor($ends_bits * 1e4) / 1e4)")
+record=${RECORD:-experiments/mixed_${config}_runs.json}
 common=(inq=lowbit inq.distill.weight=0.5 inq.distill.temperature=4)
+
+job() {  # job SEED NAME OVERRIDES...: train, then keep the finished run in the record
+  train "$@" && python experiments/study_record.py save "$out" "$record" >/dev/null
+}
 
 one_seed() {
   local seed=$1 bits method budget
-  train "$seed" float inq.method=oneshot inq.bits=5
+  job "$seed" float inq.method=oneshot inq.bits=5
   local from_float=("model.checkpoint=$out/float/seed$seed/checkpoints/float.pt" trainer.float_epochs=0)
   for bits in 2 3 4; do
-    train "$seed" "uniform$bits" "${common[@]}" "inq.bits=$bits" "${from_float[@]}"
+    job "$seed" "uniform$bits" "${common[@]}" "inq.bits=$bits" "${from_float[@]}"
   done
-  train "$seed" ends2 "${common[@]}" inq.bits=2 "inq.layer_bits=${ends[$config]}" "${from_float[@]}"
+  job "$seed" ends2 "${common[@]}" inq.bits=2 "inq.layer_bits=${ends[$config]}" "${from_float[@]}"
   for budget in 2.5 3.0 4.0 "$ends_bits"; do
     for method in loss hessian; do
-      train "$seed" "auto_${method}_$budget" "${common[@]}" inq.bits=auto inq.auto.size=nominal \
+      job "$seed" "auto_${method}_$budget" "${common[@]}" inq.bits=auto inq.auto.size=nominal \
         "inq.budget.avg_bits=$budget" "inq.auto.method=$method" "${from_float[@]}"
     done
   done
@@ -50,6 +59,7 @@ one_seed() {
 }
 
 mkdir -p "$out"
+python experiments/study_record.py restore "$record" "$out"
 start=$SECONDS
 echo "mixed-precision study $config (ends rule: $ends_bits bits), seeds $seeds," \
   "${JOBS:-1} at once -> $out"
