@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 
 import torch
-import torchvision
 from torch import nn
 from torch.profiler import ProfilerActivity
 
@@ -170,7 +169,7 @@ def scheduler_kernels_per_step(layer_counts: tuple[int, ...] = (1, 4, 16, 64)) -
 
 def partition_step_seconds() -> dict[str, float]:
     torch.manual_seed(0)
-    model = torchvision.models.resnet50(weights=None)
+    model = build_model({"name": "resnet50", "num_classes": 1000})
     sched = inq.INQScheduler(model, bits=5)
     times = {}
     while not sched.done:
@@ -196,7 +195,7 @@ def _peak_rss_child(with_inq: bool) -> None:
     scheduler is built and takes two stages (none without INQ), and the peak of three training
     steps after that."""
     torch.manual_seed(0)
-    model = torchvision.models.resnet50(weights=None)
+    model = build_model({"name": "resnet50", "num_classes": 1000})
     optimizer, scaler = _sgd(model), torch.amp.GradScaler("cpu", enabled=False)
     x, y = torch.randn(2, 3, 64, 64), torch.randint(0, 1000, (2,))
     _train_step(model, optimizer, scaler, x, y)  # allocates gradients and momentum buffers
@@ -214,7 +213,7 @@ def _peak_rss_child(with_inq: bool) -> None:
 
 
 def memory_per_weight() -> dict[str, float]:
-    model = torchvision.models.resnet50(weights=None)
+    model = build_model({"name": "resnet50", "num_classes": 1000})
     sched = inq.INQScheduler(model, bits=5)
     targeted = sum(layer.weight.numel() for layer in sched.layers)
     cached = inq.INQScheduler(model, bits=5, portions=(0.3, 1.0), cache_values=True)

@@ -56,7 +56,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torchvision
 from torch import nn
 
 import inq
@@ -90,7 +89,7 @@ def _build(name: str) -> tuple[nn.Module, int]:
     if name == "resnet20":
         return build_model({"name": "resnet20", "num_classes": 10, "in_channels": 3}), 10
     if name == "resnet18":
-        return torchvision.models.resnet18(weights=None, num_classes=1000), 1000
+        return build_model({"name": "resnet18", "num_classes": 1000}), 1000
     raise ValueError(f"unknown model {name!r} (models: {', '.join(MODELS)})")
 
 

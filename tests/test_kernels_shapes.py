@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torchvision.models import resnet18
 
 from inq.kernels.shapes import LINEAR_SHAPES, resnet18_convs
 
@@ -15,6 +14,8 @@ def _geometry(conv: nn.Conv2d) -> tuple[object, ...]:
 
 
 def test_resnet18_convs_are_torchvision_resnet18_convs() -> None:
+    from torchvision.models import resnet18  # ~1.3 s: only in the worker that runs this
+
     reference = {n: m for n, m in resnet18().named_modules() if isinstance(m, nn.Conv2d)}
     layers = resnet18_convs(batch=3)
     assert [layer.name for layer in layers] == list(reference)  # every conv, in call order

@@ -100,23 +100,38 @@ def guarded(shape: tuple[int, ...], dtype: torch.dtype, guard: int = 64,
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_is_bit_exact_for_every_code_and_edge(bits: int, dtype: torch.dtype) -> None:
     """Every code, n1 through the subnormal range and the flush edge of each dtype (fp16
-    2**-14 .. 2**-25, bf16/fp32 2**-126 .. 2**-134 / 2**-150), and the top of the range."""
+    2**-14 .. 2**-25, bf16/fp32 2**-126 .. 2**-134 / 2**-150), and the top of the range: all
+    n1 in one launch (one per row), and the scalar n1 at the bottom, a flush edge and the top."""
     top = 1 << (bits - 1)
     codes = torch.cat([torch.zeros(1, dtype=torch.int64), torch.arange(top, 2 * top)])
-    codes = codes.to(torch.uint8).repeat(2, 1)
-    packed = pack_codes(codes, bits)
+    codes = codes.to(torch.uint8)
     depth = (1 << (bits - 2)) - 1  # n1 - depth is the smallest level
     top_n1 = int(math.log2(torch.finfo(dtype).max))
     edges = {-14, -24, -25, -126, -133, -134, -149, -150}
-    n1s = sorted({e + d for e in edges for d in (0, 1, depth)} | {0, top_n1, -200})
-    for n1 in (n for n in n1s if n <= top_n1):
-        expected = decode_weight(packed, bits, n1, tuple(codes.shape), dtype)
-        # fp32: the values before any conversion (one launch where dtype is fp32 already)
-        for out_dtype in dict.fromkeys((dtype, torch.float32)):
-            got = tk.decode_weight(packed.to(DEVICE), bits, n1, codes.shape, dtype, out_dtype)
-            view = _BITS_VIEW[out_dtype]
-            want = expected.to(out_dtype).view(view)
-            assert torch.equal(got.cpu().view(view), want), f"n1={n1} {out_dtype}"
+    n1s = [n for n in sorted({e + d for e in edges for d in (0, 1, depth)} | {0, top_n1, -200})
+           if n <= top_n1]  # fmt: skip
+    rows = codes.repeat(2 * len(n1s), 1)  # each n1 on two rows
+    packed = pack_codes(rows, bits)
+    n1 = torch.tensor(n1s, dtype=torch.int32).repeat_interleave(2)
+    expected = torch.cat(
+        [
+            decode_weight(packed[r : r + 1], bits, int(n1[r]), (1, len(codes)), dtype)
+            for r in range(len(rows))
+        ]
+    )
+    launches = [(n1, packed, expected)] + [
+        (n, packed[2 * i : 2 * i + 2], expected[2 * i : 2 * i + 2])
+        for i, n in enumerate(n1s)
+        if n in (n1s[0], -134 + depth, top_n1)
+    ]
+    # fp32: the values before any conversion (one launch where dtype is fp32 already)
+    for out_dtype in dict.fromkeys((dtype, torch.float32)):
+        view = _BITS_VIEW[out_dtype]
+        for n, words, want in launches:
+            got = tk.decode_weight(words.to(DEVICE), bits, n, tuple(want.shape), dtype, out_dtype)
+            assert torch.equal(got.cpu().view(view), want.to(out_dtype).view(view)), (
+                f"n1={n if isinstance(n, int) else 'per row'} {out_dtype}"
+            )
 
 
 @pytest.mark.parametrize("bits", [3, 6])
