@@ -5,6 +5,7 @@ Hypothesis profiles; the fast tests run before the slow ones.
 before any test imports :mod:`inq.kernels`. With a GPU the kernels compile and run on it.
 """
 
+import dataclasses
 import os
 import sys
 
@@ -75,8 +76,25 @@ def _device_calls_without_repatching() -> None:
     interpreter.GridExecutor.__call__ = run_launch
 
 
+def _no_overflow_checks_that_cannot_fail() -> None:
+    """Triton's interpreter widens every integer add, sub and mul to int64 to check it for
+    overflow (``sanitize_overflow``) and hands the check to ``device_assert``, which does
+    nothing unless ``debug`` is on: an int32 product that wraps passes either way. Where debug is
+    off (the default, as on the GPU, which compiles no overflow check either), the check is
+    dropped: two fifths of the kernels' interpreted time, and no test can tell it ran."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if options is not None and not options.debug and getattr(options, "sanitize_overflow", False):
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     _device_calls_without_repatching()
+    _no_overflow_checks_that_cannot_fail()
 
 # OpenVINO imports absl.logging, whose handler keeps the sys.stderr of its import and closes that
 # stream when logging is reconfigured (Hydra does, in-process) while sys.stderr is another one.
