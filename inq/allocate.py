@@ -430,14 +430,15 @@ def _plan(
             "pinned",
             f"the pinned layers alone take {fixed_bytes} bytes "
             f"({_avg(fixed_bytes, params)} average bits), over the budget of {budget} bytes "
-            f"({_avg(budget, params)}); raise the budget or pin fewer bits",
+            f"({_avg(budget, params)}); the smallest budget that fits is {least} bytes "
+            f"({_avg_at_least(least, params)} average bits), or pin fewer bits",
         )
     if least > budget:
         raise BudgetError(
             "budget",
             f"no allocation of {list(choices)} bits fits {budget} bytes "
             f"({_avg(budget, params)} average bits): the smallest takes {least} bytes "
-            f"({_avg(least, params)} average bits)",
+            f"({_avg_at_least(least, params)} average bits)",
         )
     return _Plan(choices, targets, own, free, shapes, budget, fixed_bytes, costs)
 
@@ -607,6 +608,16 @@ def _budget_bytes(avg_bits: float | None, max_bytes: int | None, params: int) ->
 
 def _avg(nbytes: int, params: int) -> str:
     return f"{8 * nbytes / max(1, params):.4g}"
+
+
+def _avg_at_least(nbytes: int, params: int) -> str:
+    """The least average bits with 4 decimals that, given back as ``avg_bits``, is a budget of
+    at least ``nbytes``: rounded up, not to nearest (such budgets are floored to whole bytes),
+    and checked as the float the user's number becomes."""
+    steps = max(1, math.ceil(Fraction(8 * nbytes * 10**4, max(1, params))))
+    while _budget_bytes(steps / 10**4, None, params) < nbytes:
+        steps += 1
+    return f"{steps / 10**4:.4f}".rstrip("0").rstrip(".")
 
 
 def _materialized(batches: Iterable[Batch], model: nn.Module) -> list[Batch]:

@@ -4,6 +4,7 @@ two sensitivities, the budget's refusals, pinned layers and determinism."""
 from __future__ import annotations
 
 import itertools
+import re
 from fractions import Fraction
 
 import pytest
@@ -217,13 +218,17 @@ def test_every_layer_pinned_measures_nothing() -> None:
     ("options", "message"),
     [
         ({"avg_bits": 3.0}, r"no allocation of \[4, 8\] bits fits .* the smallest takes"),
-        ({"max_bytes": 10}, r"fits 10 bytes .* smallest takes 1838 bytes \(4\.007 average bits\)"),
+        ({"max_bytes": 10}, r"fits 10 bytes .* smallest takes 1838 bytes \(4\.0066 average bits\)"),
         ({"avg_bits": 8.0, "choices": ()}, "choices is empty"),
         ({"avg_bits": 8.0, "choices": (4, 9)}, "bits must be an integer from 2 to 8"),
         ({"avg_bits": 8.0, "choices": (1,)}, "bits must be an integer from 2 to 8"),
         ({"avg_bits": 8.0, "method": "fisher"}, "method must be one of"),
         ({"avg_bits": 8.0, "size": "huge"}, "size must be one of"),
-        ({"avg_bits": 4.0, "pinned": {"5": 8}}, "pinned layers alone take 3456 bytes"),
+        (
+            {"avg_bits": 4.0, "pinned": {"5": 8}},
+            r"pinned layers alone take 3456 bytes .* fits is "
+            r"3566 bytes \(7\.7733 average bits\)",
+        ),
         ({"avg_bits": 8.0, "pinned": {"conv9": 8}}, "matches no quantized layer"),
         ({}, "exactly one budget"),
         ({"avg_bits": 4.0, "max_bytes": 4}, "exactly one budget"),
@@ -236,6 +241,19 @@ def test_bad_input_is_refused_in_one_line(options: dict[str, object], message: s
     with pytest.raises(ValueError, match=message) as refused:
         allocate(net(), CE, batches(), **kwargs)  # type: ignore[arg-type]
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("pinned", [None, {"5": 8}])
+def test_the_budget_a_refusal_names_is_met(pinned: dict[str, int] | None) -> None:
+    """Given back as typed, the average bits the message names are enough: rounded up, not
+    to nearest (an ``avg_bits`` budget is floored to whole bytes)."""
+    with pytest.raises(ValueError, match=r"\((\d+\.\d+) average bits\)(, or pin|$)") as refused:
+        allocate(net(), CE, batches(), choices=(4, 8), avg_bits=3.0, pinned=pinned)
+    named = float(re.findall(r"\((\d+\.\d+) average bits\)", str(refused.value))[-1])
+    found = allocate(net(), CE, batches(), choices=(4, 8), avg_bits=named, pinned=pinned)
+    assert found.total_bytes <= found.budget_bytes
+    with pytest.raises(ValueError, match=r"^(no allocation|the pinned layers alone)"):
+        allocate(net(), CE, batches(), choices=(4, 8), avg_bits=named - 1e-4, pinned=pinned)
 
 
 def test_no_batches_and_a_non_finite_loss_are_refused() -> None:
