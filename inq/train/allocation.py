@@ -8,8 +8,9 @@ after a resume), with the training loss (cross-entropy); rank 0's allocation is 
 The scheduler is then rebuilt with every layer at its bits (nothing was quantized yet), and the
 allocation is recorded in the run's history (``history["allocate"]``), which the checkpoint
 saved right after it holds: a run killed before that save measures again from the float
-checkpoint and chooses the same bits (the measurement is deterministic), one killed after reads
-them back (:func:`inq.train.build.build_scheduler`). ``summary.json`` records it under
+checkpoint and chooses the same bits (the measurement is deterministic on the same device and
+``data.eval_batch_size``, which a resume may change: a known gap), one killed after reads them
+back (:func:`inq.train.build.build_scheduler`). ``summary.json`` records it under
 ``allocation``; the log shows its table, TensorBoard ``inq/auto/*``.
 """
 
