@@ -14,6 +14,10 @@ bits is measured on a few calibration batches, without training:
   trace is Hutchinson's estimate ``E[v^T H v]`` over ``samples`` Rademacher vectors ``v`` (drawn
   from a generator seeded by ``seed``), each product ``H v`` by double backprop of the mean
   loss over the batches; one ``v`` covers every layer at once (the cross terms have mean 0).
+  The estimate of a small trace can come out negative (seen on ResNet-20's last convs with 8
+  samples). The layer's sensitivities are then <= 0 and non-decreasing in ``b`` (more bits
+  never add rounding error). So its lowest choice has both the least sensitivity and the least
+  size, and is chosen, as it would be with the trace clamped at 0.
 
 Size: what the packed file (:mod:`inq.packed`) stores for a layer's codes, headers aside
 (``size="packed"``, the default): a weight ``[O, ...]`` of ``K`` weights a row takes ``O *

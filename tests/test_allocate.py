@@ -70,6 +70,26 @@ def test_the_solver_is_exact_with_brute_force_tie_breaks(
     assert solve_knapsack(costs, values, capacity) == brute_force(costs, values, capacity)
 
 
+@settings(max_examples=200, deadline=None)
+@given(instances(), st.data())
+def test_a_negative_trace_chooses_as_a_trace_clamped_at_zero(
+    instance: tuple[list[list[int]], list[list[float]], int], data: st.DataObject
+) -> None:
+    """A layer whose Hessian trace estimate is negative: its sensitivities ``t * e(b)`` are
+    <= 0 and non-decreasing in ``b`` while its sizes grow. The allocation is then the one with
+    that layer's sensitivities all 0 (the trace clamped), whatever the other layers are."""
+    costs, values, capacity = instance
+    k = len(costs[0])
+    sizes = sorted(data.draw(st.lists(st.integers(0, 12), min_size=k, max_size=k)))
+    errors = sorted(data.draw(st.lists(st.floats(0, 4), min_size=k, max_size=k)), reverse=True)
+    trace = data.draw(st.floats(-3, -1e-3))
+    costs = [sizes, *costs[1:]]
+    capacity = max(capacity, sum(min(c) for c in costs))
+    negative = [[trace * e for e in errors], *values[1:]]
+    clamped = [[0.0] * k, *values[1:]]
+    assert solve_knapsack(costs, negative, capacity) == solve_knapsack(costs, clamped, capacity)
+
+
 def test_the_solver_refuses_what_it_cannot_solve() -> None:
     with pytest.raises(ValueError, match="cheapest choice costs 4 > 3"):
         solve_knapsack([[2, 5], [2]], [[0.0, 0.0], [0.0]], 3)
