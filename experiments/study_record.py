@@ -24,11 +24,12 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from inq.fileio import atomic_path
 
 FLOAT_JOB = "float"
 LOCAL = ("files",)  # summary keys that name files on the machine that ran it
@@ -59,18 +60,16 @@ def check_float_models(runs: dict[str, dict[str, Any]]) -> None:
 
 
 def save(out: Path, record: Path) -> int:
-    """Merge the runs finished under ``out`` into ``record``; how many were new."""
-    record.touch()
-    with record.open("r+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        text = handle.read()
-        runs = json.loads(text) if text.strip() else {}
+    """Merge the runs finished under ``out`` into ``record``; how many were new. The seeds that
+    save at once take turns on a lock in ``out`` (not on ``record``, which each save replaces)."""
+    with (out / ".record.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        runs = json.loads(record.read_text()) if record.exists() else {}
         new = {k: v for k, v in finished(out).items() if k not in runs}
         merged = dict(sorted({**runs, **new}.items()))
         check_float_models(merged)
-        tmp = record.with_name(f".{record.name}.tmp")
-        tmp.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, record)
+        with atomic_path(record) as tmp:
+            tmp.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
     return len(new)
 
 
