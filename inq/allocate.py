@@ -69,9 +69,11 @@ __all__ = [
     "Allocation",
     "BudgetError",
     "LayerAllocation",
+    "MethodError",
     "allocate",
     "allocate_bits",
     "check_budget",
+    "check_method",
     "hessian_traces",
     "layer_bytes",
     "loss_sensitivities",
@@ -92,6 +94,11 @@ class BudgetError(ValueError):
     def __init__(self, argument: str, message: str) -> None:
         super().__init__(message)
         self.argument = argument
+
+
+class MethodError(ValueError):
+    """The sensitivity method cannot run on the model (``"hessian"``: it cannot be
+    differentiated twice)."""
 
 
 def layer_bytes(shape: Sequence[int], bits: int, size: str = "packed") -> int:
@@ -315,8 +322,9 @@ def allocate(
         ValueError: in one line: no budget or both, a budget no allocation meets (naming the
             smallest one that is met), pinned layers alone over the budget, an empty choice
             set, bits outside 2..8, an unknown method, size, n1 rule or granularity, a glob
-            that matches no layer, no batches, a non-finite loss, or a model the Hessian
-            method cannot differentiate twice.
+            that matches no layer, no batches or a non-finite loss.
+        MethodError: (a ValueError) a model the Hessian method cannot differentiate twice
+            (:func:`check_method` finds it before training).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -561,7 +569,8 @@ def hessian_traces(
         {'w': 9.0}
 
     Raises:
-        ValueError: if the model cannot be differentiated twice (or a weight needs no grad).
+        MethodError: (a ValueError) if the model cannot be differentiated twice (or a weight
+            needs no grad).
     """
     generator = torch.Generator().manual_seed(seed)
     params = list(weights.values())
@@ -577,12 +586,42 @@ def hessian_traces(
                     hvs = torch.autograd.grad(dot, params)
                 except RuntimeError as err:
                     first = str(err).strip().splitlines()[0]
-                    raise ValueError(
+                    raise MethodError(
                         f"method 'hessian' cannot differentiate this model twice: {first}"
                     ) from None
                 for i, (hv, v) in enumerate(zip(hvs, vs, strict=True)):
                     totals[i] += float((hv.double() * v.double()).sum())
     return {name: total / samples for name, total in zip(weights, totals, strict=True)}
+
+
+def check_method(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batch: Batch,
+    method: str = "loss",
+    *,
+    include: str | Sequence[str] | None = None,
+    exclude: str | Sequence[str] | None = None,
+) -> None:
+    """Refuse now, before any training is spent, a ``method`` :func:`allocate` could not run
+    on ``model`` later: for ``"hessian"``, one Hessian-vector product on ``batch`` (one or two
+    examples are enough); ``"loss"`` needs only forward passes. Model, gradients, train/eval
+    flags and the global RNG are left as they were.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        >>> check_method(model, nn.functional.cross_entropy, (torch.ones(1, 4), torch.zeros(1,
+        ...              dtype=torch.long)), "hessian")
+
+    Raises:
+        MethodError: (a ValueError) the method cannot run on the model.
+        ValueError: an unknown method, or a glob that matches no layer.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "hessian":
+        weights = dict(_select_targets(model, include, exclude))
+        hessian_traces(model, loss_fn, _materialized([batch], model), weights, samples=1)
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -1,5 +1,5 @@
-"""Helpers shared by the test modules: random valid codes, and model files edited after they
-were written (tampered with, or re-signed)."""
+"""Helpers shared by the test modules: random valid codes, model files edited after they were
+written (tampered with, or re-signed), and a model that cannot be differentiated twice."""
 
 from __future__ import annotations
 
@@ -9,11 +9,38 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from inq.fileio import read_safetensors, write_safetensors
 
 TensorEdit = Callable[[dict[str, torch.Tensor]], object]
 MetadataEdit = Callable[[dict[str, str]], object]
+
+
+class _Once(torch.autograd.Function):
+    """The identity, as an op whose derivative has no derivative of its own."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():  # a backward that builds a graph: create_graph=True
+            raise RuntimeError("the derivative of _Once has no derivative")
+        return grad
+
+
+class BackpropOnce(nn.Module):
+    """``model``, its output through :class:`_Once`: trainable, but a second derivative (a
+    Hessian-vector product) raises."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Once.apply(self.model(x))
 
 
 def random_codes(

@@ -9,6 +9,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from helpers import BackpropOnce
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -16,8 +17,10 @@ from torch import nn
 import inq
 from inq.allocate import (
     Allocation,
+    MethodError,
     allocate,
     allocate_bits,
+    check_method,
     hessian_traces,
     layer_bytes,
     loss_sensitivities,
@@ -285,26 +288,24 @@ def test_no_batches_and_a_non_finite_loss_are_refused() -> None:
 
 
 def test_a_model_without_second_derivatives_is_refused_for_hessian() -> None:
-    class Once(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
-            return grad.detach()  # not differentiable again
-
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = nn.Linear(4, 3)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return Once.apply(self.fc(x)) ** 2
-
+    """allocate refuses it, and check_method finds it first from one example; on a model that
+    has them, check_method leaves gradients, flags and the global RNG as they were."""
     data = [(torch.randn(5, 4), torch.randint(0, 3, (5,)))]
-    with pytest.raises(ValueError, match="cannot differentiate this model twice"):
-        allocate(Net(), CE, data, avg_bits=8.0, method="hessian")
+    for refuse in (
+        lambda: allocate(BackpropOnce(nn.Linear(4, 3)), CE, data, avg_bits=8.0, method="hessian"),
+        lambda: check_method(BackpropOnce(nn.Linear(4, 3)), CE, data[0], "hessian"),
+    ):
+        with pytest.raises(MethodError, match=r"^method 'hessian' cannot differentiate this model"):
+            refuse()
+    model, rng = net(bn=True).train(), torch.get_rng_state()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    check_method(model, CE, batches()[0], "hessian")
+    check_method(model, CE, batches()[0], "loss")  # forward only: nothing to try
+    assert torch.equal(torch.get_rng_state(), rng) and model.training
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="method must be one of"):
+        check_method(model, CE, batches()[0], "trace")
 
 
 def test_packed_budgets_see_nibbles_and_bytes() -> None:

@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import BackpropOnce
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from train_helpers import TINY, inq_train, killed_and_resumed
+from train_helpers import TINY, inq_train, inq_train_here, killed_and_resumed
 
+from inq import models
 from inq.errors import ConfigError
 from inq.masked import load_masked
 from inq.models import build_model
@@ -91,6 +93,25 @@ def test_the_scheduler_takes_the_recorded_allocation() -> None:
     sched = build_scheduler(model, cfg, {"history": {ALLOCATE: record}})
     assert sched.layer_bits == {"0": 8, "3": 4, "7": 5, "12": 4}
     assert sched.bits == 5  # the bits most weights got
+
+
+def test_a_method_the_model_cannot_run_is_refused_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hessian traces of a model without second derivatives: refused at the start in one line
+    naming the key, not after the float phase (it was), and nothing of a run is left."""
+    build = models.build_model
+    monkeypatch.setattr(models, "build_model", lambda info: BackpropOnce(build(info)))
+    run = tmp_path / "run"
+    argv = (*TINY, *AUTO, "inq.auto.method=hessian", f"hydra.run.dir={run}")
+    status, out, err = inq_train_here(*argv, cwd=tmp_path)
+    assert status == 1 and not out
+    assert err.startswith(
+        "inq-train: error: inq.auto.method: method 'hessian' cannot differentiate this model "
+        "twice: "
+    ), err
+    assert err.endswith("; the loss method runs forward only\n") and err.count("\n") == 1
+    assert not run.exists(), sorted(run.rglob("*"))
 
 
 def _events(run: Path) -> EventAccumulator:

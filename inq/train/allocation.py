@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.nn.functional import cross_entropy
 
-from inq.allocate import Allocation, BudgetError, allocate
+from inq.allocate import Allocation, BudgetError, MethodError, allocate
 from inq.data import calibration_loader
 from inq.errors import ConfigError
 from inq.train import checkpoint as ckpt
@@ -67,8 +67,10 @@ def allocation_phase(trainer: Trainer) -> None:
         )
     except BudgetError as err:  # build_scheduler checked the budget already: not reached
         raise budget_error(cfg, err) from None
-    except ValueError as err:
+    except MethodError as err:  # check_auto_method tried one example at the start
         raise ConfigError("inq.auto.method", str(err)) from None
+    except ValueError as err:  # a loss that is not finite: the model's, not the method's
+        raise ConfigError("inq.bits", f"auto cannot measure the model: {err}") from None
     record: dict[str, Any] = share(allocation.as_dict())  # rank 0's on every rank
     ckpt.kill_point("allocate", 1)
     _use_bits(trainer, record)

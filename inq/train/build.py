@@ -19,11 +19,12 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 from torch import nn
+from torch.nn.functional import cross_entropy
 from torch.optim.lr_scheduler import LambdaLR
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from inq import models
-from inq.allocate import BudgetError, check_budget
+from inq.allocate import BudgetError, MethodError, check_budget, check_method
 from inq.data import build_datasets, build_eval_loader, build_train_loader
 from inq.errors import ConfigError
 from inq.prune import layer_targets
@@ -46,6 +47,7 @@ __all__ = [
     "build_optimizer",
     "build_scheduler",
     "check_amp",
+    "check_auto_method",
     "compile_errors",
     "compiled",
     "compiled_graphs",
@@ -270,6 +272,31 @@ def budget_error(cfg: Config, err: BudgetError) -> ConfigError:
     budget = "avg_bits" if cfg.inq.budget.avg_bits is not None else "bytes"
     key = "inq.layer_bits" if err.argument == "pinned" else f"inq.budget.{budget}"
     return ConfigError(key, str(err))
+
+
+def check_auto_method(
+    cfg: Config, model: nn.Module, examples: Dataset[Any], saved: Mapping[str, Any] | None
+) -> None:
+    """With ``inq.bits=auto`` and no allocation yet, refuse now, before the float phase
+    writes anything, an ``inq.auto.method`` the allocation could not run on ``model`` (the
+    Hessian's needs it differentiable twice): :func:`inq.allocate.check_method` on the first
+    of ``examples`` (the validation set: no loader, no random draw).
+
+    Raises:
+        ConfigError: naming ``inq.auto.method``.
+    """
+    if cfg.inq.bits != AUTO or ALLOCATE in (saved or {}).get("history", {}):
+        return
+    method = cfg.inq.auto.method.name
+    if method == "loss":  # forward passes only: training would fail first
+        return
+    image, label = examples[0]
+    batch = (image.unsqueeze(0), torch.as_tensor([label]))
+    try:
+        check_method(model, cross_entropy, batch, method, include=cfg.inq.include,
+                     exclude=cfg.inq.exclude)  # fmt: skip
+    except MethodError as err:
+        raise ConfigError("inq.auto.method", f"{err}; the loss method runs forward only") from None
 
 
 def allocation_options(cfg: Config) -> dict[str, Any]:

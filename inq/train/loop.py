@@ -37,6 +37,7 @@ from inq.train.build import (
     build_optimizer,
     build_scheduler,
     check_amp,
+    check_auto_method,
     compile_errors,
     compiled,
     compiled_graphs,
@@ -79,6 +80,7 @@ class Trainer:
         self.data_info = data_record(self.data)  # what the run's model files record
         self.model = build_model(cfg, self.model_info, env.device, fresh=saved is None)
         self.sched = build_scheduler(self.model, cfg, saved)
+        check_auto_method(cfg, self.model, self.val_loader.dataset, saved)
         self.prune_targets = prune_targets(self.sched, cfg.prune) if cfg.prune.active else {}
         self._steps_per_epoch = batches_per_epoch(self._train_loader)
         self.phases = plan_phases(cfg)  # the weight phases
