@@ -162,3 +162,16 @@ def test_a_killed_allocation_resumes_to_the_same_bits(tmp_path: Path) -> None:
         assert (killed / name).read_bytes() == (whole / name).read_bytes(), name
     saved = torch.load(killed / "checkpoints" / "latest.pt", weights_only=True)
     assert saved["history"][ALLOCATE] == first["allocation"]
+    # from the end of the float phase (bits not chosen), another calibration batch size is
+    # refused in one line, and the run's checkpoints and results stay as they were (its log
+    # records the refusal)
+    kept = [f for f in whole.rglob("*") if f.is_file() and f.suffix in (".pt", ".safetensors")]
+    before = {f: f.read_bytes() for f in [*kept, whole / "summary.json"]}
+    resume = f"trainer.resume={whole / 'checkpoints' / 'float.pt'}"
+    status, _, err = inq_train_here(resume, "data.eval_batch_size=64", cwd=tmp_path)
+    assert status == 1 and err == (
+        "inq-train: error: data.eval_batch_size: sizes the batches inq.bits=auto measures, and "
+        "this run has not chosen its bits yet: resume with data.eval_batch_size=256 (it may "
+        "change once they are chosen)\n"
+    )
+    assert {f: f.read_bytes() for f in before} == before

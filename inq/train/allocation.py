@@ -9,8 +9,9 @@ The scheduler is then rebuilt with every layer at its bits (nothing was quantize
 allocation is recorded in the run's history (``history["allocate"]``), which the checkpoint
 saved right after it holds: a run killed before that save measures again from the float
 checkpoint and chooses the same bits (the measurement is deterministic on the same device and
-``data.eval_batch_size``, which a resume may change: a known gap), one killed after reads them
-back (:func:`inq.train.build.build_scheduler`). ``summary.json`` records it under
+``data.eval_batch_size``: a resume before the bits are chosen may not change the batch size,
+and warns when it changes the device), one killed after reads them back
+(:func:`inq.train.build.build_scheduler`). ``summary.json`` records it under
 ``allocation``; the log shows its table, TensorBoard ``inq/auto/*``.
 """
 

@@ -55,11 +55,11 @@ from inq.runfiles import INTEGER, MASKED, PACKED
 from inq.scheduler import INQScheduler
 from inq.train.allocation import allocation_phase
 from inq.train.checkpoint import load_checkpoint, resumed_config
-from inq.train.config import Config, check_given, composition_error, register, validate
+from inq.train.config import AUTO, Config, check_given, composition_error, register, validate
 from inq.train.distributed import Dist, setup, teardown
 from inq.train.integer import integer_phase
 from inq.train.loop import Trainer
-from inq.train.phases import Phase
+from inq.train.phases import ALLOCATE, Phase
 from inq.train.rundir import (
     RECORDED_CONFIG,
     RunStopped,
@@ -211,6 +211,7 @@ def _resumed(
         cfg.quant = OmegaConf.structured(QuantSettings)
     typed = validate(cfg)
     if saved is not None:
+        _check_calibration_kept(typed, saved, changes)
         log.info("resuming at step %d", saved["progress"]["step"])
     changed = [
         f"{k}={new!r} (was {old!r})" for k, (old, new) in changes.items() if k != "trainer.resume"
@@ -218,6 +219,30 @@ def _resumed(
     if changed:
         log.info("changed on resume: %s", ", ".join(changed))
     return typed
+
+
+def _check_calibration_kept(
+    cfg: Config, saved: dict[str, Any], changes: Mapping[str, tuple[Any, Any]]
+) -> None:
+    """Before ``inq.bits=auto`` has chosen the bits, a resume keeps what they are measured
+    with, so that they come out as the uninterrupted run's: ``data.eval_batch_size`` (the
+    calibration batches' size) is refused; another ``trainer.device`` (other float rounding,
+    rarely other bits) is allowed, with a warning."""
+    if cfg.inq.bits != AUTO or ALLOCATE in saved.get("history", {}):
+        return
+    if "data.eval_batch_size" in changes:
+        old, _ = changes["data.eval_batch_size"]
+        raise ConfigError(
+            "data.eval_batch_size",
+            f"sizes the batches inq.bits=auto measures, and this run has not chosen its bits "
+            f"yet: resume with data.eval_batch_size={old} (it may change once they are chosen)",
+        )
+    if "trainer.device" in changes:
+        old, new = changes["trainer.device"]
+        log.warning(
+            "trainer.device=%s (was %s) before inq.bits=auto has chosen the bits: measured "
+            "there, they may differ from the uninterrupted run's", new, old,
+        )  # fmt: skip
 
 
 def _check_integer_kept(run_dir: Path) -> None:
