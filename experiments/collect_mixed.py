@@ -104,7 +104,7 @@ def load_runs(root: Path) -> list[Run]:
     for group, s in summaries.values():
         timings = s.get("timings_s", {})
         # each phase's seconds run from the end of the one before: the allocation's are also
-        # the first stage's, so the run's wall time is the phases' sum without them
+        # the next phase's, so the run's wall time is the phases' sum without them
         run_time = sum(v for k, v in timings.items() if k != "allocate")
         share = timings["allocate"] / run_time if "allocate" in timings else None
         runs.append(Run(group, int(s["seed"]), float(s["float_acc"]), float(s["final_acc"]),

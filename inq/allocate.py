@@ -429,7 +429,7 @@ def _plan(
     targets = _select_targets(model, include, exclude)
     names = [name for name, _ in targets]
     own = assign_layer_bits(names, choices[0], pinned)  # checks every glob and its bits
-    fixed = {n for n in names if any(fnmatch.fnmatchcase(n, g) for g in (pinned or {}))}
+    fixed = _pinned_names(names, pinned)
     shapes = {name: tuple(weight.shape) for name, weight in targets}
     params = sum(math.prod(s) for s in shapes.values())
     budget = _budget_bytes(avg_bits, max_bytes, params)
@@ -571,6 +571,7 @@ def hessian_traces(
     Raises:
         MethodError: (a ValueError) if the model cannot be differentiated twice (or a weight
             needs no grad).
+        ValueError: if a loss or a trace is not finite.
     """
     generator = torch.Generator().manual_seed(seed)
     params = list(weights.values())
@@ -579,8 +580,12 @@ def hessian_traces(
         for _ in range(samples):
             vs = [(torch.randint(0, 2, p.shape, generator=generator) * 2 - 1).to(p) for p in params]
             for x, y in batches:
-                try:
-                    loss = loss_fn(model(x), y) / len(batches)
+                loss = loss_fn(model(x), y) / len(batches)
+                if not torch.isfinite(loss):
+                    raise ValueError(
+                        f"the loss on a calibration batch is {float(loss)}, not finite"
+                    )
+                try:  # the derivatives, not the forward: its errors are the model's
                     grads = torch.autograd.grad(loss, params, create_graph=True)
                     dot = torch.stack([(g * v).sum() for g, v in zip(grads, vs, strict=True)]).sum()
                     hvs = torch.autograd.grad(dot, params)
@@ -591,7 +596,11 @@ def hessian_traces(
                     ) from None
                 for i, (hv, v) in enumerate(zip(hvs, vs, strict=True)):
                     totals[i] += float((hv.double() * v.double()).sum())
-    return {name: total / samples for name, total in zip(weights, totals, strict=True)}
+    traces = {name: total / samples for name, total in zip(weights, totals, strict=True)}
+    for name, trace in traces.items():
+        if not math.isfinite(trace):
+            raise ValueError(f"the Hessian trace of {name!r} is {trace}, not finite")
+    return traces
 
 
 def check_method(
@@ -600,13 +609,15 @@ def check_method(
     batch: Batch,
     method: str = "loss",
     *,
+    pinned: Mapping[str, int] | None = None,
     include: str | Sequence[str] | None = None,
     exclude: str | Sequence[str] | None = None,
 ) -> None:
     """Refuse now, before any training is spent, a ``method`` :func:`allocate` could not run
     on ``model`` later: for ``"hessian"``, one Hessian-vector product on ``batch`` (one or two
-    examples are enough); ``"loss"`` needs only forward passes. Model, gradients, train/eval
-    flags and the global RNG are left as they were.
+    examples are enough) over the layers it would measure (those not ``pinned``: the
+    arguments as :func:`allocate`'s); ``"loss"`` needs only forward passes. Model, gradients,
+    train/eval flags and the global RNG are left as they were.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
@@ -620,11 +631,18 @@ def check_method(
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "hessian":
-        weights = dict(_select_targets(model, include, exclude))
-        hessian_traces(model, loss_fn, _materialized([batch], model), weights, samples=1)
+        targets = _select_targets(model, include, exclude)
+        fixed = _pinned_names([name for name, _ in targets], pinned)
+        weights = {name: weight for name, weight in targets if name not in fixed}
+        if weights:
+            hessian_traces(model, loss_fn, _materialized([batch], model), weights, samples=1)
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+def _pinned_names(names: Sequence[str], pinned: Mapping[str, int] | None) -> set[str]:
+    return {n for n in names if any(fnmatch.fnmatchcase(n, g) for g in (pinned or {}))}
 
 
 def _checked_choices(choices: Sequence[int]) -> tuple[int, ...]:

@@ -306,6 +306,19 @@ def test_a_model_without_second_derivatives_is_refused_for_hessian() -> None:
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     with pytest.raises(ValueError, match="method must be one of"):
         check_method(model, CE, batches()[0], "trace")
+    # pinned layers are not measured, so not tried: all pinned, nothing to differentiate
+    once = BackpropOnce(nn.Linear(4, 3))
+    assert allocate(once, CE, data, avg_bits=8.0, method="hessian", pinned={"*": 8}).bits == {
+        "model": 8
+    }
+    check_method(once, CE, data[0], "hessian", pinned={"*": 8})
+
+
+def test_a_non_finite_hessian_loss_is_named_as_such() -> None:
+    """Not as an unsolvable knapsack, nor as a model that cannot be differentiated twice."""
+    x, y = batches()[0]
+    with pytest.raises(ValueError, match=r"^the loss on a calibration batch is nan, not finite$"):
+        allocate(net(), CE, [(x * float("inf"), y)], avg_bits=8.0, method="hessian")
 
 
 def test_packed_budgets_see_nibbles_and_bytes() -> None:

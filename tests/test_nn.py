@@ -180,19 +180,21 @@ def test_per_channel_packed_model_equals_the_masked_one(tmp_path: Path) -> None:
         assert torch.equal(compiled(features), converted.fc(features))
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_a_packed_model_trains_its_float_parts(mixed, compiled: bool) -> None:
+@pytest.mark.parametrize(
+    "backend", [None, "aot_eager", pytest.param("inductor", marks=pytest.mark.slow)]
+)
+def test_a_packed_model_trains_its_float_parts(mixed, backend: str | None) -> None:
     """Issue 12: with grad enabled the shift modules failed ("no autograd formula"), eagerly and
     under torch.compile. Gradients flow through them to the input and to the float parameters
     (BatchNorm, the Conv1d's bias) and match the masked model's. (The shift modules hold their
     biases as buffers, and the masked model's quantized weights get no gradient; the ops' bias
-    gradient is checked in test_kernels_ops.py.) The missing formula was AOTAutograd's to find,
-    so ``aot_eager`` compiles here; inductor's lowering of the ops is checked below and in
-    test_compiled_converted_model, without its C++ build of a backward (15 s on a cold cache)."""
+    gradient is checked in test_kernels_ops.py.) The missing formula was AOTAutograd's to find:
+    ``aot_eager`` finds it without inductor's C++ build of a forward and a backward (15 s on a
+    cold cache), which the slow case adds."""
     path, model = mixed
     converted = convert_model(MixedNet(), load_packed(path)).train()
     model.train()
-    net = torch.compile(converted, backend="aot_eager") if compiled else converted
+    net = torch.compile(converted, backend=backend) if backend else converted
     x = torch.randn(4, 3, 7, 7, requires_grad=True)
     net(x).square().sum().backward()
     grad_x = x.grad.clone()

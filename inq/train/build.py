@@ -200,12 +200,12 @@ def compiled_graphs() -> int:
 
 def build_loaders(
     data: dict[str, Any], seed: int, env: Dist
-) -> tuple[DataLoader[Any], DataLoader[Any]]:
+) -> tuple[DataLoader[Any], DataLoader[Any], Dataset[Any]]:
     """The training loader (shuffled by ``seed``) and the validation loader of the data config
-    ``data``, each rank of ``env`` on its own shard."""
+    ``data``, each rank of ``env`` on its own shard, and the whole validation set."""
     train_set, val_set = build_datasets(data)
     train = build_train_loader(data, train_set, seed, env.rank, env.world_size)
-    return train, build_eval_loader(data, val_set, env.rank, env.world_size)
+    return train, build_eval_loader(data, val_set, env.rank, env.world_size), val_set
 
 
 def build_model(
@@ -274,13 +274,17 @@ def budget_error(cfg: Config, err: BudgetError) -> ConfigError:
     return ConfigError(key, str(err))
 
 
+_CHECK_OPTIONS = ("pinned", "include", "exclude")  # check_method's of allocation_options
+
+
 def check_auto_method(
     cfg: Config, model: nn.Module, examples: Dataset[Any], saved: Mapping[str, Any] | None
 ) -> None:
     """With ``inq.bits=auto`` and no allocation yet, refuse now, before the float phase
     writes anything, an ``inq.auto.method`` the allocation could not run on ``model`` (the
     Hessian's needs it differentiable twice): :func:`inq.allocate.check_method` on the first
-    of ``examples`` (the validation set: no loader, no random draw).
+    of ``examples`` (the whole validation set, the same example on every rank: no loader, no
+    random draw).
 
     Raises:
         ConfigError: naming ``inq.auto.method``.
@@ -292,9 +296,9 @@ def check_auto_method(
         return
     image, label = examples[0]
     batch = (image.unsqueeze(0), torch.as_tensor([label]))
+    options = {k: v for k, v in allocation_options(cfg).items() if k in _CHECK_OPTIONS}
     try:
-        check_method(model, cross_entropy, batch, method, include=cfg.inq.include,
-                     exclude=cfg.inq.exclude)  # fmt: skip
+        check_method(model, cross_entropy, batch, method, **options)
     except MethodError as err:
         raise ConfigError("inq.auto.method", f"{err}; the loss method runs forward only") from None
 

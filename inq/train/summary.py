@@ -40,7 +40,8 @@ def summarize(
     """The body of ``summary.json`` for a run of ``cfg`` whose ``phases`` are all done:
     ``history`` holds each phase's metrics (``portion``, ``pruned``, ``acc``, ...) and
     ``timings`` its seconds, from the end of the phase before (so ``allocate``, the seconds
-    ``inq.bits=auto`` took, are also the first stage's); ``prune_targets`` the pruned layers'
+    ``inq.bits=auto`` took, are also the next phase's, the first after ``float``);
+    ``prune_targets`` the pruned layers'
     target sparsities (empty: the run did not prune).
 
     Example:
