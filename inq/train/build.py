@@ -229,13 +229,17 @@ def build_model(
 
 
 def build_scheduler(
-    model: nn.Module, cfg: Config, saved: Mapping[str, Any] | None = None
+    model: nn.Module,
+    cfg: Config,
+    saved: Mapping[str, Any] | None = None,
+    examples: Dataset[Any] | None = None,
 ) -> INQScheduler:
     """The INQ scheduler of ``inq.*`` (one stage for the baselines) over ``model``'s targets.
 
     With ``inq.bits=auto``, every layer at the bits the run allocated (the ``allocate`` record
-    of ``saved``'s history, :mod:`inq.train.allocation`); before that, the budget checked and
-    the layers ``inq.layer_bits`` pins at their bits, the others at the largest choice.
+    of ``saved``'s history, :mod:`inq.train.allocation`); before that, the budget checked (and
+    with ``examples``, the method: :func:`check_auto_method`) and the layers
+    ``inq.layer_bits`` pins at their bits, the others at the largest choice.
 
     Raises:
         ConfigError: the target layers ``inq.include``, ``inq.exclude`` or ``inq.layer_bits``
@@ -246,6 +250,8 @@ def build_scheduler(
     record = (saved or {}).get("history", {}).get(ALLOCATE)
     try:
         bits, layer_bits = _scheduler_bits(model, cfg, record)
+        if examples is not None:
+            check_auto_method(cfg, model, examples, saved)
         return INQScheduler(
             model,
             bits=bits,

@@ -37,7 +37,6 @@ from inq.train.build import (
     build_optimizer,
     build_scheduler,
     check_amp,
-    check_auto_method,
     compile_errors,
     compiled,
     compiled_graphs,
@@ -75,14 +74,11 @@ class Trainer:
         self.cfg, self.out, self.env = cfg, out_dir, env
         seed_everything(cfg.trainer.seed)
         self.data = to_dict(cfg.data)
-        self._train_loader, self.val_loader, val_set = build_loaders(
-            self.data, cfg.trainer.seed, env
-        )
+        self._train_loader, self.val_loader, val = build_loaders(self.data, cfg.trainer.seed, env)
         self.model_info = {k: v for k, v in to_dict(cfg.model).items() if k != "checkpoint"}
         self.data_info = data_record(self.data)  # what the run's model files record
         self.model = build_model(cfg, self.model_info, env.device, fresh=saved is None)
-        self.sched = build_scheduler(self.model, cfg, saved)
-        check_auto_method(cfg, self.model, val_set, saved)
+        self.sched = build_scheduler(self.model, cfg, saved, examples=val)
         self.prune_targets = prune_targets(self.sched, cfg.prune) if cfg.prune.active else {}
         self._steps_per_epoch = batches_per_epoch(self._train_loader)
         self.phases = plan_phases(cfg)  # the weight phases
