@@ -4,6 +4,7 @@ two sensitivities, the budget's refusals, pinned layers and determinism."""
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from fractions import Fraction
 
@@ -29,6 +30,7 @@ from inq.allocate import (
 from inq.codes import pack_codes
 from inq.levels import select_n1
 from inq.pow2 import pow2_quantize, pow2_quantize_codes
+from inq.scheduler import _select_targets
 
 CE = nn.functional.cross_entropy
 
@@ -142,7 +144,85 @@ def test_the_loss_method_restores_the_model_bit_for_bit() -> None:
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert [m.training for m in model.modules()] == modes
+    assert all("forward" not in m.__dict__ for m in model.modules())  # the replay's wrappers
     assert set(allocation.bits) == {"0", "5", "7"}
+
+
+class TiedLate(nn.Module):
+    """A weight tied across two layers, its first name the one called last; a functional use
+    of another layer's weight before that layer runs; a leaf that calls a module it does not
+    own; an in-place ReLU after a kept output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late, self.early, self.fc = (nn.Linear(6, 6) for _ in range(3))
+        self.head = nn.Linear(6, 10)
+        self.early.weight = self.late.weight
+        self.act = nn.ReLU(inplace=True)
+        self.scale = Calls(nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.early(x.flatten(1)[:, :6]))
+        h = self.scale(h) + nn.functional.linear(h, self.fc.weight)  # fc's weight, fc not yet
+        h = self.act(self.late(h)) + self.fc(h)
+        return self.head(h)
+
+
+class Calls(nn.Module):
+    """A leaf module (its ``inner`` is hidden from ``children``) that calls another one."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = [inner]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * self.inner[0](x)
+
+
+def plain_loss_sensitivities(model: nn.Module, data, weights, choices) -> dict:
+    """The definition: a whole forward pass for each layer and bits."""
+    with torch.no_grad():
+        model.eval()
+
+        def mean_loss() -> float:
+            return math.fsum(float(CE(model(x), y)) for x, y in data) / len(data)
+
+        base, result = mean_loss(), {}
+        for name, w in weights.items():
+            saved, result[name] = w.clone(), {}
+            for bits in choices:
+                w.copy_(pow2_quantize(saved, select_n1(saved, bits), bits))
+                result[name][bits] = mean_loss() - base
+            w.copy_(saved)
+    return result
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 40_000, 2**30])
+@pytest.mark.parametrize("model_name", ["sequential", "resnet20", "tied"])
+def test_the_loss_method_reuses_activations_bit_for_bit(model_name: str, cache_bytes: int) -> None:
+    """The outputs kept from each batch's float forward stand in for the calls a snapped layer
+    cannot reach, whatever is kept (nothing, some, all): the same sensitivities as whole
+    forward passes, bit for bit (residual adds and in-place ReLUs, a tied weight first named by
+    the layer called last, a functional use of a weight, a leaf calling a module)."""
+    torch.manual_seed(2)
+    model = {
+        "sequential": lambda: net(bn=True),
+        "resnet20": lambda: inq.models.build_model(
+            {"name": "resnet20", "num_classes": 10, "in_channels": 1}
+        ),
+        "tied": TiedLate,
+    }[model_name]()
+    for module in model.modules():  # BatchNorm statistics other than 0 and 1
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+    data = batches() + batches(seed=3)
+    weights = dict(_select_targets(model, None, None))
+    choices = (2, 4, 8)
+    expected = plain_loss_sensitivities(model, data, weights, choices)
+    found = loss_sensitivities(model, CE, data, weights, choices, cache_bytes=cache_bytes)
+    assert found == expected
+    assert any(v != 0 for row in found.values() for v in row.values())
 
 
 def test_the_loss_sensitivity_is_the_loss_increase_of_one_snapped_layer() -> None:
