@@ -590,13 +590,16 @@ class _Replay:
         self.calls, self.start, self.kept_bytes, self.recording = 0, 0, 0, False
 
     def __enter__(self) -> _Replay:
+        self.own = [m.__dict__.get("forward") for m in self.leaves]  # a forward set on one
         for module in self.leaves:
             module.forward = self._wrapped(module, module.forward)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for module in self.leaves:
+        for module, own in zip(self.leaves, self.own, strict=True):
             del module.forward
+            if own is not None:
+                module.forward = own
 
     def record(self, x: torch.Tensor, weights: Iterable[torch.Tensor]) -> Any:
         self.kept, self.versions, self.callers, self.nested, self.first = [], [], [], [], {}

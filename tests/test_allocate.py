@@ -145,6 +145,9 @@ def test_the_loss_method_restores_the_model_bit_for_bit() -> None:
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert [m.training for m in model.modules()] == modes
     assert all("forward" not in m.__dict__ for m in model.modules())  # the replay's wrappers
+    own = model[7].forward = lambda x: x[:, :10]  # a forward set on the module stays
+    allocate(model, CE, batches(), avg_bits=6.0, choices=(2, 3, 5))
+    assert model[7].forward is own
     assert set(allocation.bits) == {"0", "5", "7"}
 
 
