@@ -329,8 +329,7 @@ def allocate(
         MethodError: (a ValueError) a model the Hessian method cannot differentiate twice
             (:func:`check_method` finds it before training).
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    _check_method_name(method)
     check_level_options(n1_rule, granularity)
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
@@ -563,18 +562,17 @@ def loss_sensitivities(
 
 
 class _Replay:
-    """Forward passes of ``model`` that take back the outputs of leaf-module calls a change
-    cannot reach. :meth:`record` runs the model, keeps each leaf call's tensor output (in call
-    order, until ``max_bytes``, and as much again in clones while it runs) and notes where each
-    of ``weights`` is first used (by any op: its layer, a layer it is tied to, a functional
-    use); :meth:`run` runs it again, the calls
-    before call ``start`` returning what was kept instead of computing. A call made before a
-    weight is first used cannot depend on it, so with only that weight changed, ``start =
-    first_use(weight)`` gives the output a full forward would, bit for bit. An output that the
-    recorded forward changed in place afterwards (an in-place ReLU) is kept as a clone taken
-    when it was returned, and handed out as a fresh clone each time; the others are kept as
-    they are, and :meth:`run` checks that nothing changed them. Leaf modules' ``forward`` is
-    wrapped inside the ``with`` block only.
+    """Forward passes of ``model`` that take back the outputs of leaf-module calls a change cannot
+    reach. :meth:`record` runs the model, keeps each leaf call's tensor output (in call order,
+    until ``max_bytes``, and as much again in clones while it runs) and notes where each of
+    ``weights`` is first used (by any op: its layer, a layer it is tied to, a functional use);
+    :meth:`run` runs it again, the calls before call ``start`` returning what was kept instead
+    of computing. A call made before a weight is first used cannot depend on it, so with only
+    that weight changed, ``start = first_use(weight)`` gives the output a full forward would,
+    bit for bit. An output that the recorded forward changed in place afterwards (an in-place
+    ReLU) is kept as a clone taken when it was returned, and handed out as a fresh clone each
+    time; the others are kept as they are, and :meth:`run` checks that nothing changed them.
+    Leaf modules' ``forward`` is wrapped inside the ``with`` block only.
     """
 
     def __init__(self, model: nn.Module, max_bytes: int) -> None:
@@ -586,7 +584,7 @@ class _Replay:
         self.nested: list[int] = []  # per call: the leaf calls made inside it
         self.running: list[int] = []  # the calls in progress, outermost first
         self.first: dict[int, int] = {}  # id(weight): its first use's call
-        self.clones: list[torch.Tensor | None] = []  # while recording: each kept output's
+        self.clones: list[torch.Tensor | None] = []  # while recording: the kept outputs'
         self.calls, self.start, self.kept_bytes, self.recording = 0, 0, 0, False
 
     def __enter__(self) -> _Replay:
@@ -768,8 +766,7 @@ def check_method(
         MethodError: (a ValueError) the method cannot run on the model.
         ValueError: an unknown method, or a glob that matches no layer.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    _check_method_name(method)
     if method == "hessian":
         targets = _select_targets(model, include, exclude)
         fixed = _pinned_names([name for name, _ in targets], pinned)
@@ -779,6 +776,11 @@ def check_method(
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+def _check_method_name(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
 
 def _pinned_names(names: Sequence[str], pinned: Mapping[str, int] | None) -> set[str]:

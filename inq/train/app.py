@@ -54,12 +54,13 @@ from inq.quant.pipeline import QuantSettings
 from inq.runfiles import INTEGER, MASKED, PACKED
 from inq.scheduler import INQScheduler
 from inq.train.allocation import allocation_phase
+from inq.train.build import allocation_of
 from inq.train.checkpoint import load_checkpoint, resumed_config
 from inq.train.config import AUTO, Config, check_given, composition_error, register, validate
 from inq.train.distributed import Dist, setup, teardown
 from inq.train.integer import integer_phase
 from inq.train.loop import Trainer
-from inq.train.phases import ALLOCATE, Phase
+from inq.train.phases import Phase
 from inq.train.rundir import (
     RECORDED_CONFIG,
     RunStopped,
@@ -228,7 +229,7 @@ def _check_calibration_kept(
     with, so that they come out as the uninterrupted run's: ``data.eval_batch_size`` (the
     calibration batches' size) is refused; another ``trainer.device`` (other float rounding,
     rarely other bits) is allowed, with a warning."""
-    if cfg.inq.bits != AUTO or ALLOCATE in saved.get("history", {}):
+    if cfg.inq.bits != AUTO or allocation_of(saved) is not None:
         return
     if "data.eval_batch_size" in changes:
         old, _ = changes["data.eval_batch_size"]

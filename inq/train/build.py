@@ -38,6 +38,7 @@ from inq.train.phases import ALLOCATE
 
 __all__ = [
     "NORM_TYPES",
+    "allocation_of",
     "allocation_options",
     "bias_norm_parameters",
     "budget_error",
@@ -247,11 +248,11 @@ def build_scheduler(
             allocation meets ``inq.budget``.
     """
     inq = cfg.inq
-    record = (saved or {}).get("history", {}).get(ALLOCATE)
+    record = allocation_of(saved)
     try:
         bits, layer_bits = _scheduler_bits(model, cfg, record)
-        if examples is not None:
-            check_auto_method(cfg, model, examples, saved)
+        if examples is not None and record is None and inq.bits == AUTO:
+            check_auto_method(cfg, model, examples)
         return INQScheduler(
             model,
             bits=bits,
@@ -272,6 +273,12 @@ def build_scheduler(
         raise budget_error(cfg, err) from None
 
 
+def allocation_of(saved: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The ``inq.bits=auto`` allocation a checkpoint ``saved`` records (None: not made yet)."""
+    record: dict[str, Any] | None = (saved or {}).get("history", {}).get(ALLOCATE)
+    return record
+
+
 def budget_error(cfg: Config, err: BudgetError) -> ConfigError:
     """``err`` as the one-line error of the key it concerns: ``inq.layer_bits`` for pinned
     layers over the budget, else the budget key given."""
@@ -283,10 +290,8 @@ def budget_error(cfg: Config, err: BudgetError) -> ConfigError:
 _CHECK_OPTIONS = ("pinned", "include", "exclude")  # check_method's of allocation_options
 
 
-def check_auto_method(
-    cfg: Config, model: nn.Module, examples: Dataset[Any], saved: Mapping[str, Any] | None
-) -> None:
-    """With ``inq.bits=auto`` and no allocation yet, refuse now, before the float phase
+def check_auto_method(cfg: Config, model: nn.Module, examples: Dataset[Any]) -> None:
+    """For ``inq.bits=auto`` with no allocation yet, refuse now, before the float phase
     writes anything, an ``inq.auto.method`` the allocation could not run on ``model`` (the
     Hessian's needs it differentiable twice): :func:`inq.allocate.check_method` on the first
     of ``examples`` (the whole validation set, the same example on every rank: no loader, no
@@ -295,8 +300,6 @@ def check_auto_method(
     Raises:
         ConfigError: naming ``inq.auto.method``.
     """
-    if cfg.inq.bits != AUTO or ALLOCATE in (saved or {}).get("history", {}):
-        return
     method = cfg.inq.auto.method.name
     if method == "loss":  # forward passes only: training would fail first
         return
