@@ -21,6 +21,7 @@ from torch.nn.functional import cross_entropy
 
 from inq.allocate import loss_sensitivities
 from inq.data import calibration_loader
+from inq.fileio import atomic_path
 from inq.models import build_model
 from inq.scheduler import INQScheduler
 from inq.train.checkpoint import load_float_weights
@@ -53,7 +54,8 @@ def main() -> None:
     print(f"loss sensitivities of {len(weights)} layers x {len(args.choices)} choices on "
           f"{args.batches} batches of {args.eval_batch_size}: {seconds:.1f} s")  # fmt: skip
     if args.out is not None:
-        args.out.write_text(json.dumps(found, sort_keys=True) + "\n")
+        with atomic_path(args.out) as tmp:
+            tmp.write_text(json.dumps(found, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":
