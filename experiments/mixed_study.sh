@@ -7,7 +7,7 @@
 #       OUT_DIR  default runs/mixed_<CONFIG>; finished runs are skipped, stopped ones resumed
 #       SEEDS    default 0,1,2
 #   RECORD=FILE experiments/mixed_study.sh ...  # keep the finished runs there instead
-#   JOBS=2 experiments/mixed_study.sh ...   # that many seeds at once (one CPU thread each)
+#   JOBS=2 experiments/mixed_study.sh ...   # that many runs at once (one CPU thread each)
 #
 # Per seed: the float model once (the 5-bit one-shot job writes it), then, each from that float
 # checkpoint with distillation from it (weight 0.5, T 4, as the README recommends) and the
@@ -16,6 +16,7 @@
 #   inq.bits=auto with each sensitivity method (loss, hessian) at 2.5, 3.0 and 4.0 average bits
 #   and at the ends rule's size, sizes counted nominally (b bits a weight, inq.auto.size=nominal,
 #   so that 2 and 3 bits differ), choices 2, 3, 4, 5, 8.
+# The float models run first; then all seeds' low-bit jobs form one queue, job by job.
 # Each finished run is also kept in the tracked experiments/mixed_<CONFIG>_runs.json
 # (experiments/study_record.py): on a fresh machine, whose OUT_DIR is empty, the recorded runs are
 # skipped, and only the float models are trained again (checked to come out the same).
@@ -41,21 +42,23 @@ job() {  # job SEED NAME OVERRIDES...: train, then keep the finished run in the 
   train "$@" && python experiments/study_record.py save "$out" "$record" >/dev/null
 }
 
-one_seed() {
-  local seed=$1 bits method budget
-  job "$seed" float inq.method=oneshot inq.bits=5
-  local from_float=("model.checkpoint=$out/float/seed$seed/checkpoints/float.pt" trainer.float_epochs=0)
-  for bits in 2 3 4; do
-    job "$seed" "uniform$bits" "${common[@]}" "inq.bits=$bits" "${from_float[@]}"
-  done
-  job "$seed" ends2 "${common[@]}" inq.bits=2 "inq.layer_bits=${ends[$config]}" "${from_float[@]}"
-  for budget in 2.5 3.0 4.0 "$ends_bits"; do
-    for method in loss hessian; do
-      job "$seed" "auto_${method}_$budget" "${common[@]}" inq.bits=auto inq.auto.size=nominal \
-        "inq.budget.avg_bits=$budget" "inq.auto.method=$method" "${from_float[@]}"
-    done
-  done
-  echo "seed $seed done"
+float_model() {  # float_model SEED: the seed's float model (the 5-bit one-shot job writes it)
+  job "$1" float inq.method=oneshot inq.bits=5
+}
+
+lowbit() {  # lowbit SEED NAME: one low-bit job, from the seed's float model
+  local seed=$1 name=$2 settings method
+  case $name in
+    uniform*) settings=("inq.bits=${name#uniform}") ;;
+    ends2) settings=(inq.bits=2 "inq.layer_bits=${ends[$config]}") ;;
+    auto_*)
+      method=${name#auto_} method=${method%%_*}
+      settings=(inq.bits=auto inq.auto.size=nominal "inq.budget.avg_bits=${name##*_}"
+        "inq.auto.method=$method")
+      ;;
+  esac
+  job "$seed" "$name" "${common[@]}" "${settings[@]}" trainer.float_epochs=0 \
+    "model.checkpoint=$out/float/seed$seed/checkpoints/float.pt"
 }
 
 mkdir -p "$out"
@@ -63,6 +66,13 @@ python experiments/study_record.py restore "$record" "$out"
 start=$SECONDS
 echo "mixed-precision study $config (ends rule: $ends_bits bits), seeds $seeds," \
   "${JOBS:-1} at once -> $out"
-run_seeds one_seed "$seeds"
+run_seeds float_model "$seeds"
+names=(uniform2 uniform3 uniform4 ends2)
+for budget in 2.5 3.0 4.0 "$ends_bits"; do names+=("auto_loss_$budget" "auto_hessian_$budget"); done
+jobs_list=()
+for name in "${names[@]}"; do
+  for seed in ${seeds//,/ }; do jobs_list+=("$seed $name"); done
+done
+run_all lowbit "${jobs_list[@]}"
 echo "all jobs done in $((SECONDS - start)) s; runs in $out"
 python experiments/collect_mixed.py "$out" --name "$config"

@@ -1,17 +1,25 @@
-# Sourced by the study scripts: run_seeds FUNC SEEDS calls FUNC SEED for each seed of the
-# comma-separated SEEDS, JOBS (default 1) at once, and returns when all have finished (also
-# when one fails: no seed is left running); a failed seed fails the call. train SEED NAME
-# OVERRIDES... runs one inq-train of experiments/study_$config.yaml into $out/NAME/seedSEED
-# (the caller sets config and out), skipped when it finished, resumed when it was stopped.
-run_seeds() {
-  local func=$1 seeds=$2 pids=() seed pid failed=0
-  for seed in ${seeds//,/ }; do
+# Sourced by the study scripts: run_all FUNC ITEM... calls FUNC with each ITEM's words as its
+# arguments, JOBS (default 1) at once, and returns when all have finished (also when one fails:
+# nothing is left running); a failed call fails run_all. run_seeds FUNC SEEDS does the same for
+# each seed of the comma-separated SEEDS. train SEED NAME OVERRIDES... runs one inq-train of
+# experiments/study_$config.yaml into $out/NAME/seedSEED (the caller sets config and out),
+# skipped when it finished, resumed when it was stopped.
+run_all() {
+  local func=$1 pids=() item pid failed=0
+  shift
+  for item in "$@"; do
     while (($(jobs -rp | wc -l) >= ${JOBS:-1})); do wait -n || failed=1; done
-    "$func" "$seed" &
+    # shellcheck disable=SC2086  # an item is its words
+    "$func" $item &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
   return "$failed"
+}
+
+run_seeds() {
+  # shellcheck disable=SC2086
+  run_all "$1" ${2//,/ }
 }
 
 train() {  # train SEED NAME OVERRIDES...: one run into $out/NAME/seedSEED, skipped when done
