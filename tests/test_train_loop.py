@@ -72,17 +72,25 @@ def test_a_phase_is_trained_recorded_and_checkpointed(cfg: Config, tmp_path: Pat
     assert saved["history"] == trainer.history
 
 
+COMPILED = ("inq.cache_values=true", "trainer.compile=true")
+
+
 @pytest.mark.parametrize(
-    "options",
+    ("options", "backend"),
     [
-        (),
-        ("trainer.amp=bf16", "trainer.channels_last=true"),
-        ("inq.cache_values=true", "trainer.compile=true"),  # compiled on the CPU: inductor
+        ((), None),
+        (("trainer.amp=bf16", "trainer.channels_last=true"), None),
+        # graph capture and AOTAutograd's backward without inductor's C++ build (12 s on a cold
+        # cache), which the slow case adds
+        (COMPILED, "aot_eager"),
+        pytest.param(COMPILED, "inductor", marks=pytest.mark.slow),
     ],
 )
 def test_a_train_step_keeps_the_quantized_weights_exact(
-    options: tuple[str, ...], tmp_path: Path
+    options: tuple[str, ...], backend: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if backend:
+        monkeypatch.setattr("inq.train.build.COMPILE_BACKEND", backend)
     trainer = Trainer(tiny(*options), tmp_path, setup("cpu"), saved=None)
     phase = trainer.phases[1]
     trainer.quantize(phase.stage)  # stage 1 straight from the initial weights
