@@ -6,6 +6,7 @@ real run (one did: ``trainer.float_epochs`` beside ``model.checkpoint``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -66,11 +67,14 @@ def stand_in(tmp_path: Path) -> dict[str, str]:
 def test_every_job_passes_inq_trains_checks(
     script: str, jobs: int, stand_in: dict[str, str], tmp_path: Path
 ) -> None:
-    out = tmp_path / "study"
+    out, record = tmp_path / "study", tmp_path / "record.json"  # not the tracked record
     proc = subprocess.run(
         ["bash", str(ROOT / "experiments" / script), "fashion_mnist", str(out), "0"],
-        env=stand_in, capture_output=True, text=True, timeout=900, cwd=ROOT,
+        env={**stand_in, "RECORD": str(record)}, capture_output=True, text=True, timeout=900,
+        cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert len(list(out.glob("*/seed0/summary.json"))) == jobs
     assert (out / "RESULTS.md").is_file()  # the collector read them
+    if script == "mixed_study.sh":  # each finished job kept in the record
+        assert len(json.loads(record.read_text())) == jobs
