@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
 from types import SimpleNamespace
@@ -34,6 +35,7 @@ from inq.kernels.bench import (
     format_floor,
     format_int8_ops,
     format_table,
+    int8_gemm_shape,
     integer_op_times,
     quantized_resnet18,
     rotation_copies,
@@ -85,27 +87,44 @@ def test_integer_ops_are_timed_one_by_one_on_a_whole_runs_values(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each op runs alone (``step``) on the values one whole ``run`` computed, with the clean
-    flush and --extra-repeats; the table sums them against the graph's time."""
+    flush and --extra-repeats; a conv op also times cuBLASLt's int8 GEMM of its shape (padded
+    as ``torch._int_mm`` takes it); the table sums the ops against the graph's time."""
     stepped: list[tuple[str, float]] = []
+    conv = {"weight_shape": [4, 2, 3, 3], "groups": 1}  # K = 18: padded to 24
 
     class Program:
-        ops = (SimpleNamespace(name="input", op="input"), SimpleNamespace(name="c1", op="conv"))
+        ops = (
+            SimpleNamespace(name="input", op="input", attrs={}),
+            SimpleNamespace(name="c1", op="conv", attrs=conv),
+        )
 
         def run(self, x: Tensor) -> dict[str, Tensor]:
-            return {"input": x + 1, "c1": x + 2}
+            return {"input": x + 1, "c1": torch.zeros(2, 4, 5, 5, dtype=torch.int8)}
 
         def step(self, op: SimpleNamespace, values: dict[str, Tensor], x: Tensor) -> Tensor:
             stepped.append((op.name, float(values["input"])))
             return values[op.name]
 
+    products: list[tuple[int, ...]] = []
+
+    def timed(fn: Callable[[], Tensor], repeats: int, flush: object) -> float:
+        out = fn()
+        if isinstance(fn, partial) and fn.func is torch._int_mm:
+            products.append((*fn.args[0].shape, *fn.args[1].shape))
+            assert out.dtype == torch.int32 and fn.args[1].stride() == (1, 24)  # (N, K) rows
+            return 3.0 * repeats
+        return 2.0 * repeats
+
     harness = cpu_harness()
-    monkeypatch.setattr(bench, "time_cuda", lambda fn, repeats, flush: (fn(), 2.0 * repeats)[1])
+    monkeypatch.setattr(bench, "time_cuda", timed)
     times = integer_op_times(Program(), torch.tensor(1.0), harness)
-    assert times == [OpTime("input", "input", 6.0), OpTime("c1", "conv", 6.0)]  # 3 repeats
+    assert times == [OpTime("input", "input", 6.0), OpTime("c1", "conv", 6.0, (50, 24, 8), 9.0)]
+    assert products == [(50, 24, 24, 8)]  # M: 2 x 5 x 5 pixels; N: 4 channels padded to 8
     assert stepped == [("input", 2.0), ("c1", 2.0)]
     row = EndToEnd(32, 4, "fp16", 1.0, 2.0, 0.5, 0.25, 0.1, 0, times)
     table = format_int8_ops([row, EndToEnd(1, 4, "fp16", 1.0, 2.0, 0.5, 0.25)]).splitlines()
     assert len(table) == 2 + 2 + 1 and table[2].split()[-1] == "6.0"
+    assert table[3].split()[-3:] == ["9.0", "1.50x", "50x24x8"]
     assert table[-1].endswith("2 ops 12.0 us alone, 100.0 us as one graph")
     assert format_int8_ops([EndToEnd(1, 4, "fp16", 1.0, 2.0, 0.5, 0.25)]) == ""
 
@@ -312,3 +331,9 @@ def test_harnesses_and_tilings_on_the_gpu() -> None:
     tilings, chosen = bench.linear_tilings(x, packed, 4, n1, harness)
     assert tilings and chosen is not None and 0 <= chosen < len(tilings)
     assert all(t.kernel == "mma" and t.time_us > 0 for t in tilings)
+    # the int8 reference takes the padded shapes (cuBLASLt: M > 16, K and N multiples of 8)
+    conv1 = SimpleNamespace(op="conv", attrs={"weight_shape": [64, 3, 7, 7], "groups": 1})
+    fc = SimpleNamespace(op="linear", attrs={"in_features": 512})
+    for op, out in ((conv1, torch.empty(1, 64, 112, 112)), (fc, torch.empty(1, 1000))):
+        shape = int8_gemm_shape(op, out)
+        assert shape is not None and bench._time_int_mm(shape, x.device, harness) > 0

@@ -86,6 +86,7 @@ __all__ = [
     "add_bench_arguments",
     "bound",
     "format_int8_ops",
+    "int8_gemm_shape",
     "integer_op_times",
     "rotation_copies",
     "run_bench",
@@ -424,11 +425,49 @@ def _geometry(conv: nn.Conv2d) -> tuple[list[int], list[int], list[int], int]:
 
 @dataclass
 class OpTime:
-    """One op of the integer model timed alone (GPU microseconds, clean flush)."""
+    """One op of the integer model timed alone (GPU microseconds, clean flush), and for a conv
+    or linear op the int8 product of its shape on cuBLASLt (:func:`int8_gemm_shape`)."""
 
     name: str
     op: str
     time_us: float
+    gemm: tuple[int, int, int] | None = None  # (M, K, N) timed on cuBLASLt, padded
+    cublaslt_us: float | None = None  # torch._int_mm on that shape, clean flush
+
+
+def int8_gemm_shape(op: Any, out: Tensor) -> tuple[int, int, int] | None:
+    """``(M, K, N)`` of the int8 product a conv or linear op of the integer model computes (its
+    output ``out``), padded to what ``torch._int_mm`` takes on CUDA (M > 16: at least 32; K and
+    N multiples of 8); ``None`` for other ops and grouped convolutions. A conv is its implicit
+    GEMM: a row per output pixel, a column per output channel, ``K`` its taps' channels.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> conv1 = SimpleNamespace(op="conv", attrs={"weight_shape": [64, 3, 7, 7], "groups": 1})
+        >>> int8_gemm_shape(conv1, torch.empty(1, 64, 112, 112))  # K: 147 padded to 152
+        (12544, 152, 64)
+        >>> fc = SimpleNamespace(op="linear", attrs={"in_features": 512})
+        >>> int8_gemm_shape(fc, torch.empty(1, 1000))  # one row padded to 32
+        (32, 512, 1000)
+    """
+    a = op.attrs
+    if op.op == "conv" and a["groups"] == 1:
+        out_c, in_c, kh, kw = a["weight_shape"]
+        m, k, n = out.shape[0] * out.shape[2] * out.shape[3], in_c * kh * kw, out_c
+    elif op.op == "linear":
+        m, k, n = out.shape[0], a["in_features"], out.shape[1]
+    else:
+        return None
+    return max(m, 32), -(-k // 8) * 8, -(-n // 8) * 8
+
+
+def _time_int_mm(shape: tuple[int, int, int], device: torch.device, harness: Harness) -> float:
+    """``torch._int_mm`` (cuBLASLt's int8 GEMM, int32 out) of ``shape``, the weights ``(N, K)``
+    row-major as the kernels keep them (the "TN" form int8 GEMMs run fastest in)."""
+    m, k, n = shape
+    a = torch.randint(-128, 128, (m, k), dtype=torch.int8, device=device)
+    b = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=device).t()
+    return time_cuda(partial(torch._int_mm, a, b), harness.extra_repeats, harness.clean_flush)
 
 
 @dataclass
@@ -455,12 +494,19 @@ IntegerFactory = Callable[[nn.Module, int], tuple[nn.Module, nn.Module]]
 def integer_op_times(model: Any, x: Tensor, harness: Harness) -> list[OpTime]:
     """Each op of the integer model ``model`` (an ``inq.quant.integer.IntegerModel``: its
     ``ops``, ``run`` and ``step``) timed alone on ``x`` after a clean flush, its inputs the
-    values one whole run computed: what each layer costs, to add up against the graph."""
+    values one whole run computed: what each layer costs, to add up against the graph; beside
+    each conv and linear op, cuBLASLt's int8 GEMM of its shape (no im2col, no requantization:
+    what the vendor's int8 tensor-core product of the same MACs takes)."""
+    times = []
     with torch.inference_mode():
         values = model.run(x)
-        return [OpTime(op.name, op.op, time_cuda(partial(model.step, op, values, x),
-                                                  harness.extra_repeats, harness.clean_flush))
-                for op in model.ops]  # fmt: skip
+        for op in model.ops:
+            alone = time_cuda(partial(model.step, op, values, x), harness.extra_repeats,
+                              harness.clean_flush)  # fmt: skip
+            gemm = int8_gemm_shape(op, values[op.name])
+            reference = None if gemm is None else _time_int_mm(gemm, x.device, harness)
+            times.append(OpTime(op.name, op.op, alone, gemm, reference))
+    return times
 
 
 def quantized_resnet18(bits: int) -> nn.Module:
@@ -614,16 +660,22 @@ def format_end_to_end(results: list[EndToEnd]) -> str:
 
 
 def format_int8_ops(results: list[EndToEnd]) -> str:
-    """The integer model op by op (each timed alone), and their sum against the graph."""
+    """The integer model op by op (each timed alone; beside a conv or linear op, cuBLASLt's
+    int8 GEMM of its shape and our speed-up over it), and their sum against the graph."""
     rows = []
     for r in results:
-        rows += [f"{'int8 op (us)':<14}{r.batch:>6}{r.bits:>5}  {t.name:<28}{t.op:<10}"
-                 f"{t.time_us:>9.1f}" for t in r.int8_ops]  # fmt: skip
+        for t in r.int8_ops:
+            ref = ("" if t.cublaslt_us is None else
+                   f"{t.cublaslt_us:>11.1f}{t.cublaslt_us / t.time_us:>8.2f}x  "
+                   f"{'x'.join(map(str, t.gemm or ()))}")  # fmt: skip
+            rows.append(f"{'int8 op (us)':<14}{r.batch:>6}{r.bits:>5}  {t.name:<28}{t.op:<10}"
+                        f"{t.time_us:>9.1f}{ref}")  # fmt: skip
         if r.int8_ops and r.int8_graph_ms is not None:
             total, graph = sum(t.time_us for t in r.int8_ops), 1e3 * r.int8_graph_ms
             rows.append(f"{'int8 ops, sum':<14}{r.batch:>6}{r.bits:>5}  {len(r.int8_ops)} ops "
                         f"{total:.1f} us alone, {graph:.1f} us as one graph")  # fmt: skip
-    head = f"{'integer model':<14}{'batch':>6}{'bits':>5}  {'op':<28}{'kind':<10}{'us':>9}"
+    head = (f"{'integer model':<14}{'batch':>6}{'bits':>5}  {'op':<28}{'kind':<10}{'us':>9}"
+            f"{'cuBLASLt':>11}{'speedup':>9}  int8 GEMM MxKxN (padded)")  # fmt: skip
     return _table(head, rows) if rows else ""
 
 
