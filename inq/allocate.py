@@ -721,7 +721,7 @@ def hessian_traces(
                 loss = loss_fn(model(x), y) / len(batches)
                 if not torch.isfinite(loss):
                     raise ValueError(
-                        f"the loss on a calibration batch is {float(loss)}, not finite"
+                        f"the loss on a calibration batch is {float(loss.detach())}, not finite"
                     )
                 try:  # the derivatives, not the forward: its errors are the model's
                     grads = torch.autograd.grad(loss, params, create_graph=True)
