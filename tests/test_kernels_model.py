@@ -227,12 +227,12 @@ def test_a_convolution_record_keeps_its_shapes_and_launch() -> None:
 
 
 def test_a_convolution_launches_as_the_dispatcher_does() -> None:
-    """3 input channels keep the implicit GEMM on packed codes; wider convolutions take the
-    kernel layout, a chunk (128 columns of nibbles, 64 of bytes) an iteration, K split to fill
-    the SMs where the tiles are few."""
+    """3 input channels take the few-channels kernel (K = 147 whole, in 160 columns); wider
+    convolutions take the kernel layout, a chunk (128 columns of nibbles, 64 of bytes) an
+    iteration, K split to fill the SMs where the tiles are few."""
     first = conv_tiling(ConvCase((1, 3, 224, 224), (64, 3, 7, 7), (1, 64, 112, 112)), 4, 132)
     assert (first.variant, first.block_k, first.split_k, first.padded) == (
-        "conv implicit gemm 128x64x32", 32, 1, False
+        "conv few channels 128x64x160", 160, 1, False
     )  # fmt: skip
     depthwise = ConvCase((1, 1, 8, 8), (4, 1, 3, 3), (1, 4, 6, 6))
     with pytest.raises(ValueError, match="no depthwise convolution"):
@@ -240,6 +240,25 @@ def test_a_convolution_launches_as_the_dispatcher_does() -> None:
     last = ConvCase((1, 512, 7, 7), (512, 512, 3, 3), (1, 512, 7, 7))
     assert conv_tiling(last, 4, 132).name == "64x128/9"
     assert (conv_tiling(last, 8, 132).block_k, conv_tiling(last, 8, 132).split_k) == (64, 18)
+
+
+def test_the_few_channels_terms_by_hand() -> None:
+    """ResNet's first conv at batch 32: 32 x 14 x 7 tiles of 8 x 16 pixels, one program an SM
+    walking 24 of them (the busiest SM), a 128 x 64 x 160 MMA each; the padding copy is the
+    second pass; fewer loop instructions are never slower."""
+    case = ConvCase((32, 3, 224, 224), (64, 3, 7, 7), (32, 64, 112, 112))
+    fig = Figures(8, 1, 1, 759, 0, True)
+    tiling = conv_tiling(case, 4, H200.sms)
+    p = predict_conv(case, 4, tiling, fig)
+    assert (p.ctas, p.rounds, p.resident, p.bound) == (132, 1, 1, "compute")
+    padded = 2 * 32 * 3 * 230 * 230
+    assert p.dram_bytes == padded + 2 * 32 * 112 * 112 * 64 + 64 * 74  # 147 nibbles a row
+    tile = (8 * 759 * H200.issue_cycles / 4 + 128 * 64 * 160 / H200.mma_per_clock) / 1830
+    assert p.kernel_us == pytest.approx(
+        2 * H200.latency_us + 24 * tile + 2 * 32 * 112 * 112 * 64 / H200.copy_gbps / 1e3
+    )  # fmt: skip
+    assert p.reduce_us > H200.launch_gap_us  # the padding copy
+    assert predict_conv(case, 4, tiling, replace(fig, loop_instructions=600)).total_us < p.total_us
 
 
 def test_the_convolution_terms_by_hand() -> None:

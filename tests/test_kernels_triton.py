@@ -670,6 +670,54 @@ def test_shift_conv2d_split_k(dtype: torch.dtype, bits: int) -> None:
     assert_close_fp32_sum(y.cpu(), x, w, ref, k, k_splits(chunks, 1, 132), conv)
 
 
+# (N, H, W, kernel, stride, padding, dilation, K parts, pixel tile, tiles): a first conv's
+# 7x7 stride-2 geometry (K = 147: 128 + 32; the tiles ragged in width), and 3x3 taps dilated
+# on an output the tiles cover exactly (K = 27: 16 + 16)
+FEW_CHANNEL_CASES = [
+    (3, 15, 13, 7, 2, 3, 1, (128, 32), (4, 8), 3 * 2 * 1),
+    (2, 10, 16, 3, 1, 2, 2, (16, 16), (2, 16), 2 * 5 * 1),
+]
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize(("dtype", "bits"), [(torch.float16, 4), (torch.bfloat16, 7)])
+@pytest.mark.parametrize("case", FEW_CHANNEL_CASES)
+def test_shift_conv2d_few_channels_walks_its_pixel_tiles(
+    monkeypatch, case, dtype: torch.dtype, bits: int, channels_last: bool
+) -> None:
+    """The few-channels kernel (3 input channels) on one nominal SM: its program walks
+    several pixel tiles, the next tile's inputs loaded while one computes, with 70 output
+    channels in two tiles (the second ragged), per-row n1 and a bias."""
+    from inq.kernels.triton import conv
+
+    n, h, wd, taps, stride, padding, dilation, parts, block, tiles = case
+    shape, args = [70, 3, taps, taps], ([stride] * 2, [padding] * 2, [dilation] * 2, 1)
+    k = math.prod(shape[1:])
+    packed = pack_codes(random_codes(70, k, bits, seed=7), bits)
+    n1 = torch.arange(70, dtype=torch.int32) % 4 - 1
+    w = torch.cat([decode_weight(packed[i : i + 1], bits, int(n1[i]), (1, *shape[1:]), dtype)
+                   for i in range(70)]).double()  # fmt: skip
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(n, 3, h, wd, generator=gen).to(dtype)
+    bias = torch.randn(70, generator=gen).to(dtype)
+    oh, ow = ops.conv2d_output_size((h, wd), shape, *args[:3])
+    cfg = conv.conv_config(n * oh * ow, 70, 3, taps * taps)
+    assert (cfg.kernel, conv.k_parts(k)) == ("few_channels", parts)
+    assert conv.pixel_block(cfg.block_m, ow) == block
+    assert n * -(-oh // block[0]) * -(-ow // block[1]) == tiles
+    monkeypatch.setattr(conv, "sm_count", lambda device: 1)  # so fewer programs than tiles
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    xd = x.to(DEVICE, memory_format=layout)
+    ref = F.conv2d(x.double(), w, bias.double(), *args)
+    out, check = guarded(tuple(ref.shape), dtype, channels_last=channels_last)
+    y = conv.shift_conv2d(xd, packed.to(DEVICE), bits, n1.to(DEVICE), shape, bias.to(DEVICE),
+                          *args, out=out)  # fmt: skip
+    check()
+    assert y.is_contiguous(memory_format=ops.output_format(xd))
+    conv2d = lambda a, b: F.conv2d(a, b, None, *args)  # noqa: E731
+    assert_close_fp32_sum(y.cpu(), x, w, ref, k, 1, conv2d)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_shift_conv2d_unbatched_per_row_n1_and_errors(dtype: torch.dtype) -> None:
     """Per-row n1 and unbatched input on each path (fp16/bf16: the tensor-core kernel on the

@@ -231,7 +231,7 @@ class Launch:
     stored: int  # bytes all CTAs store (outputs or partial sums)
     dram: int  # bytes the kernel must move
     read: int  # bytes it reads from DRAM (what a dirty L2 writes back for)
-    reduce: int  # bytes of the split-K pass after it (0: none)
+    reduce: int  # bytes of a second pass (0: none): the split-K reduce, the input's padding
 
 
 def predict(launch: Launch, fig: Figures, device: Device = H200,
@@ -359,6 +359,9 @@ def conv_tiling(case: ConvCase, bits: int, sms: int) -> ConvTiling:
         m, n, split = grid.block_m, grid.block_n, grid.split
         return ConvTiling(f"conv mma {m}x{n}", m, n, chunk, split, True)
     cfg = conv_config(case.pixels, o, c, kh * kw)
+    if cfg.kernel == "few_channels":
+        name = f"conv few channels {cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
+        return ConvTiling(name, cfg.block_m, cfg.block_n, cfg.block_k, 1, False)
     if cfg.kernel != "implicit_gemm":
         raise ValueError(f"the time model has no {cfg.kernel} convolution ({case.weight_shape})")
     name = f"conv implicit gemm {cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
@@ -387,6 +390,8 @@ def predict_conv(
         >>> round(predict_conv(case, 4, tiling, fig).total_us)  # 48.4 us measured on the H200
         42
     """
+    if tiling.variant.startswith("conv few channels"):
+        return _predict_few_channels(case, bits, tiling, fig, device, harness)
     n, c, h, w = case.input_shape
     o, _, kh, kw = case.weight_shape
     pixels, step = case.pixels, tiling.block_k
@@ -410,6 +415,35 @@ def predict_conv(
         stored=tiles * split * tiling.block_m * tiling.block_n * (4 if split > 1 else 2),
         dram=read + output + 2 * partial, read=read,
         reduce=partial + output if split > 1 else 0,
+    )  # fmt: skip
+    return predict(launch, fig, device, harness)
+
+
+def _predict_few_channels(
+    case: ConvCase, bits: int, tiling: ConvTiling, fig: Figures, device: Device, harness: Harness
+) -> Prediction:  # fmt: skip
+    """:func:`predict_conv` for the few-channels kernel: a main-loop iteration is a pixel tile
+    (its whole K, the weights decoded before the loop), one program an SM walking them; the
+    input's padding copy (``F.pad``) is a pass before it."""
+    from inq.kernels.triton.conv import FEW_CHANNELS_PROGRAMS, pixel_block
+
+    n, c, h, w = case.input_shape
+    o, _, kh, kw = case.weight_shape
+    _, _, oh, ow = case.output_shape
+    block_h, block_w = pixel_block(tiling.block_m, ow)
+    tiles = n * -(-oh // block_h) * -(-ow // block_w)
+    programs = min(tiles, device.sms * FEW_CHANNELS_PROGRAMS)
+    out_tiles = -(-o // tiling.block_n)
+    # the padded input (the case has no padding: "same" padding, kh - 1 rows, is close)
+    pad_bytes = 2 * n * c * (h + kh - 1) * (w + kw - 1)
+    codes = o * -(-c * kh * kw * code_width(bits) // 8)
+    output = 2 * case.pixels * o
+    launch = Launch(
+        tiling.name, programs * out_tiles, -(-tiles // programs), weight_bytes=0, sharers=1,
+        act_bytes=block_h * block_w * tiling.block_k * 2,
+        macs=block_h * block_w * tiling.block_n * tiling.block_k,
+        mma_per_clock=device.mma_per_clock, stored=output, dram=pad_bytes + output + codes,
+        read=pad_bytes + codes, reduce=2 * n * c * h * w + pad_bytes,
     )  # fmt: skip
     return predict(launch, fig, device, harness)
 

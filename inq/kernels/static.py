@@ -189,7 +189,7 @@ class CompiledVariant:
 def variants() -> list[Variant]:
     """Every kernel variant the launchers pick (see ``linear_config`` and ``conv_config``)."""
     from inq.kernels.triton import int8
-    from inq.kernels.triton.conv import conv_config
+    from inq.kernels.triton.conv import conv_config, k_parts, pixel_block
     from inq.kernels.triton.linear import linear_config
 
     out: list[Variant] = swar_variants()
@@ -239,6 +239,18 @@ def variants() -> list[Variant]:
                 kernel = "_implicit_gemm_kernel"
                 work = _work(cfg.block_m, cfg.block_n, cfg.block_k)
                 out.append(Variant(name, "conv", kernel, dtype, cx, *launch, False, mma, **work))
+        if mma:  # ResNet's 7x7 first convolution: 3 channels, K = 147, at batch 32
+            cfg = conv_config(32 * 112 * 112, 64, 3, 49)
+            k_low, k_high = k_parts(3 * 49)
+            block_h, block_w = pixel_block(cfg.block_m, 112)
+            even = 112 % block_h == 0 == 112 % block_w
+            cx = flags | {"KH": 7, "KW": 7, "UPCAST": False, "BLOCK_H": block_h,
+                          "BLOCK_W": block_w, "BLOCK_N": cfg.block_n, "K_LOW": k_low,
+                          "K_HIGH": k_high, "EVEN": even}  # fmt: skip
+            name = f"conv few channels {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{suffix}"
+            macs = cfg.block_m * cfg.block_n * cfg.block_k  # a pixel tile; the decode is before
+            out.append(Variant(name, "conv", "_few_channels_kernel", dtype, cx, cfg.num_warps,
+                               cfg.num_stages, False, True, loop_macs=macs))  # fmt: skip
     out += conv_mma_variants()
     out += imma_variants()
     # the integer model's elementwise ops (one pass each; memory-bound, no budget)
@@ -739,9 +751,9 @@ def format_static(results: list[CompiledVariant]) -> str:
 
 def figures(results: list[CompiledVariant]) -> dict[tuple[str, int], Figures]:
     """The model's figures of the compiled fp16 variants it times, by name and bits: the
-    tensor-core linear kernel and both convolution kernels."""
+    tensor-core linear kernel and the three convolution kernels."""
     timed = {("swar", "_mma_kernel"), ("conv_mma", "_conv_mma_kernel"),
-             ("conv", "_implicit_gemm_kernel")}  # fmt: skip
+             ("conv", "_implicit_gemm_kernel"), ("conv", "_few_channels_kernel")}  # fmt: skip
     return {(r.variant.name, r.variant.constexprs["BITS"]): Figures.from_record(r.record())
             for r in results
             if (r.variant.module, r.variant.kernel) in timed

@@ -2,11 +2,17 @@
 
 - fp16/bf16, ``groups=1``, at least half a chunk of channels: the tensor-core kernel on the
   kernel layout (:mod:`inq.kernels.triton.conv_mma`).
-- :func:`_implicit_gemm_kernel` (everything else but depthwise: fp32 with IEEE products, first
-  convolutions, grouped convolutions): the convolution as a GEMM of output pixels (``N*OH*OW``)
-  by output channels over ``K = Cin/groups * kh * kw``; each step gathers an activation tile
-  (stride, padding, dilation; any strides, so NCHW and channels_last alike), decodes a code
-  tile in registers and multiplies with fp32 accumulation. Groups are a grid dimension.
+- :func:`_few_channels_kernel`: fp16/bf16, ``groups=1``, a whole K of at most
+  :data:`FEW_CHANNELS_K` columns (a network's first convolution, e.g. 3 x 7 x 7 = 147): the
+  weights decoded once a program and kept, persistent programs walking 2-d pixel tiles of the
+  input padded beforehand (``F.pad``), so no per-pixel division or bounds check, the next
+  tile's inputs loaded while the MMAs run.
+- :func:`_implicit_gemm_kernel` (everything else but depthwise: fp32 with IEEE products,
+  grouped convolutions, a few channels over many taps): the convolution as a GEMM of output
+  pixels (``N*OH*OW``) by output channels over ``K = Cin/groups * kh * kw``; each step gathers
+  an activation tile (stride, padding, dilation; any strides, so NCHW and channels_last
+  alike), decodes a code tile in registers and multiplies with fp32 accumulation. Groups are a
+  grid dimension.
 - :func:`_depthwise_kernel`: one input channel per group (depthwise, channel multiplier too),
   where a GEMM would waste the tensor cores: a direct loop over the filter taps on CUDA cores.
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -38,20 +45,30 @@ from inq.kernels.triton.decode import (
     load_codes,
     n1_args,
     output_tensor,
+    sm_count,
 )
 from inq.kernels.triton.geometry import conv_tile, pixel_origins
 
 __all__ = [
+    "FEW_CHANNELS_K",
+    "FEW_CHANNELS_PROGRAMS",
     "ConvConfig",
     "conv_config",
     "gather_patches",
+    "k_parts",
+    "patch_columns",
+    "pixel_block",
     "shift_conv2d",
 ]
 
 
+FEW_CHANNELS_K = 256  # K columns the few-channels kernel holds whole (decoded once a program)
+FEW_CHANNELS_PROGRAMS = 1  # its programs an SM, each walking pixel tiles (sm_90 check: 1 fits)
+
+
 @dataclass(frozen=True)
 class ConvConfig:
-    """Tiles of one launch: ``kernel`` is "implicit_gemm" or "depthwise"."""
+    """Tiles of one launch: ``kernel`` is "implicit_gemm", "few_channels" or "depthwise"."""
 
     kernel: str
     block_m: int  # output pixels
@@ -62,6 +79,17 @@ class ConvConfig:
 
 
 @triton.jit
+def patch_columns(rk, K, sxc, sxh, sxw, dil_h, dil_w, KH: tl.constexpr, KW: tl.constexpr):
+    """For the K columns ``rk`` in the packed row order (channel, tap row, tap column): each
+    column's input row and column offsets from a pixel's first tap, its address offset, and
+    whether it lies inside ``K``. Index math per column, not per element."""
+    c = rk // (KH * KW)
+    dh = (rk // KW) % KH * dil_h
+    dw = rk % KW * dil_w
+    return dh, dw, c * sxc + dh * sxh + dw * sxw, rk < K
+
+
+@triton.jit
 def gather_patches(
     x_base, ih0, iw0, p_ok, rk, K, H, W, sxc, sxh, sxw, dil_h, dil_w,
     KH: tl.constexpr, KW: tl.constexpr,
@@ -69,14 +97,12 @@ def gather_patches(
     """The activation tile ``[pixels, rk]`` of an implicit GEMM: for each output pixel (input
     corner ``ih0, iw0``, images at ``x_base``) the inputs of taps ``rk`` in the packed row order
     (channel, tap row, tap column); 0 in the padding and past ``K``."""
-    c = rk // (KH * KW)
-    r = (rk // KW) % KH
-    s = rk % KW
-    ih = ih0[:, None] + (r * dil_h)[None, :]
-    iw = iw0[:, None] + (s * dil_w)[None, :]
-    ok = p_ok[:, None] & (rk < K)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-    offsets = (c * sxc)[None, :] + ih * sxh + iw * sxw
-    return tl.load(x_base[:, None] + offsets, mask=ok, other=0)
+    dh, dw, offset, k_ok = patch_columns(rk, K, sxc, sxh, sxw, dil_h, dil_w, KH, KW)
+    corner = x_base + ih0 * sxh + iw0 * sxw
+    # 0 <= ih < H as one unsigned compare (a negative ih wraps above H)
+    ok = (p_ok[:, None] & k_ok[None, :] & ((ih0[:, None] + dh[None, :]).to(tl.uint32) < H)
+          & ((iw0[:, None] + dw[None, :]).to(tl.uint32) < W))  # fmt: skip
+    return tl.load(corner[:, None] + offset[None, :], mask=ok, other=0)
 
 
 @triton.jit
@@ -111,6 +137,96 @@ def _implicit_gemm_kernel(
         acc = dot(xt, tl.trans(w), acc, UPCAST, IEEE)
     _store_output(acc, n, oh * OW + ow, oc, p_ok, n_ok, bias_ptr, out_ptr, COUT, OH * OW, HAS_BIAS,
                   CHANNELS_LAST)  # fmt: skip
+
+
+@triton.jit
+def _few_channels_kernel(
+    x_ptr, codes_ptr, n1_ptr, n1, bias_ptr, out_ptr,
+    NB, OH, OW, COUT, K, stride_h, stride_w, dil_h, dil_w, sxn, sxc, sxh, sxw, row_stride,
+    KH: tl.constexpr, KW: tl.constexpr,
+    BITS: tl.constexpr, WIDTH: tl.constexpr, MIN_EXP: tl.constexpr,
+    PER_ROW_N1: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr,
+    K_LOW: tl.constexpr, K_HIGH: tl.constexpr, EVEN: tl.constexpr, CHANNELS_LAST: tl.constexpr,
+):  # fmt: skip
+    """The whole K of a convolution with few input channels (a network's first) in one or two
+    MMAs, on an input padded beforehand (every tap of an output pixel lies in it): each program
+    decodes its output channels' weights once, keeps them, and walks tiles of
+    ``BLOCK_H x BLOCK_W`` output pixels of one image, ``program_id(0)``, ``+ num_programs(0)``,
+    ...; K is ``K_LOW`` columns, then ``K_HIGH`` (0: none), powers of two. A tile lies in one
+    image and its pixel tile's sides are powers of two: no index math divides, and no bounds
+    are checked, per pixel (``EVEN``: the tiles cover the output exactly, so not even whether a
+    pixel exists)."""
+    oc = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = oc < COUT
+    if PER_ROW_N1:
+        n1 = tl.load(n1_ptr + oc, mask=n_ok, other=0)[:, None]
+    k_low = tl.arange(0, K_LOW)
+    w_low = decode(load_codes(codes_ptr, oc, k_low, row_stride, K, n_ok, WIDTH), n1, BITS, MIN_EXP)
+    if not UPCAST:
+        w_low = w_low.to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")  # exact
+    _, _, at_low, ok_low = patch_columns(k_low, K, sxc, sxh, sxw, dil_h, dil_w, KH, KW)
+    if K_HIGH:
+        k_high = K_LOW + tl.arange(0, K_HIGH)
+        w_high = decode(load_codes(codes_ptr, oc, k_high, row_stride, K, n_ok, WIDTH), n1, BITS,
+                        MIN_EXP)  # fmt: skip
+        if not UPCAST:
+            w_high = w_high.to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+        _, _, at_high, ok_high = patch_columns(k_high, K, sxc, sxh, sxw, dil_h, dil_w, KH, KW)
+    if HAS_BIAS:  # once, not per tile (a load in the loop could alias the stores)
+        bias = tl.load(bias_ptr + oc, mask=n_ok, other=0.0).to(tl.float32)
+    tiles_w = tl.cdiv(OW, BLOCK_W)
+    tiles = NB * tl.cdiv(OH, BLOCK_H) * tiles_w
+    step = tl.num_programs(0)
+    # software-pipelined: the next tile's inputs are in flight while this one's MMA runs
+    n, pixel, p_ok, corner = _pixel_tile(
+        tl.program_id(0), tiles, tiles_w, OH, OW, stride_h, stride_w, sxn, sxh, sxw,
+        BLOCK_H, BLOCK_W, EVEN,
+    )  # fmt: skip
+    x_low = _columns(x_ptr, corner, p_ok, at_low, ok_low)
+    if K_HIGH:
+        x_high = _columns(x_ptr, corner, p_ok, at_high, ok_high)
+    for tile in range(tl.program_id(0), tiles, step):
+        acc = dot(x_low, tl.trans(w_low), tl.zeros([BLOCK_H * BLOCK_W, BLOCK_N], tl.float32),
+                  UPCAST, False)  # fmt: skip
+        if K_HIGH:
+            acc = dot(x_high, tl.trans(w_high), acc, UPCAST, False)
+        next_n, next_pixel, next_ok, corner = _pixel_tile(tile + step, tiles, tiles_w, OH, OW,
+                                                          stride_h, stride_w, sxn, sxh, sxw,
+                                                          BLOCK_H, BLOCK_W, EVEN)  # fmt: skip
+        x_low = _columns(x_ptr, corner, next_ok, at_low, ok_low)
+        if K_HIGH:
+            x_high = _columns(x_ptr, corner, next_ok, at_high, ok_high)
+        if HAS_BIAS:
+            acc += bias[None, :]
+        _store_output(acc, n, pixel, oc, p_ok, n_ok, bias_ptr, out_ptr, COUT, OH * OW, False,
+                      CHANNELS_LAST)  # fmt: skip
+        n, pixel, p_ok = next_n, next_pixel, next_ok
+
+
+@triton.jit
+def _columns(x_ptr, corner, p_ok, offset, k_ok):
+    """Inputs ``[pixels, columns]`` at ``corner + offset`` of the padded input (no bounds)."""
+    return tl.load(x_ptr + corner[:, None] + offset[None, :], mask=p_ok[:, None] & k_ok[None, :],
+                   other=0)  # fmt: skip
+
+
+@triton.jit
+def _pixel_tile(tile, tiles, tiles_w, OH, OW, stride_h, stride_w, sxn, sxh, sxw,
+                BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+    """Pixel tile ``tile`` of the few-channels kernel (none past ``tiles``): its image, its
+    pixels' index in the image, which exist, and where their first taps lie in the padded
+    input (each tile lies in one image: its image and corner are scalars)."""
+    within = tl.arange(0, BLOCK_H * BLOCK_W)
+    tiles_h = tl.cdiv(OH, BLOCK_H)
+    n = tile // (tiles_h * tiles_w)
+    oh = (tile // tiles_w) % tiles_h * BLOCK_H + within // BLOCK_W
+    ow = tile % tiles_w * BLOCK_W + within % BLOCK_W
+    p_ok = (within >= 0) & (tile < tiles)  # EVEN: the tiles cover the output exactly
+    if not EVEN:
+        p_ok = p_ok & (oh < OH) & (ow < OW)
+    corner = n * sxn + oh * stride_h * sxh + ow * stride_w * sxw
+    return n, oh * OW + ow, p_ok, corner
 
 
 @triton.jit
@@ -170,24 +286,57 @@ def _store_output(acc, n, pixel, oc, p_ok, c_ok, bias_ptr, out_ptr, COUT, PIXELS
 
 
 def conv_config(
-    pixels: int, out_per_group: int, in_per_group: int, taps: int, fp32: bool = False
-) -> ConvConfig:
+    pixels: int, out_per_group: int, in_per_group: int, taps: int, fp32: bool = False,
+    groups: int = 1,
+) -> ConvConfig:  # fmt: skip
     """The kernel and tiles for a convolution with ``pixels = N*OH*OW`` outputs per channel
     (``fp32``: IEEE products on CUDA cores, smaller tiles; sizes from the sm_90 static check).
+    An fp16/bf16 ``groups=1`` convolution whose whole K fits :data:`FEW_CHANNELS_K` columns (a
+    network's first) takes the few-channels kernel; ``block_k`` is then its padded K.
 
     Example:
         >>> conv_config(12544, 64, 64, 9)
         ConvConfig(kernel='implicit_gemm', block_m=128, block_n=64, block_k=32, num_warps=8, num_stages=3)
+        >>> conv_config(401408, 64, 3, 49)  # ResNet's 7x7 first convolution at batch 32
+        ConvConfig(kernel='few_channels', block_m=128, block_n=64, block_k=160, num_warps=8, num_stages=1)
     """  # noqa: E501
     if in_per_group == 1:
         return ConvConfig("depthwise", 64, 32, 0, 8, 1)
     block_m = 128 if pixels >= 4096 else 64 if pixels >= 512 else 32
     block_n = min(128 if block_m < 128 else 64, max(16, triton.next_power_of_2(out_per_group)))
+    if groups == 1 and not fp32 and in_per_group * taps <= FEW_CHANNELS_K:
+        block_n = min(block_n, 64)  # its weights stay in registers
+        return ConvConfig("few_channels", block_m, block_n, sum(k_parts(in_per_group * taps)),
+                          8 if block_m * block_n >= 128 * 64 else 4, 1)  # fmt: skip
     block_k = 16 if in_per_group * taps <= 16 else 32
     warps = 8 if block_m * block_n >= 128 * 64 else 4  # fewer threads spill (sm_90 check)
     if fp32:
         return ConvConfig("implicit_gemm", min(block_m, 64), min(block_n, 64), 16, 8, 2)
     return ConvConfig("implicit_gemm", block_m, block_n, block_k, warps, 3)
+
+
+def pixel_block(block_m: int, out_width: int) -> tuple[int, int]:
+    """The few-channels kernel's pixel tile, ``block_m`` pixels as rows x columns of one
+    image's output (up to 16 columns, at least 2 rows).
+
+    Example:
+        >>> pixel_block(128, 112), pixel_block(32, 5)
+        ((8, 16), (4, 8))
+    """
+    block_w = min(16, triton.next_power_of_2(out_width), block_m // 2)
+    return block_m // block_w, block_w
+
+
+def k_parts(k: int) -> tuple[int, int]:
+    """The few-channels kernel's ``K`` columns as two powers of two (``K_LOW``, ``K_HIGH``; 0:
+    none), each at least one MMA's depth (16).
+
+    Example:
+        >>> k_parts(147), k_parts(27), k_parts(9), k_parts(256)
+        ((128, 32), (16, 16), (16, 0), (256, 0))
+    """
+    low = max(16, 1 << (k.bit_length() - 1))
+    return low, 0 if low >= k else max(16, triton.next_power_of_2(k - low))
 
 
 def shift_conv2d(
@@ -248,16 +397,30 @@ def shift_conv2d(
     pixels = out.shape[0] * out.shape[2] * out.shape[3]
     b = None if bias is None else bias.to(x.dtype).contiguous()
     if out.numel():
-        cfg = conv_config(pixels, o // groups, cg, kh * kw, x.dtype == torch.float32)
-        args = (
-            batched, packed.contiguous(), n1_ptr, n1_value, out if b is None else b, out,
-            pixels, h, w, oh, ow, o,
-        )  # fmt: skip
+        cfg = conv_config(pixels, o // groups, cg, kh * kw, x.dtype == torch.float32, groups)
+        head = (batched, packed.contiguous(), n1_ptr, n1_value, out if b is None else b, out)
+        args = (*head, pixels, h, w, oh, ow, o)
         geometry = (*stride, *padding, *dilation, *batched.stride(), packed.stride(0))
         width, min_exp, has_bias = code_width(bits), MIN_EXP[x.dtype], b is not None
         launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         tiles_m = triton.cdiv(pixels, cfg.block_m)
-        if cfg.kernel == "depthwise":
+        if cfg.kernel == "few_channels":
+            k_low, k_high = k_parts(k)
+            block_h, block_w = pixel_block(cfg.block_m, ow)
+            tiles = nb * triton.cdiv(oh, block_h) * triton.cdiv(ow, block_w)
+            programs = min(tiles, sm_count(x.device) * FEW_CHANNELS_PROGRAMS)
+            padded = F.pad(batched, (padding[1], padding[1], padding[0], padding[0]))
+            even = oh % block_h == 0 and ow % block_w == 0
+            _few_channels_kernel[(programs, triton.cdiv(o, cfg.block_n))](
+                padded, *head[1:], nb, oh, ow, o, k, *stride, *dilation, *padded.stride(),
+                packed.stride(0),
+                KH=kh, KW=kw, BITS=bits, WIDTH=width, MIN_EXP=min_exp, PER_ROW_N1=per_row,
+                HAS_BIAS=has_bias, UPCAST=dot_upcast(x.dtype), BLOCK_H=block_h, BLOCK_W=block_w,
+                BLOCK_N=cfg.block_n, K_LOW=k_low, K_HIGH=k_high, EVEN=even,
+                CHANNELS_LAST=channels_last,
+                **launch,
+            )  # fmt: skip
+        elif cfg.kernel == "depthwise":
             grid = (tiles_m * triton.cdiv(o, cfg.block_n),)
             _depthwise_kernel[grid](
                 *args, o // groups, *geometry,
