@@ -156,8 +156,11 @@ def _bench(tilings: list[dict] | None = None) -> dict:
     return bench
 
 
+HALF_CHUNK = "conv mma 128x64, 64 of 128 columns"  # layer1's 64 channels in nibble chunks
+
+
 def _static() -> list[dict]:
-    conv = {"name": "conv mma 128x64", "bits": 4, "dtype": "fp16", "num_warps": 4,
+    conv = {"name": HALF_CHUNK, "bits": 4, "dtype": "fp16", "num_warps": 4,
             "num_stages": 3, "ctas_per_sm": 2, "loop_instructions": 261, "wgmma_wait": 0,
             "mma": 8}  # fmt: skip
     return [conv] + [{"name": variant_name(16, n), "bits": 4, "dtype": "fp16", "num_warps": 4,
@@ -202,7 +205,7 @@ def test_a_convolution_record_keeps_its_shapes_and_launch() -> None:
     assert conv["case"] == {"input_shape": (1, 64, 56, 56), "weight_shape": (64, 64, 3, 3),
                             "output_shape": (1, 64, 56, 56)}  # fmt: skip
     (launch,) = conv["tilings"]
-    assert (launch["variant"], launch["split_k"], launch["padded"]) == ("conv mma 128x64", 1, True)
+    assert (launch["variant"], launch["split_k"], launch["padded"]) == (HALF_CHUNK, 1, True)
     assert launch["figures"]["loop_instructions"] == 261
     checks = calibrate(json.loads(json.dumps(data)))  # as read back from its file
     assert [(c.name, c.kernel) for c in checks] == [
@@ -219,7 +222,7 @@ def test_a_convolution_record_keeps_its_shapes_and_launch() -> None:
     # 5-bit codes run the byte-code variant (the run's network widths are 4 and 5 bits)
     five = _bench(timed)
     five["results"][1] |= {"bits": 5}
-    byte_codes = _static()[0] | {"bits": 8, "loop_instructions": 183}
+    byte_codes = _static()[0] | {"name": "conv mma 128x64", "bits": 8, "loop_instructions": 183}
     (launch,) = calibration_records(five, [*_static(), byte_codes], DIRTY, "3.6.0")["records"][1][
         "tilings"
     ]
@@ -280,9 +283,11 @@ def test_the_convolution_terms_by_hand() -> None:
 
 def test_conv_estimates_cover_the_network_per_layer() -> None:
     """Every ResNet-18 convolution whose variant was compiled, at both batches, and the sums."""
-    figures = {("conv mma 128x64", 4): Figures(4, 3, 2, 261, 0, True)}
+    fig = Figures(4, 3, 2, 261, 0, True)
+    figures = {(name, 4): fig for name in ("conv mma 128x64", HALF_CHUNK)}
     rows = estimate_convs(figures, [4, 5], H200)
-    assert {r.tiling.variant for r in rows} == {"conv mma 128x64"} and {r.bits for r in rows} == {4}
+    assert {r.tiling.variant for r in rows} == {"conv mma 128x64", HALF_CHUNK}
+    assert {r.bits for r in rows} == {4}
     assert {(r.name, r.batch) for r in rows} >= {("layer1.0.conv1", 1), ("layer3.1.conv2", 32)}
     table = format_conv_estimates(rows, H200)
     total = sum(r.prediction.total_us for r in rows if r.batch == 1)

@@ -350,14 +350,16 @@ def conv_tiling(case: ConvCase, bits: int, sms: int) -> ConvTiling:
     """
     from inq.kernels.layout import chunk_columns
     from inq.kernels.triton.conv import conv_config
-    from inq.kernels.triton.conv_mma import conv_mma_fits, conv_mma_grid
+    from inq.kernels.triton.conv_mma import chunk_pairs, conv_mma_fits, conv_mma_grid, conv_mma_name
 
     o, c, kh, kw = case.weight_shape
     if conv_mma_fits(c, bits):
         chunk = chunk_columns(bits)
         grid = conv_mma_grid(case.pixels, o, c, kh * kw, chunk, sms)
         m, n, split = grid.block_m, grid.block_n, grid.split
-        return ConvTiling(f"conv mma {m}x{n}", m, n, chunk, split, True)
+        pairs = chunk_pairs(c, chunk // CHUNK_WORDS)  # the columns a chunk multiplies
+        return ConvTiling(conv_mma_name(m, n, chunk // CHUNK_WORDS, pairs), m, n,
+                          min(chunk, 32 * pairs), split, True)  # fmt: skip
     cfg = conv_config(case.pixels, o, c, kh * kw)
     if cfg.kernel == "few_channels":
         name = f"conv few channels {cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
@@ -383,12 +385,12 @@ def predict_conv(
 
     Example:
         >>> case = ConvCase((32, 64, 56, 56), (64, 64, 3, 3), (32, 64, 56, 56))
-        >>> tiling = conv_tiling(case, 4, H200.sms)
-        >>> tiling.variant, tiling.name
-        ('conv mma 128x64', '128x64')
-        >>> fig = Figures(4, 3, 2, 261, 0, True)  # the variant's figures (Triton 3.6)
-        >>> round(predict_conv(case, 4, tiling, fig).total_us)  # 48.4 us measured on the H200
-        42
+        >>> tiling = conv_tiling(case, 4, H200.sms)  # 64 channels: half of each chunk
+        >>> tiling.variant, tiling.name, tiling.block_k
+        ('conv mma 128x64, 64 of 128 columns', '128x64', 64)
+        >>> fig = Figures(4, 3, 4, 177, 0, True)  # the variant's figures (Triton 3.8)
+        >>> round(predict_conv(case, 4, tiling, fig).total_us)  # the whole chunk: 48.4 measured
+        31
     """
     if tiling.variant.startswith("conv few channels"):
         return _predict_few_channels(case, bits, tiling, fig, device, harness)

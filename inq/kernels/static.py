@@ -287,29 +287,34 @@ def variants() -> list[Variant]:
 
 def conv_mma_variants() -> list[Variant]:
     """The fp16/bf16 convolution on the kernel layout (:mod:`inq.kernels.triton.conv_mma`) in
-    the tiles it picks for ResNet-18's convolutions at batch 1 and 32, nibble and byte codes,
-    with the linear kernels' budgets: per MAC for 128-pixel tiles, per weight for narrower ones
-    (their decode is shared by fewer pixels), twice for byte codes."""
+    the tiles it picks for ResNet-18's convolutions at batch 1 and 32, nibble and byte codes
+    (and, where a tap's channels fill part of a chunk, the slots it multiplies), with the
+    linear kernels' budgets: per MAC for 128-pixel tiles, per weight for narrower ones (their
+    decode is shared by fewer pixels), twice for byte codes."""
     from inq.kernels.shapes import CONV_BATCHES, resnet18_convs
-    from inq.kernels.triton.conv_mma import conv_mma_tiles
+    from inq.kernels.triton.conv_mma import chunk_pairs, conv_mma_name, conv_mma_tiles
 
-    tiles = set()
+    launches = set()
     for batch in CONV_BATCHES:
         for layer in resnet18_convs(batch):
             n, o, oh, ow = layer.output_shape
-            tiles.add(conv_mma_tiles(n * oh * ow, o))
+            channels = layer.input_shape[1]
+            if channels >= 32:  # conv1's 3 take the few-channels kernel
+                for per_word in (8, 4):
+                    pairs = chunk_pairs(channels, per_word)
+                    launches.add((*conv_mma_tiles(n * oh * ow, o), per_word, pairs))
     out = []
-    for m, n, warps in sorted(tiles):
+    for m, n, warps, per_word, pairs in sorted(launches):
         for dtype in ("fp16", "bf16"):
-            for per_word in (8, 4):
-                cx = {"KH": 3, "KW": 3, "PER_WORD": per_word, "BF16": dtype == "bf16",
-                      "HAS_BIAS": True, "IEEE": False, "EVEN_C": True,
-                      "BLOCK_M": m, "BLOCK_N": n, "GROUP_N": 8,
-                      "BITS": 4 if per_word == 8 else 8}  # fmt: skip
-                work = _work(m, n, CHUNK_WORDS * per_word)  # a chunk a loop iteration
-                budget = _budget("large" if m >= 128 else "skinny", per_word, m)
-                out.append(Variant(f"conv mma {m}x{n}", "conv_mma", "_conv_mma_kernel", dtype,
-                                   cx, warps, 3, False, True, **work, budget=budget))  # fmt: skip
+            cx = {"KH": 3, "KW": 3, "PER_WORD": per_word, "BF16": dtype == "bf16",
+                  "HAS_BIAS": True, "IEEE": False, "EVEN_C": True, "PAIRS": pairs,
+                  "BLOCK_M": m, "BLOCK_N": n, "GROUP_N": 8,
+                  "BITS": 4 if per_word == 8 else 8}  # fmt: skip
+            work = _work(m, n, 32 * pairs)  # a chunk's multiplied slots a loop iteration
+            budget = _budget("large" if m >= 128 else "skinny", per_word, m)
+            out.append(Variant(conv_mma_name(m, n, per_word, pairs), "conv_mma",
+                               "_conv_mma_kernel", dtype, cx, warps, 3, False, True, **work,
+                               budget=budget))  # fmt: skip
     return out
 
 

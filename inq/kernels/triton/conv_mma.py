@@ -47,10 +47,12 @@ from inq.kernels.triton.swar import decode_pair, slot_dot
 __all__ = [
     "ConvLayout",
     "ConvMmaGrid",
+    "chunk_pairs",
     "conv_layout",
     "conv_mma",
     "conv_mma_fits",
     "conv_mma_grid",
+    "conv_mma_name",
     "conv_mma_tiles",
 ]
 
@@ -107,10 +109,11 @@ def _conv_mma_kernel(
     P, H, W, C, OH, OW, COUT, KWORDS, CHUNKS_PER_TAP, CHUNKS_PER_SPLIT,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
     KH: tl.constexpr, KW: tl.constexpr, PER_WORD: tl.constexpr, BF16: tl.constexpr,
-    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, EVEN_C: tl.constexpr,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, EVEN_C: tl.constexpr, PAIRS: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr,
     CHANNELS_LAST: tl.constexpr,
 ):  # fmt: skip
+    # PAIRS: the pairs of 16-column slots a chunk decodes and multiplies (chunk_pairs)
     # rn: output channels (weight rows), rm: output pixels
     rn, rm = grouped_tile(tl.program_id(0), COUT, P, BLOCK_N, BLOCK_M, GROUP_N)
     pid_k = tl.program_id(1)
@@ -134,11 +137,11 @@ def _conv_mma_kernel(
         # 0 <= ih < H as one unsigned compare (a negative ih wraps above H)
         pix_ok = p_ok & ((ih0 + dh).to(tl.uint32) < H) & ((iw0 + dw).to(tl.uint32) < W)
         rows = pixel_base + (dh * W + dw) * C + c0
-        for g in tl.static_range(PER_WORD // 2):
+        for g in tl.static_range(PAIRS):
             pair = decode_pair(words, g, PER_WORD, BF16)
             for high in tl.static_range(2):
                 slot = (2 * g + high) * 16 + w16
-                # EVEN_C: every channel of the chunk exists, the pixel mask alone
+                # EVEN_C: every channel of the slots multiplied exists, the pixel mask alone
                 x_ok = pix_ok[None, :] if EVEN_C else pix_ok[None, :] & (c0 + slot < C)[:, None]
                 xt = tl.load(x_ptr + rows[None, :] + slot[:, None], mask=x_ok, other=0.0)
                 acc = slot_dot(pair, high, xt, acc, IEEE)
@@ -186,6 +189,32 @@ def conv_mma_fits(channels: int, bits: int) -> bool:
         (False, True, True)
     """
     return 2 * channels >= chunk_columns(bits)
+
+
+def chunk_pairs(channels: int, per_word: int) -> int:
+    """Pairs of 16-column slots (32 columns) of each chunk that :func:`conv_mma` decodes and
+    multiplies: all ``per_word // 2``, but where a tap's ``channels`` fill part of one chunk,
+    only those that hold channels (the rest is padding: zero weights).
+
+    Example:
+        >>> chunk_pairs(64, 8), chunk_pairs(96, 8), chunk_pairs(256, 8), chunk_pairs(64, 4)
+        (2, 3, 4, 2)
+    """
+    return min(per_word // 2, triton.cdiv(channels, 32))
+
+
+def conv_mma_name(block_m: int, block_n: int, per_word: int, pairs: int) -> str:
+    """The static check's name of the kernel's variant in these tiles (``pairs``: see
+    :func:`chunk_pairs`).
+
+    Example:
+        >>> conv_mma_name(128, 64, 8, 4), conv_mma_name(128, 64, 8, 2)
+        ('conv mma 128x64', 'conv mma 128x64, 64 of 128 columns')
+    """
+    name = f"conv mma {block_m}x{block_n}"
+    if pairs < per_word // 2:
+        return f"{name}, {32 * pairs} of {16 * per_word} columns"
+    return name
 
 
 class ConvMmaGrid(NamedTuple):
@@ -244,13 +273,15 @@ def conv_mma(
     target = out.permute(0, 2, 3, 1) if channels_last else out
     part = target.new_empty((split, *target.shape), dtype=torch.float32) if split > 1 else out
     b = None if bias is None else bias.to(x.dtype).contiguous()
+    pairs = chunk_pairs(c, weight.per_word)
     _conv_mma_kernel[(tiles, split)](
         nhwc, weight.words, weight.scale, out if b is None else b, out, part,
         pixels, h, w, c, oh, ow, o, weight.words.shape[1], per_tap, per_split,
         *stride, *padding, *dilation,
         KH=kh, KW=kw, PER_WORD=weight.per_word, BF16=weight.fmt == "bf16", HAS_BIAS=b is not None,
-        IEEE=dot_upcast(x.dtype), EVEN_C=c % chunk == 0, SPLIT_K=split, BLOCK_M=block_m,
-        BLOCK_N=block_n, GROUP_N=8, CHANNELS_LAST=channels_last, num_warps=warps, num_stages=3,
+        IEEE=dot_upcast(x.dtype), EVEN_C=c % chunk == 0 or c == 32 * pairs, PAIRS=pairs,
+        SPLIT_K=split, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_N=8, CHANNELS_LAST=channels_last,
+        num_warps=warps, num_stages=3,
     )  # fmt: skip
     if split > 1:
         reduce_partials(part, weight.scale, b, target, channel_dim=-1 if channels_last else 1)
