@@ -56,7 +56,7 @@ __all__ = [
     "conv_config",
     "gather_patches",
     "k_parts",
-    "patch_columns",
+    "patch_taps",
     "pixel_block",
     "shift_conv2d",
 ]
@@ -79,14 +79,9 @@ class ConvConfig:
 
 
 @triton.jit
-def patch_columns(rk, K, sxc, sxh, sxw, dil_h, dil_w, KH: tl.constexpr, KW: tl.constexpr):
-    """For the K columns ``rk`` in the packed row order (channel, tap row, tap column): each
-    column's input row and column offsets from a pixel's first tap, its address offset, and
-    whether it lies inside ``K``. Index math per column, not per element."""
-    c = rk // (KH * KW)
-    dh = (rk // KW) % KH * dil_h
-    dw = rk % KW * dil_w
-    return dh, dw, c * sxc + dh * sxh + dw * sxw, rk < K
+def patch_taps(rk, KH: tl.constexpr, KW: tl.constexpr):
+    """Channel, tap row and tap column of the K columns ``rk`` in the packed row order."""
+    return rk // (KH * KW), (rk // KW) % KH, rk % KW
 
 
 @triton.jit
@@ -97,12 +92,12 @@ def gather_patches(
     """The activation tile ``[pixels, rk]`` of an implicit GEMM: for each output pixel (input
     corner ``ih0, iw0``, images at ``x_base``) the inputs of taps ``rk`` in the packed row order
     (channel, tap row, tap column); 0 in the padding and past ``K``."""
-    dh, dw, offset, k_ok = patch_columns(rk, K, sxc, sxh, sxw, dil_h, dil_w, KH, KW)
-    corner = x_base + ih0 * sxh + iw0 * sxw
-    # 0 <= ih < H as one unsigned compare (a negative ih wraps above H)
-    ok = (p_ok[:, None] & k_ok[None, :] & ((ih0[:, None] + dh[None, :]).to(tl.uint32) < H)
-          & ((iw0[:, None] + dw[None, :]).to(tl.uint32) < W))  # fmt: skip
-    return tl.load(corner[:, None] + offset[None, :], mask=ok, other=0)
+    c, r, s = patch_taps(rk, KH, KW)
+    ih = ih0[:, None] + (r * dil_h)[None, :]
+    iw = iw0[:, None] + (s * dil_w)[None, :]
+    ok = p_ok[:, None] & (rk < K)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    offsets = (c * sxc)[None, :] + ih * sxh + iw * sxw
+    return tl.load(x_base[:, None] + offsets, mask=ok, other=0)
 
 
 @triton.jit
@@ -165,14 +160,14 @@ def _few_channels_kernel(
     w_low = decode(load_codes(codes_ptr, oc, k_low, row_stride, K, n_ok, WIDTH), n1, BITS, MIN_EXP)
     if not UPCAST:
         w_low = w_low.to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")  # exact
-    _, _, at_low, ok_low = patch_columns(k_low, K, sxc, sxh, sxw, dil_h, dil_w, KH, KW)
+    at_low = _column_offsets(k_low, sxc, sxh, sxw, dil_h, dil_w, KH, KW)
     if K_HIGH:
         k_high = K_LOW + tl.arange(0, K_HIGH)
         w_high = decode(load_codes(codes_ptr, oc, k_high, row_stride, K, n_ok, WIDTH), n1, BITS,
                         MIN_EXP)  # fmt: skip
         if not UPCAST:
             w_high = w_high.to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
-        _, _, at_high, ok_high = patch_columns(k_high, K, sxc, sxh, sxw, dil_h, dil_w, KH, KW)
+        at_high = _column_offsets(k_high, sxc, sxh, sxw, dil_h, dil_w, KH, KW)
     if HAS_BIAS:  # once, not per tile (a load in the loop could alias the stores)
         bias = tl.load(bias_ptr + oc, mask=n_ok, other=0.0).to(tl.float32)
     tiles_w = tl.cdiv(OW, BLOCK_W)
@@ -183,9 +178,9 @@ def _few_channels_kernel(
         tl.program_id(0), tiles, tiles_w, OH, OW, stride_h, stride_w, sxn, sxh, sxw,
         BLOCK_H, BLOCK_W, EVEN,
     )  # fmt: skip
-    x_low = _columns(x_ptr, corner, p_ok, at_low, ok_low)
+    x_low = _columns(x_ptr, corner, p_ok, at_low, k_low < K)
     if K_HIGH:
-        x_high = _columns(x_ptr, corner, p_ok, at_high, ok_high)
+        x_high = _columns(x_ptr, corner, p_ok, at_high, k_high < K)
     for tile in range(tl.program_id(0), tiles, step):
         acc = dot(x_low, tl.trans(w_low), tl.zeros([BLOCK_H * BLOCK_W, BLOCK_N], tl.float32),
                   UPCAST, False)  # fmt: skip
@@ -194,14 +189,21 @@ def _few_channels_kernel(
         next_n, next_pixel, next_ok, corner = _pixel_tile(tile + step, tiles, tiles_w, OH, OW,
                                                           stride_h, stride_w, sxn, sxh, sxw,
                                                           BLOCK_H, BLOCK_W, EVEN)  # fmt: skip
-        x_low = _columns(x_ptr, corner, next_ok, at_low, ok_low)
+        x_low = _columns(x_ptr, corner, next_ok, at_low, k_low < K)
         if K_HIGH:
-            x_high = _columns(x_ptr, corner, next_ok, at_high, ok_high)
+            x_high = _columns(x_ptr, corner, next_ok, at_high, k_high < K)
         if HAS_BIAS:
             acc += bias[None, :]
         _store_output(acc, n, pixel, oc, p_ok, n_ok, bias_ptr, out_ptr, COUT, OH * OW, False,
                       CHANNELS_LAST)  # fmt: skip
         n, pixel, p_ok = next_n, next_pixel, next_ok
+
+
+@triton.jit
+def _column_offsets(rk, sxc, sxh, sxw, dil_h, dil_w, KH: tl.constexpr, KW: tl.constexpr):
+    """Where the K columns ``rk`` of an output pixel lie from its first tap's input."""
+    c, r, s = patch_taps(rk, KH, KW)
+    return c * sxc + r * dil_h * sxh + s * dil_w * sxw
 
 
 @triton.jit
