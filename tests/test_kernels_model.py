@@ -36,6 +36,7 @@ from inq.kernels.model import (
     table_problems,
     variant_name,
 )
+from inq.kernels.shapes import resnet18_convs
 
 RECORDS = sorted((Path(__file__).parent.parent / "experiments" / "gpu").glob("model_*.json"))
 SKINNY = Figures(num_warps=4, num_stages=4, ctas_per_sm=5, loop_instructions=365, wgmma_wait=0,
@@ -240,9 +241,9 @@ def test_a_convolution_launches_as_the_dispatcher_does() -> None:
     depthwise = ConvCase((1, 1, 8, 8), (4, 1, 3, 3), (1, 4, 6, 6))
     with pytest.raises(ValueError, match="no depthwise convolution"):
         conv_tiling(depthwise, 4, 132)
-    last = ConvCase((1, 512, 7, 7), (512, 512, 3, 3), (1, 512, 7, 7))
-    assert conv_tiling(last, 4, 132).name == "64x128/9"
-    assert (conv_tiling(last, 8, 132).block_k, conv_tiling(last, 8, 132).split_k) == (64, 18)
+    last = ConvCase((1, 512, 7, 7), (512, 512, 3, 3), (1, 512, 7, 7))  # 4 tiles
+    assert conv_tiling(last, 4, 132).name == "64x128/18"  # 36 chunks, 2 a CTA
+    assert (conv_tiling(last, 8, 132).block_k, conv_tiling(last, 8, 132).split_k) == (64, 24)
 
 
 def test_the_few_channels_terms_by_hand() -> None:
@@ -262,6 +263,30 @@ def test_the_few_channels_terms_by_hand() -> None:
     )  # fmt: skip
     assert p.reduce_us > H200.launch_gap_us  # the padding copy
     assert predict_conv(case, 4, tiling, replace(fig, loop_instructions=600)).total_us < p.total_us
+
+
+def test_each_convolution_launch_is_the_models_choice() -> None:
+    """Every ResNet-18 convolution at batch 1 and 32, nibble and byte codes: the launch the
+    dispatcher makes is within 10 % of the model's fastest K split for it, with the figures of
+    the variants compiled by the GPU's Triton (committed: ``inq bench kernel --static``)."""
+    static = Path(__file__).parents[1] / "experiments/static/issue48_triton3.6.json"
+    figures = {(r["name"], r["bits"]): Figures.from_record(r)
+               for r in json.loads(static.read_text())["variants"]
+               if r["dtype"] == "fp16" and r["loop_instructions"]}  # fmt: skip
+    checked = 0
+    for bits in (4, 8):
+        for batch in (1, 32):
+            for layer in resnet18_convs(batch):
+                case = ConvCase(layer.input_shape, tuple(layer.conv.weight.shape),
+                                layer.output_shape)  # fmt: skip
+                tiling = conv_tiling(case, bits, H200.sms)
+                fig = figures[(tiling.variant, bits)]
+                chosen = predict_conv(case, bits, tiling, fig).total_us
+                best = min(predict_conv(case, bits, replace(tiling, split_k=split), fig).total_us
+                           for split in range(1, 73))  # fmt: skip
+                assert chosen <= 1.1 * best, (layer.name, batch, bits, tiling.name)
+                checked += 1
+    assert checked == 80
 
 
 def test_the_convolution_terms_by_hand() -> None:

@@ -653,12 +653,13 @@ def test_shift_conv2d_tensor_core_path(case, dtype, bits: int, channels_last: bo
 def test_shift_conv2d_split_k(dtype: torch.dtype, bits: int) -> None:
     """A long K (130 channels: two chunks a tap, the second ragged; 3x3 taps) on few pixels
     splits across CTAs; the partial sums reduce in split order, within the bound."""
-    from inq.kernels.triton.geometry import k_splits
+    from inq.kernels.layout import chunk_columns
+    from inq.kernels.triton.conv_mma import conv_mma_grid
 
     shape, args = [20, 130, 3, 3], ([1, 1], [1, 1], [2, 1], 1)
     k = math.prod(shape[1:])
-    chunks = 9 * (2 if bits <= 4 else 3)
-    assert k_splits(chunks, 1, 132) > 1
+    split = conv_mma_grid(20, 20, 130, 9, chunk_columns(bits), 132).split  # 4x5 output pixels
+    assert split == 9 * (2 if bits <= 4 else 3)  # a chunk a CTA: few tiles split as far as K
     packed = pack_codes(random_codes(20, k, bits, seed=9), bits)
     w = decode_weight(packed, bits, 0, tuple(shape), dtype).double()
     gen = torch.Generator().manual_seed(9)
@@ -667,7 +668,7 @@ def test_shift_conv2d_split_k(dtype: torch.dtype, bits: int) -> None:
     y = tk.shift_conv2d(x.to(DEVICE), packed.to(DEVICE), bits, 0, shape, bias.to(DEVICE), *args)
     ref = F.conv2d(x.double(), w, bias.double(), *args)
     conv = lambda a, b: F.conv2d(a, b, None, *args)  # noqa: E731
-    assert_close_fp32_sum(y.cpu(), x, w, ref, k, k_splits(chunks, 1, 132), conv)
+    assert_close_fp32_sum(y.cpu(), x, w, ref, k, split, conv)
 
 
 # (N, H, W, kernel, stride, padding, dilation, K parts, pixel tile, tiles): a first conv's

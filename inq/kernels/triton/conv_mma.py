@@ -217,6 +217,10 @@ def conv_mma_name(block_m: int, block_n: int, per_word: int, pairs: int) -> str:
     return name
 
 
+_FEW_STEPS = 9  # K steps (a 3x3 conv's taps) from which a few tiles split K as far as a round allows
+_FEW_TILES_PER_SM = 8  # "few tiles": at most one an 8th of the SMs
+
+
 class ConvMmaGrid(NamedTuple):
     """The launch of :func:`conv_mma` (the time model of :mod:`inq.kernels.model` reads it)."""
 
@@ -236,12 +240,18 @@ def conv_mma_grid(
 
     Example:
         >>> conv_mma_grid(49, 512, 512, 9, 128, 132)  # ResNet-18's last convs at batch 1
-        ConvMmaGrid(block_m=64, block_n=128, warps=4, per_tap=4, tiles=4, split=9)
+        ConvMmaGrid(block_m=64, block_n=128, warps=4, per_tap=4, tiles=4, split=18)
     """
     block_m, block_n, warps = conv_mma_tiles(pixels, out_channels)
     per_tap = triton.cdiv(channels, chunk)
     tiles = triton.cdiv(pixels, block_m) * triton.cdiv(out_channels, block_n)
-    split = k_splits(taps * per_tap, tiles, sms)
+    steps = taps * per_tap
+    split = k_splits(steps, tiles, sms)
+    if steps >= _FEW_STEPS and tiles * _FEW_TILES_PER_SM <= sms:
+        # few tiles, each a serial loop of one warp a scheduler: the time model finds K split
+        # across a round of CTAs, a step or two each, worth the reduce pass (ResNet-18 layer2-4
+        # at batch 1: 2-4 us a layer)
+        split = max(split, triton.cdiv(steps, triton.cdiv(steps, min(sms // tiles, steps))))
     return ConvMmaGrid(block_m, block_n, warps, per_tap, tiles, split)
 
 
