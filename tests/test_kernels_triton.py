@@ -671,12 +671,12 @@ def test_shift_conv2d_split_k(dtype: torch.dtype, bits: int) -> None:
     assert_close_fp32_sum(y.cpu(), x, w, ref, k, split, conv)
 
 
-# (N, H, W, kernel, stride, padding, dilation, K parts, pixel tile, tiles): a first conv's
-# 7x7 stride-2 geometry (K = 147: 128 + 32; the tiles ragged in width), and 3x3 taps dilated
-# on an output the tiles cover exactly (K = 27: 16 + 16)
+# (N, H, W, kernel, stride, padding, dilation, K columns, pixel tile, tiles): a first conv's
+# 7x7 stride-2 geometry (49 taps in 64, 3 channels in 4; the tiles ragged in width), and 3x3
+# taps dilated on an output the tiles cover exactly (9 taps in 16)
 FEW_CHANNEL_CASES = [
-    (3, 15, 13, 7, 2, 3, 1, (128, 32), (4, 8), 3 * 2 * 1),
-    (2, 10, 16, 3, 1, 2, 2, (16, 16), (2, 16), 2 * 5 * 1),
+    (3, 15, 13, 7, 2, 3, 1, (64, 4), (4, 8), 3 * 2 * 1),
+    (2, 10, 16, 3, 1, 2, 2, (16, 4), (2, 16), 2 * 5 * 1),
 ]
 
 
@@ -686,12 +686,13 @@ FEW_CHANNEL_CASES = [
 def test_shift_conv2d_few_channels_walks_its_pixel_tiles(
     monkeypatch, case, dtype: torch.dtype, bits: int, channels_last: bool
 ) -> None:
-    """The few-channels kernel (3 input channels) on one nominal SM: its program walks
-    several pixel tiles, the next tile's inputs loaded while one computes, with 70 output
-    channels in two tiles (the second ragged), per-row n1 and a bias."""
+    """The few-channels kernel (3 input channels, any memory format: its channels-last copy
+    holds 4) on one nominal SM: its program walks several pixel tiles, the next tile's inputs
+    loaded while one computes, with 70 output channels in two tiles (the second ragged),
+    per-row n1 and a bias."""
     from inq.kernels.triton import conv
 
-    n, h, wd, taps, stride, padding, dilation, parts, block, tiles = case
+    n, h, wd, taps, stride, padding, dilation, columns, block, tiles = case
     shape, args = [70, 3, taps, taps], ([stride] * 2, [padding] * 2, [dilation] * 2, 1)
     k = math.prod(shape[1:])
     packed = pack_codes(random_codes(70, k, bits, seed=7), bits)
@@ -703,7 +704,7 @@ def test_shift_conv2d_few_channels_walks_its_pixel_tiles(
     bias = torch.randn(70, generator=gen).to(dtype)
     oh, ow = ops.conv2d_output_size((h, wd), shape, *args[:3])
     cfg = conv.conv_config(n * oh * ow, 70, 3, taps * taps)
-    assert (cfg.kernel, conv.k_parts(k)) == ("few_channels", parts)
+    assert (cfg.kernel, conv.few_channels_columns(3, taps * taps)) == ("few_channels", columns)
     assert conv.pixel_block(cfg.block_m, ow) == block
     assert n * -(-oh // block[0]) * -(-ow // block[1]) == tiles
     monkeypatch.setattr(conv, "sm_count", lambda device: 1)  # so fewer programs than tiles

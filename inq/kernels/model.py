@@ -426,8 +426,8 @@ def _predict_few_channels(
 ) -> Prediction:  # fmt: skip
     """:func:`predict_conv` for the few-channels kernel: a main-loop iteration is a pixel tile
     (its whole K, the weights decoded before the loop), one program an SM walking them; the
-    input's padding copy (``F.pad``) is a pass before it."""
-    from inq.kernels.triton.conv import FEW_CHANNELS_PROGRAMS, pixel_block
+    input's padded channels-last copy (``F.pad``) is a pass before it."""
+    from inq.kernels.triton.conv import FEW_CHANNELS_PROGRAMS, few_channels_columns, pixel_block
 
     n, c, h, w = case.input_shape
     o, _, kh, kw = case.weight_shape
@@ -436,8 +436,8 @@ def _predict_few_channels(
     tiles = n * -(-oh // block_h) * -(-ow // block_w)
     programs = min(tiles, device.sms * FEW_CHANNELS_PROGRAMS)
     out_tiles = -(-o // tiling.block_n)
-    # the padded input (the case has no padding: "same" padding, kh - 1 rows, is close)
-    pad_bytes = 2 * n * c * (h + kh - 1) * (w + kw - 1)
+    # the padded channels-last copy (the case has no padding: "same", kh - 1 rows, is close)
+    pad_bytes = 2 * n * few_channels_columns(c, kh * kw)[1] * (h + kh - 1) * (w + kw - 1)
     codes = o * -(-c * kh * kw * code_width(bits) // 8)
     output = 2 * case.pixels * o
     launch = Launch(

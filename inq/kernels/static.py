@@ -189,7 +189,7 @@ class CompiledVariant:
 def variants() -> list[Variant]:
     """Every kernel variant the launchers pick (see ``linear_config`` and ``conv_config``)."""
     from inq.kernels.triton import int8
-    from inq.kernels.triton.conv import conv_config, k_parts, pixel_block
+    from inq.kernels.triton.conv import conv_config, few_channels_columns, pixel_block
     from inq.kernels.triton.linear import linear_config
 
     out: list[Variant] = swar_variants()
@@ -239,14 +239,14 @@ def variants() -> list[Variant]:
                 kernel = "_implicit_gemm_kernel"
                 work = _work(cfg.block_m, cfg.block_n, cfg.block_k)
                 out.append(Variant(name, "conv", kernel, dtype, cx, *launch, False, mma, **work))
-        if mma:  # ResNet's 7x7 first convolution: 3 channels, K = 147, at batch 32
+        if mma:  # ResNet's 7x7 first convolution: 3 channels (4 a tap), 49 taps (64), batch 32
             cfg = conv_config(32 * 112 * 112, 64, 3, 49)
-            k_low, k_high = k_parts(3 * 49)
+            tap_columns, cp = few_channels_columns(3, 49)
             block_h, block_w = pixel_block(cfg.block_m, 112)
             even = 112 % block_h == 0 == 112 % block_w
             cx = flags | {"KH": 7, "KW": 7, "UPCAST": False, "BLOCK_H": block_h,
-                          "BLOCK_W": block_w, "BLOCK_N": cfg.block_n, "K_LOW": k_low,
-                          "K_HIGH": k_high, "EVEN": even}  # fmt: skip
+                          "BLOCK_W": block_w, "BLOCK_N": cfg.block_n, "TAPS": tap_columns,
+                          "CP": cp, "EVEN": even}  # fmt: skip
             name = f"conv few channels {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{suffix}"
             macs = cfg.block_m * cfg.block_n * cfg.block_k  # a pixel tile; the decode is before
             out.append(Variant(name, "conv", "_few_channels_kernel", dtype, cx, cfg.num_warps,

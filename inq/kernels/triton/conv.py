@@ -2,11 +2,12 @@
 
 - fp16/bf16, ``groups=1``, at least half a chunk of channels: the tensor-core kernel on the
   kernel layout (:mod:`inq.kernels.triton.conv_mma`).
-- :func:`_few_channels_kernel`: fp16/bf16, ``groups=1``, a whole K of at most
-  :data:`FEW_CHANNELS_K` columns (a network's first convolution, e.g. 3 x 7 x 7 = 147): the
-  weights decoded once a program and kept, persistent programs walking 2-d pixel tiles of the
-  input padded beforehand (``F.pad``), so no per-pixel division or bounds check, the next
-  tile's inputs loaded while the MMAs run.
+- :func:`_few_channels_kernel`: fp16/bf16, ``groups=1``, taps x channels (each rounded up to
+  a power of two) of at most :data:`FEW_CHANNELS_K` columns (a network's first convolution:
+  7 x 7 taps of 3 channels in 64 x 4): the weights decoded once a program and kept,
+  persistent programs walking 2-d pixel tiles of a padded channels-last copy of the input
+  (one ``F.pad``), so no per-pixel division or bounds check and a tap's channels in one
+  load, the next tile's inputs loaded while the MMA runs.
 - :func:`_implicit_gemm_kernel` (everything else but depthwise: fp32 with IEEE products,
   grouped convolutions, a few channels over many taps): the convolution as a GEMM of output
   pixels (``N*OH*OW``) by output channels over ``K = Cin/groups * kh * kw``; each step gathers
@@ -54,9 +55,8 @@ __all__ = [
     "FEW_CHANNELS_PROGRAMS",
     "ConvConfig",
     "conv_config",
+    "few_channels_columns",
     "gather_patches",
-    "k_parts",
-    "patch_taps",
     "pixel_block",
     "shift_conv2d",
 ]
@@ -79,12 +79,6 @@ class ConvConfig:
 
 
 @triton.jit
-def patch_taps(rk, KH: tl.constexpr, KW: tl.constexpr):
-    """Channel, tap row and tap column of the K columns ``rk`` in the packed row order."""
-    return rk // (KH * KW), (rk // KW) % KH, rk % KW
-
-
-@triton.jit
 def gather_patches(
     x_base, ih0, iw0, p_ok, rk, K, H, W, sxc, sxh, sxw, dil_h, dil_w,
     KH: tl.constexpr, KW: tl.constexpr,
@@ -92,7 +86,9 @@ def gather_patches(
     """The activation tile ``[pixels, rk]`` of an implicit GEMM: for each output pixel (input
     corner ``ih0, iw0``, images at ``x_base``) the inputs of taps ``rk`` in the packed row order
     (channel, tap row, tap column); 0 in the padding and past ``K``."""
-    c, r, s = patch_taps(rk, KH, KW)
+    c = rk // (KH * KW)
+    r = (rk // KW) % KH
+    s = rk % KW
     ih = ih0[:, None] + (r * dil_h)[None, :]
     iw = iw0[:, None] + (s * dil_w)[None, :]
     ok = p_ok[:, None] & (rk < K)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
@@ -137,37 +133,39 @@ def _implicit_gemm_kernel(
 @triton.jit
 def _few_channels_kernel(
     x_ptr, codes_ptr, n1_ptr, n1, bias_ptr, out_ptr,
-    NB, OH, OW, COUT, K, stride_h, stride_w, dil_h, dil_w, sxn, sxc, sxh, sxw, row_stride,
+    NB, OH, OW, COUT, C, stride_h, stride_w, dil_h, dil_w, image_pixels, row_pixels, row_stride,
     KH: tl.constexpr, KW: tl.constexpr,
     BITS: tl.constexpr, WIDTH: tl.constexpr, MIN_EXP: tl.constexpr,
     PER_ROW_N1: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr,
-    K_LOW: tl.constexpr, K_HIGH: tl.constexpr, EVEN: tl.constexpr, CHANNELS_LAST: tl.constexpr,
+    TAPS: tl.constexpr, CP: tl.constexpr, EVEN: tl.constexpr, CHANNELS_LAST: tl.constexpr,
 ):  # fmt: skip
-    """The whole K of a convolution with few input channels (a network's first) in one or two
-    MMAs, on an input padded beforehand (every tap of an output pixel lies in it): each program
-    decodes its output channels' weights once, keeps them, and walks tiles of
-    ``BLOCK_H x BLOCK_W`` output pixels of one image, ``program_id(0)``, ``+ num_programs(0)``,
-    ...; K is ``K_LOW`` columns, then ``K_HIGH`` (0: none), powers of two. A tile lies in one
-    image and its pixel tile's sides are powers of two: no index math divides, and no bounds
-    are checked, per pixel (``EVEN``: the tiles cover the output exactly, so not even whether a
-    pixel exists)."""
+    """The whole K of a convolution with few input channels (a network's first) in one MMA,
+    on a copy of the input padded beforehand: channels last, ``CP`` channels (a power of two,
+    zeros past ``C``) a pixel, so every tap of an output pixel lies in it and a tap's channels
+    load as one vector. K runs ``(tap, channel)`` over ``TAPS x CP`` columns (``TAPS``: the
+    taps rounded up to a power of two; zero weights past them). Each program decodes its
+    output channels' weights once, keeps them, and walks tiles of ``BLOCK_H x BLOCK_W`` output
+    pixels of one image, ``program_id(0)``, ``+ num_programs(0)``, ...: no index math divides,
+    and no bounds are checked, per pixel (``EVEN``: the tiles cover the output exactly, so not
+    even whether a pixel exists)."""
     oc = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = oc < COUT
     if PER_ROW_N1:
         n1 = tl.load(n1_ptr + oc, mask=n_ok, other=0)[:, None]
-    k_low = tl.arange(0, K_LOW)
-    w_low = decode(load_codes(codes_ptr, oc, k_low, row_stride, K, n_ok, WIDTH), n1, BITS, MIN_EXP)
+    column = tl.arange(0, TAPS * CP)
+    tap = column // CP
+    channel = column % CP
+    real = (tap < KH * KW) & (channel < C)
+    k = C * KH * KW  # the packed row order is (channel, tap): index k reads as a zero code
+    codes = load_codes(codes_ptr, oc, tl.where(real, channel * (KH * KW) + tap, k), row_stride,
+                       k, n_ok, WIDTH)  # fmt: skip
+    w = decode(codes, n1, BITS, MIN_EXP)
     if not UPCAST:
-        w_low = w_low.to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")  # exact
-    at_low = _column_offsets(k_low, sxc, sxh, sxw, dil_h, dil_w, KH, KW)
-    if K_HIGH:
-        k_high = K_LOW + tl.arange(0, K_HIGH)
-        w_high = decode(load_codes(codes_ptr, oc, k_high, row_stride, K, n_ok, WIDTH), n1, BITS,
-                        MIN_EXP)  # fmt: skip
-        if not UPCAST:
-            w_high = w_high.to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
-        at_high = _column_offsets(k_high, sxc, sxh, sxw, dil_h, dil_w, KH, KW)
+        w = w.to(x_ptr.dtype.element_ty, fp_downcast_rounding="rtne")  # exact: no rounding
+    taps = tl.arange(0, TAPS)
+    tap_offset = ((taps // KW) * dil_h * row_pixels + (taps % KW) * dil_w) * CP
+    tap_ok = taps < KH * KW
     if HAS_BIAS:  # once, not per tile (a load in the loop could alias the stores)
         bias = tl.load(bias_ptr + oc, mask=n_ok, other=0.0).to(tl.float32)
     tiles_w = tl.cdiv(OW, BLOCK_W)
@@ -175,23 +173,18 @@ def _few_channels_kernel(
     step = tl.num_programs(0)
     # software-pipelined: the next tile's inputs are in flight while this one's MMA runs
     n, pixel, p_ok, corner = _pixel_tile(
-        tl.program_id(0), tiles, tiles_w, OH, OW, stride_h, stride_w, sxn, sxh, sxw,
+        tl.program_id(0), tiles, tiles_w, OH, OW, stride_h, stride_w, image_pixels, row_pixels,
         BLOCK_H, BLOCK_W, EVEN,
     )  # fmt: skip
-    x_low = _columns(x_ptr, corner, p_ok, at_low, k_low < K)
-    if K_HIGH:
-        x_high = _columns(x_ptr, corner, p_ok, at_high, k_high < K)
+    x = _patches(x_ptr, corner, p_ok, tap_offset, tap_ok, CP)
     for tile in range(tl.program_id(0), tiles, step):
-        acc = dot(x_low, tl.trans(w_low), tl.zeros([BLOCK_H * BLOCK_W, BLOCK_N], tl.float32),
-                  UPCAST, False)  # fmt: skip
-        if K_HIGH:
-            acc = dot(x_high, tl.trans(w_high), acc, UPCAST, False)
-        next_n, next_pixel, next_ok, corner = _pixel_tile(tile + step, tiles, tiles_w, OH, OW,
-                                                          stride_h, stride_w, sxn, sxh, sxw,
-                                                          BLOCK_H, BLOCK_W, EVEN)  # fmt: skip
-        x_low = _columns(x_ptr, corner, next_ok, at_low, k_low < K)
-        if K_HIGH:
-            x_high = _columns(x_ptr, corner, next_ok, at_high, k_high < K)
+        acc = dot(x, tl.trans(w), tl.zeros([BLOCK_H * BLOCK_W, BLOCK_N], tl.float32), UPCAST,
+                  False)  # fmt: skip
+        next_n, next_pixel, next_ok, corner = _pixel_tile(
+            tile + step, tiles, tiles_w, OH, OW, stride_h, stride_w, image_pixels, row_pixels,
+            BLOCK_H, BLOCK_W, EVEN,
+        )  # fmt: skip
+        x = _patches(x_ptr, corner, next_ok, tap_offset, tap_ok, CP)
         if HAS_BIAS:
             acc += bias[None, :]
         _store_output(acc, n, pixel, oc, p_ok, n_ok, bias_ptr, out_ptr, COUT, OH * OW, False,
@@ -200,25 +193,22 @@ def _few_channels_kernel(
 
 
 @triton.jit
-def _column_offsets(rk, sxc, sxh, sxw, dil_h, dil_w, KH: tl.constexpr, KW: tl.constexpr):
-    """Where the K columns ``rk`` of an output pixel lie from its first tap's input."""
-    c, r, s = patch_taps(rk, KH, KW)
-    return c * sxc + r * dil_h * sxh + s * dil_w * sxw
+def _patches(x_ptr, corner, p_ok, tap_offset, tap_ok, CP: tl.constexpr):
+    """The inputs ``[pixels, taps x CP]`` of the pixels whose first tap is the padded input's
+    pixel ``corner`` (``tap_offset``: multiples of ``CP``; each tap's channels one vector)."""
+    channels = tl.arange(0, CP)
+    offsets = (corner * CP)[:, None, None] + tap_offset[None, :, None] + channels[None, None, :]
+    ok = p_ok[:, None, None] & tap_ok[None, :, None] & (channels >= 0)[None, None, :]
+    x = tl.load(x_ptr + offsets, mask=ok, other=0)
+    return tl.reshape(x, [corner.shape[0], tap_offset.shape[0] * CP])
 
 
 @triton.jit
-def _columns(x_ptr, corner, p_ok, offset, k_ok):
-    """Inputs ``[pixels, columns]`` at ``corner + offset`` of the padded input (no bounds)."""
-    return tl.load(x_ptr + corner[:, None] + offset[None, :], mask=p_ok[:, None] & k_ok[None, :],
-                   other=0)  # fmt: skip
-
-
-@triton.jit
-def _pixel_tile(tile, tiles, tiles_w, OH, OW, stride_h, stride_w, sxn, sxh, sxw,
+def _pixel_tile(tile, tiles, tiles_w, OH, OW, stride_h, stride_w, image_pixels, row_pixels,
                 BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
     """Pixel tile ``tile`` of the few-channels kernel (none past ``tiles``): its image, its
-    pixels' index in the image, which exist, and where their first taps lie in the padded
-    input (each tile lies in one image: its image and corner are scalars)."""
+    pixels' index in the image, which exist, and the padded input's pixel of their first taps
+    (each tile lies in one image: its image is a scalar)."""
     within = tl.arange(0, BLOCK_H * BLOCK_W)
     tiles_h = tl.cdiv(OH, BLOCK_H)
     n = tile // (tiles_h * tiles_w)
@@ -227,8 +217,7 @@ def _pixel_tile(tile, tiles, tiles_w, OH, OW, stride_h, stride_w, sxn, sxh, sxw,
     p_ok = (within >= 0) & (tile < tiles)  # EVEN: the tiles cover the output exactly
     if not EVEN:
         p_ok = p_ok & (oh < OH) & (ow < OW)
-    corner = n * sxn + oh * stride_h * sxh + ow * stride_w * sxw
-    return n, oh * OW + ow, p_ok, corner
+    return n, oh * OW + ow, p_ok, n * image_pixels + oh * stride_h * row_pixels + ow * stride_w
 
 
 @triton.jit
@@ -300,15 +289,16 @@ def conv_config(
         >>> conv_config(12544, 64, 64, 9)
         ConvConfig(kernel='implicit_gemm', block_m=128, block_n=64, block_k=32, num_warps=8, num_stages=3)
         >>> conv_config(401408, 64, 3, 49)  # ResNet's 7x7 first convolution at batch 32
-        ConvConfig(kernel='few_channels', block_m=128, block_n=64, block_k=160, num_warps=8, num_stages=1)
+        ConvConfig(kernel='few_channels', block_m=128, block_n=64, block_k=256, num_warps=8, num_stages=1)
     """  # noqa: E501
     if in_per_group == 1:
         return ConvConfig("depthwise", 64, 32, 0, 8, 1)
     block_m = 128 if pixels >= 4096 else 64 if pixels >= 512 else 32
     block_n = min(128 if block_m < 128 else 64, max(16, triton.next_power_of_2(out_per_group)))
-    if groups == 1 and not fp32 and in_per_group * taps <= FEW_CHANNELS_K:
+    columns = few_channels_columns(in_per_group, taps)
+    if groups == 1 and not fp32 and columns[0] * columns[1] <= FEW_CHANNELS_K:
         block_n = min(block_n, 64)  # its weights stay in registers
-        return ConvConfig("few_channels", block_m, block_n, sum(k_parts(in_per_group * taps)),
+        return ConvConfig("few_channels", block_m, block_n, columns[0] * columns[1],
                           8 if block_m * block_n >= 128 * 64 else 4, 1)  # fmt: skip
     block_k = 16 if in_per_group * taps <= 16 else 32
     warps = 8 if block_m * block_n >= 128 * 64 else 4  # fewer threads spill (sm_90 check)
@@ -329,16 +319,16 @@ def pixel_block(block_m: int, out_width: int) -> tuple[int, int]:
     return block_m // block_w, block_w
 
 
-def k_parts(k: int) -> tuple[int, int]:
-    """The few-channels kernel's ``K`` columns as two powers of two (``K_LOW``, ``K_HIGH``; 0:
-    none), each at least one MMA's depth (16).
+def few_channels_columns(channels: int, taps: int) -> tuple[int, int]:
+    """The few-channels kernel's K as (taps, channels) a tap, each rounded up to a power of
+    two (their product at least one MMA's depth, 16).
 
     Example:
-        >>> k_parts(147), k_parts(27), k_parts(9), k_parts(256)
-        ((128, 32), (16, 16), (16, 0), (256, 0))
+        >>> few_channels_columns(3, 49), few_channels_columns(3, 9), few_channels_columns(2, 1)
+        ((64, 4), (16, 4), (1, 16))
     """
-    low = max(16, 1 << (k.bit_length() - 1))
-    return low, 0 if low >= k else max(16, triton.next_power_of_2(k - low))
+    padded = triton.next_power_of_2(channels)
+    return triton.next_power_of_2(taps), max(padded, 16 // triton.next_power_of_2(taps))
 
 
 def shift_conv2d(
@@ -407,19 +397,20 @@ def shift_conv2d(
         launch = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
         tiles_m = triton.cdiv(pixels, cfg.block_m)
         if cfg.kernel == "few_channels":
-            k_low, k_high = k_parts(k)
+            tap_columns, cp = few_channels_columns(cg, kh * kw)
             block_h, block_w = pixel_block(cfg.block_m, ow)
             tiles = nb * triton.cdiv(oh, block_h) * triton.cdiv(ow, block_w)
             programs = min(tiles, sm_count(x.device) * FEW_CHANNELS_PROGRAMS)
-            padded = F.pad(batched, (padding[1], padding[1], padding[0], padding[0]))
-            even = oh % block_h == 0 and ow % block_w == 0
+            # channels last, cp channels a pixel, the padding in place: one copy
+            pads = (0, cp - cg, padding[1], padding[1], padding[0], padding[0])
+            padded = F.pad(batched.permute(0, 2, 3, 1), pads)
             _few_channels_kernel[(programs, triton.cdiv(o, cfg.block_n))](
-                padded, *head[1:], nb, oh, ow, o, k, *stride, *dilation, *padded.stride(),
-                packed.stride(0),
+                padded, *head[1:], nb, oh, ow, o, cg, *stride, *dilation,
+                padded.shape[1] * padded.shape[2], padded.shape[2], packed.stride(0),
                 KH=kh, KW=kw, BITS=bits, WIDTH=width, MIN_EXP=min_exp, PER_ROW_N1=per_row,
                 HAS_BIAS=has_bias, UPCAST=dot_upcast(x.dtype), BLOCK_H=block_h, BLOCK_W=block_w,
-                BLOCK_N=cfg.block_n, K_LOW=k_low, K_HIGH=k_high, EVEN=even,
-                CHANNELS_LAST=channels_last,
+                BLOCK_N=cfg.block_n, TAPS=tap_columns, CP=cp,
+                EVEN=oh % block_h == 0 and ow % block_w == 0, CHANNELS_LAST=channels_last,
                 **launch,
             )  # fmt: skip
         elif cfg.kernel == "depthwise":

@@ -217,7 +217,7 @@ def conv_mma_name(block_m: int, block_n: int, per_word: int, pairs: int) -> str:
     return name
 
 
-_FEW_STEPS = 9  # K steps (a 3x3 conv's taps) from which a few tiles split K as far as a round allows
+_FEW_STEPS = 9  # K steps (a 3x3 conv's taps) from which few tiles split K as far as one round
 _FEW_TILES_PER_SM = 8  # "few tiles": at most one an 8th of the SMs
 
 
