@@ -620,6 +620,7 @@ MMA_CONV_CASES = [
     (2, 64, 5, 6, 17, 3, 3, 1, 1, 1),  # half a nibble chunk, a whole byte chunk; 17 outputs
     (1, 130, 4, 4, 8, 1, 1, 2, 0, 1),  # 1x1, stride 2, ragged second chunk
     (1, 96, 7, 5, 33, 5, 3, (2, 1), (2, 0), (1, 2)),  # 5x3 taps, stride, padding, dilation
+    (1, 64, 48, 48, 130, 1, 1, 1, 0, 1),  # 2304 pixels: 128x128 tiles, 8 warps; ragged outputs
 ]
 
 

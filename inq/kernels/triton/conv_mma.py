@@ -170,13 +170,15 @@ def conv_mma_tiles(pixels: int, out_channels: int) -> tuple[int, int, int]:
     """(pixels, output channels, warps) of a tile: pixels are the MMA's narrow side.
 
     Example:
-        >>> conv_mma_tiles(12544, 64)
-        (128, 64, 4)
+        >>> conv_mma_tiles(12544, 64), conv_mma_tiles(6272, 256), conv_mma_tiles(49, 512)
+        ((128, 64, 4), (128, 128, 8), (64, 128, 4))
     """
     block_m = 128 if pixels >= 2048 else 64 if pixels > 32 else 16
-    # 128x128 tiles spill on Triton 3.6 (8 warps; 368 bytes): 128-pixel tiles stay 64 wide
-    block_n = 128 if out_channels >= 128 and block_m < 128 else 64
-    return block_m, block_n, 4
+    if block_m == 128 and out_channels >= 128:
+        # each pixel's inputs read from the L2 once for 128 outputs, not 64: the time model's
+        # bound at batch 32 (8 warps: 114 registers on Triton 3.6, 2 CTAs an SM, no spill)
+        return 128, 128, 8
+    return block_m, 128 if out_channels >= 128 else 64, 4
 
 
 def conv_mma_fits(channels: int, bits: int) -> bool:
@@ -246,7 +248,10 @@ def conv_mma_grid(
     per_tap = triton.cdiv(channels, chunk)
     tiles = triton.cdiv(pixels, block_m) * triton.cdiv(out_channels, block_n)
     steps = taps * per_tap
-    split = k_splits(steps, tiles, sms)
+    slots = tiles * warps // 4  # an 8-warp CTA takes two 4-warp slots
+    # tiles that fill the SMs keep their whole K (the time model: a split's reduce pass and
+    # the second round cost more than a long loop)
+    split = k_splits(steps, slots, sms) if slots < sms else 1
     if steps >= _FEW_STEPS and tiles * _FEW_TILES_PER_SM <= sms:
         # few tiles, each a serial loop of one warp a scheduler: the time model finds K split
         # across a round of CTAs, a step or two each, worth the reduce pass (ResNet-18 layer2-4
