@@ -324,13 +324,14 @@ class ConvCase:
 @dataclass(frozen=True)
 class ConvTiling:
     """One launch of a convolution kernel: the tensor-core kernel on the linear kernels'
-    layout (``padded``: K is each tap's channels padded to whole chunks), or the implicit GEMM
-    on packed codes (a first convolution's few channels)."""
+    layout (``padded``: K is each tap's channels padded to whole chunks), the few-channels
+    kernel (a first convolution: its whole K an iteration) or the implicit GEMM on packed
+    codes."""
 
     variant: str  # the static check's name of the variant that runs
     block_m: int  # output pixels a CTA covers
     block_n: int  # output channels a CTA covers
-    block_k: int  # K columns of a main-loop iteration (one chunk on the kernel layout)
+    block_k: int  # K columns of a main-loop iteration (of a chunk the slots it multiplies)
     split_k: int
     padded: bool
 

@@ -184,7 +184,7 @@ def conv_mma_tiles(pixels: int, out_channels: int) -> tuple[int, int, int]:
 def conv_mma_fits(channels: int, bits: int) -> bool:
     """Whether a ``groups=1`` fp16/bf16 convolution with ``channels`` input channels goes to
     :func:`conv_mma`: at least half a chunk of them a tap (with fewer, most of each chunk's
-    products would be padding; a first convolution's 3 channels keep the implicit GEMM).
+    products would be padding; a first convolution's 3 channels take the few-channels kernel).
 
     Example:
         >>> conv_mma_fits(3, 4), conv_mma_fits(64, 4), conv_mma_fits(32, 8)
