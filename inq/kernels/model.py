@@ -362,13 +362,9 @@ def conv_tiling(case: ConvCase, bits: int, sms: int) -> ConvTiling:
         return ConvTiling(conv_mma_name(m, n, chunk // CHUNK_WORDS, pairs), m, n,
                           min(chunk, 32 * pairs), split, True)  # fmt: skip
     cfg = conv_config(case.pixels, o, c, kh * kw)
-    if cfg.kernel == "few_channels":
-        name = f"conv few channels {cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
-        return ConvTiling(name, cfg.block_m, cfg.block_n, cfg.block_k, 1, False)
-    if cfg.kernel != "implicit_gemm":
+    if cfg.kernel not in ("implicit_gemm", "few_channels"):
         raise ValueError(f"the time model has no {cfg.kernel} convolution ({case.weight_shape})")
-    name = f"conv implicit gemm {cfg.block_m}x{cfg.block_n}x{cfg.block_k}"
-    return ConvTiling(name, cfg.block_m, cfg.block_n, cfg.block_k, 1, False)
+    return ConvTiling(cfg.variant, cfg.block_m, cfg.block_n, cfg.block_k, 1, False)
 
 
 def predict_conv(

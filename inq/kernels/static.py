@@ -231,10 +231,10 @@ def variants() -> list[Variant]:
             cx = flags | {"KH": 3, "KW": 3, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n}
             launch = (cfg.num_warps, cfg.num_stages)
             if cfg.kernel == "depthwise":
-                name = f"conv depthwise {cfg.block_m}x{cfg.block_n}{suffix}"
+                name = f"{cfg.variant}{suffix}"
                 out.append(Variant(name, "conv", "_depthwise_kernel", dtype, cx, *launch))
             else:
-                name = f"conv implicit gemm {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{suffix}"
+                name = f"{cfg.variant}{suffix}"
                 cx |= {"UPCAST": False, "IEEE": ieee, "BLOCK_K": cfg.block_k}
                 kernel = "_implicit_gemm_kernel"
                 work = _work(cfg.block_m, cfg.block_n, cfg.block_k)
@@ -247,7 +247,7 @@ def variants() -> list[Variant]:
             cx = flags | {"KH": 7, "KW": 7, "UPCAST": False, "BLOCK_H": block_h,
                           "BLOCK_W": block_w, "BLOCK_N": cfg.block_n, "TAPS": tap_columns,
                           "CP": cp, "EVEN": even}  # fmt: skip
-            name = f"conv few channels {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{suffix}"
+            name = f"{cfg.variant}{suffix}"
             macs = cfg.block_m * cfg.block_n * cfg.block_k  # a pixel tile; the decode is before
             out.append(Variant(name, "conv", "_few_channels_kernel", dtype, cx, cfg.num_warps,
                                cfg.num_stages, False, True, loop_macs=macs))  # fmt: skip

@@ -73,9 +73,20 @@ class ConvConfig:
     kernel: str
     block_m: int  # output pixels
     block_n: int  # output channels
-    block_k: int  # reduction (implicit GEMM only)
+    block_k: int  # reduction (the few-channels kernel: its whole padded K; depthwise: 0)
     num_warps: int
     num_stages: int
+
+    @property
+    def variant(self) -> str:
+        """The static check's name of the kernel in these tiles (``inq bench kernel --static``).
+
+        Example:
+            >>> conv_config(12544, 64, 64, 9).variant, conv_config(12544, 8, 1, 9).variant
+            ('conv implicit gemm 128x64x32', 'conv depthwise 64x32')
+        """
+        k = f"x{self.block_k}" if self.block_k else ""
+        return f"conv {self.kernel.replace('_', ' ')} {self.block_m}x{self.block_n}{k}"
 
 
 @triton.jit
@@ -198,8 +209,7 @@ def _patches(x_ptr, corner, p_ok, tap_offset, tap_ok, CP: tl.constexpr):
     pixel ``corner`` (``tap_offset``: multiples of ``CP``; each tap's channels one vector)."""
     channels = tl.arange(0, CP)
     offsets = (corner * CP)[:, None, None] + tap_offset[None, :, None] + channels[None, None, :]
-    ok = p_ok[:, None, None] & tap_ok[None, :, None] & (channels >= 0)[None, None, :]
-    x = tl.load(x_ptr + offsets, mask=ok, other=0)
+    x = tl.load(x_ptr + offsets, mask=p_ok[:, None, None] & tap_ok[None, :, None], other=0)
     return tl.reshape(x, [corner.shape[0], tap_offset.shape[0] * CP])
 
 
