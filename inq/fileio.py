@@ -1,5 +1,5 @@
-"""File I/O: atomic writes (a reader sees the old file or the whole new one), safe reads, and
-byte-reproducible safetensors files.
+"""File I/O: atomic writes (a reader sees the old file or the whole new one), steps no stop
+cuts in the middle, safe reads, and byte-reproducible safetensors files.
 
 Named ``fileio`` rather than ``io``, the standard library's module: ``from inq import io``, or a
 script run from inside ``inq/``, would get one where the reader expects the other."""
@@ -15,8 +15,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO, cast
@@ -43,6 +45,7 @@ __all__ = [
     "n1_json",
     "open_safetensors",
     "read_safetensors",
+    "stops_held",
     "write_safetensors",
 ]
 
@@ -191,6 +194,39 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
         shutil.rmtree(aside, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Within the block, Ctrl-C and SIGTERM are recorded, not acted on; on leaving it, each
+    reaches the handler it would have reached. For a step that must not be cut in its middle:
+    a started build whose process id is not yet known, a checkpoint being assembled (an
+    exception raised inside a library's half-built object can come out as another error).
+    Outside the main thread, where no handler runs, nothing is held.
+
+    Example:
+        >>> try:
+        ...     with stops_held():
+        ...         signal.raise_signal(signal.SIGINT)
+        ...         print("the block ends")
+        ... except KeyboardInterrupt:
+        ...     print("then Ctrl-C stops")
+        the block ends
+        then Ctrl-C stops
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, lambda n, _: held.append(n)) for signum in stops}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for stop in held:
+            signal.raise_signal(stop)
 
 
 def _alive(pid: int) -> bool:

@@ -27,14 +27,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from tqdm import tqdm
 
-from inq.fileio import abandoned, atomic_path
+from inq.fileio import abandoned, atomic_path, stops_held
 
 __all__ = [
     "HLS4ML_FORMAT",
@@ -128,7 +126,7 @@ def run_build(command: list[str], cwd: Path, what: str) -> tuple[int, str]:
     # a stop while the progress line was being set up (tqdm's first lock takes milliseconds), or
     # while Popen returned after the fork, left the build running: Popen held, the try around it
     try:
-        with _stops_held():
+        with stops_held():
             build = subprocess.Popen(
                 command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 errors="replace", start_new_session=True,
@@ -149,27 +147,6 @@ def run_build(command: list[str], cwd: Path, what: str) -> tuple[int, str]:
                 build.stdout.close()
         raise
     return build.returncode, output
-
-
-@contextlib.contextmanager
-def _stops_held() -> Iterator[None]:
-    """Within the block, Ctrl-C and SIGTERM are recorded, not acted on; on leaving it, each
-    reaches the handler it would have reached. For a step that must not be cut in its middle
-    (a started build whose process id is not yet known). Outside the main thread, where no
-    handler runs, nothing is held."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []
-    stops = (signal.SIGINT, signal.SIGTERM)
-    previous = {signum: signal.signal(signum, lambda n, _: held.append(n)) for signum in stops}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        for signum in held:
-            signal.raise_signal(signum)
 
 
 def stop_abandoned_builds(out: Path) -> None:

@@ -3,8 +3,11 @@ exact steps, checkpoints, exact resume, divergence, progress bars."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -16,13 +19,14 @@ from train_helpers import TINY, inq_train_here
 
 from inq.errors import ConfigError
 from inq.runfiles import LATEST
+from inq.train import checkpoint as ckpt
 from inq.train.build import check_amp
 from inq.train.checkpoint import CHECKPOINT_DIR, load_checkpoint
 from inq.train.config import Config, register, validate
 from inq.train.distributed import setup
 from inq.train.loop import Trainer
 from inq.train.progress import Progress
-from inq.train.rundir import RunStopped
+from inq.train.rundir import RunStopped, Terminated, stop_signals
 
 
 def tiny(*overrides: str) -> Config:
@@ -179,6 +183,25 @@ def test_the_eta_leaves_the_time_spent_compiling_out(
     (line,) = [r.getMessage() for r in caplog.records if " epoch " in r.getMessage()]
     # elapsed counts the compiles; the ETA (5 steps timed, 14 left) does not: 1:06:40 before
     assert re.search(r"elapsed 33:\d\d, ETA 0:\d\d$", line), line
+
+
+def test_a_stop_during_a_save_acts_once_the_checkpoint_is_written(
+    cfg: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM in the middle of a save, inside OmegaConf's copy of the config, came out of it
+    as an AttributeError (CI, stop 64): the save now holds it until the checkpoint is whole."""
+    trainer = Trainer(cfg, tmp_path, setup("cpu"), saved=None)
+    copy_config = ckpt.to_dict
+
+    def stopped_while_copying(config: Any) -> dict[str, Any]:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return copy_config(config)
+
+    monkeypatch.setattr(ckpt, "to_dict", stopped_while_copying)
+    with pytest.raises(Terminated), stop_signals():
+        trainer.save()
+    trainer.tb.close()
+    assert load_checkpoint(tmp_path / LATEST)["config"] == json.dumps(copy_config(cfg))
 
 
 def test_a_restored_trainer_goes_on_bit_identically(cfg: Config, tmp_path: Path) -> None:

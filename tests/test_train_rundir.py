@@ -27,6 +27,7 @@ from inq.train.rundir import (
     RECORDED_CONFIG,
     RunDir,
     RunStopped,
+    Terminated,
     claimed,
     holds_run,
     remove_unused,
@@ -389,6 +390,20 @@ def test_claimed_leaves_nothing_of_a_new_run_that_failed_or_stopped(tmp_path: Pa
         "interrupted (Ctrl-C); no checkpoint was saved yet: start the run again"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_stop_that_a_library_turned_into_another_error_is_still_the_stop(
+    tmp_path: Path,
+) -> None:
+    """OmegaConf, cut by a SIGTERM while it builds a node, fails in its cleanup and raises an
+    AttributeError while handling the stop (CI, stop 64): the run reports the stop."""
+    with pytest.raises(RunStopped) as stop, claimed(_resume(), tmp_path / "run", True, True):
+        try:
+            raise Terminated
+        finally:  # OmegaConf's flag_override restoring the flags of a node half built
+            raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
+    assert stop.value.exit_code == 143
+    assert str(stop.value).startswith("stopped by SIGTERM; ")
 
 
 def test_a_run_that_saved_keeps_its_directory_when_it_stops(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from inq.baselines import STEQuantizer
 from inq.data import ResumableSampler, batches_per_epoch, data_record
 from inq.distill import frozen_teacher
 from inq.evaluation import evaluate
+from inq.fileio import stops_held
 from inq.fit import Distill, fit_step
 from inq.prune import sparsity_schedule
 from inq.train import checkpoint as ckpt
@@ -307,32 +308,28 @@ class Trainer:
 
         The TensorBoard events before this step are written first; the checkpoint carries the
         ones of this step (see :mod:`inq.train.monitor`). Only the newest
-        ``trainer.keep_checkpoints`` stage checkpoints stay.
+        ``trainer.keep_checkpoints`` stage checkpoints stay. Ctrl-C or SIGTERM waits for the
+        checkpoint (inside OmegaConf's copy of the config, it came out as another error).
         """
         self._stop_if_diverged(ckpt.first_non_finite(self._trained))
         if not self.env.main:
             return
-        state = ckpt.training_state(
-            tb_pending=self.tb.commit(self.progress.step),
-            model=self.model,
-            sched=self.sched,
-            optimizer=self._optimizer,
-            params=self._params,
-            lr_schedule=self._lr_sched,
-            scaler=self._scaler,
-            progress={**asdict(self.progress), "seconds": self.phase_seconds()},
-            history=self.history,
-            timings=self.timings,
-            world_size=self.env.world_size,
-            config=self.cfg,
-            quant=self._trained.state_dict() if self._trained is not self.model else None,
-        )
-        keep = self.cfg.trainer.keep_checkpoints
-        stale: list[str] = []
-        if names and keep is not None:
-            done = [p.name for p in self.phases[: self.progress.phase] if p.name != "float"]
-            stale = done[: max(0, len(done) - keep)]
-        ckpt.save_run_checkpoint(self.out, state, names, stale)
+        with stops_held():
+            state = ckpt.training_state(
+                tb_pending=self.tb.commit(self.progress.step), model=self.model,
+                sched=self.sched, optimizer=self._optimizer, params=self._params,
+                lr_schedule=self._lr_sched, scaler=self._scaler,
+                progress={**asdict(self.progress), "seconds": self.phase_seconds()},
+                history=self.history, timings=self.timings, world_size=self.env.world_size,
+                config=self.cfg,
+                quant=self._trained.state_dict() if self._trained is not self.model else None,
+            )  # fmt: skip
+            keep = self.cfg.trainer.keep_checkpoints
+            stale: list[str] = []
+            if names and keep is not None:
+                done = [p.name for p in self.phases[: self.progress.phase] if p.name != "float"]
+                stale = done[: max(0, len(done) - keep)]
+            ckpt.save_run_checkpoint(self.out, state, names, stale)
 
     def _stop_if_diverged(self, problem: str | None) -> None:
         """Stop the run, on every rank together, if any rank found a ``problem`` (a non-finite

@@ -121,9 +121,10 @@ def claimed(
                 owner.start(claim.continues, hydra_files or {}, note)
             yield claim
     except BaseException as err:
+        cause = _interrupt_behind(err) or err
         stop = (
-            RunStopped.after(err, claim.home)
-            if isinstance(err, (KeyboardInterrupt, OSError))
+            RunStopped.after(cause, claim.home)
+            if isinstance(cause, (KeyboardInterrupt, OSError))
             else err
         )
         if owner is not None:  # a new run that stopped before its first checkpoint leaves nothing
@@ -375,6 +376,19 @@ class RunDir:
             (self.path / LOCK_NAME).unlink(missing_ok=True)
             remove_if_empty(self.path)
         self.lock.close()  # closing the file drops the lock
+
+
+def _interrupt_behind(err: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM that ``err`` was raised while handling, if any: a library whose
+    cleanup fails on a half-built object (OmegaConf's nodes) turns a stop into another error."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def remove_if_empty(path: Path) -> None:
