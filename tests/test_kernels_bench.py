@@ -331,6 +331,12 @@ def test_harnesses_and_tilings_on_the_gpu() -> None:
     tilings, chosen = bench.linear_tilings(x, packed, 4, n1, harness)
     assert tilings and chosen is not None and 0 <= chosen < len(tilings)
     assert all(t.kernel == "mma" and t.time_us > 0 for t in tilings)
+    conv = torch.nn.Conv2d(64, 128, 3, padding=1, bias=False).cuda()  # 1,024 pixels: 2 launches
+    packed, n1 = bench.quantized(conv.weight.detach(), 4)
+    images = torch.randn(1, 64, 32, 32, device="cuda", dtype=torch.float16)
+    tilings, chosen = bench.conv_tilings(images, packed, 4, n1, conv, harness)
+    assert [t.block_m for t in tilings] == [64, 128] and chosen in (0, 1)
+    assert all(t.kernel == "conv mma" and t.time_us > 0 for t in tilings)
     # the int8 reference takes the padded shapes (cuBLASLt: M > 16, K and N multiples of 8)
     conv1 = SimpleNamespace(op="conv", attrs={"weight_shape": [64, 3, 7, 7], "groups": 1})
     fc = SimpleNamespace(op="linear", attrs={"in_features": 512})

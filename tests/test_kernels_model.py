@@ -230,6 +230,31 @@ def test_a_convolution_record_keeps_its_shapes_and_launch() -> None:
     assert (launch["block_k"], launch["figures"]["loop_instructions"]) == (64, 183)
 
 
+def test_a_convolution_record_keeps_each_launch_on_offer_and_its_order() -> None:
+    """A run that timed both pixel tiles of a convolution (``layer4.0.conv2`` at batch 32,
+    offered as 64x128/2 and 128x128/2): both kept, with their figures and (clean flush) times;
+    the model's faster one is checked against the op, and its order against the run's."""
+    offer = [(64, 128, 2, 4, 29.0), (128, 128, 2, 8, 25.0)]
+    timed = [{"kernel": "conv mma", "block_m": m, "block_n": n, "split_k": k, "num_warps": w,
+              "num_stages": 3, "time_us": us} for m, n, k, w, us in offer]  # fmt: skip
+    bench = _bench([])
+    bench["results"][1] |= {"name": "layer4.0.conv2", "batch": 32, "time_us": 25.0,
+                            "tilings": timed, "chosen": 1}  # fmt: skip
+    static = [_static()[0] | {"name": f"conv mma {m}x128", "num_warps": w, "ctas_per_sm": 6 // w,
+                              "loop_instructions": 350 if m == 64 else 244}
+              for m, w in ((64, 4), (128, 8))]  # fmt: skip
+    record = calibration_records(bench, static + _static(), CLEAN, "3.6.0")["records"][1]
+    assert [(t["block_m"], t["split_k"], t["time_us"]) for t in record["tilings"]] == [
+        (64, 2, 29.0), (128, 2, 25.0)
+    ]  # fmt: skip
+    assert [t["figures"]["loop_instructions"] for t in record["tilings"]] == [350, 244]
+    check = calibrate(json.loads(json.dumps({"device": "H200", "harness": "clean flush",
+                                             "records": [record]})))[0]  # fmt: skip
+    assert (check.tiling, check.ranking) == ("128x128/2", True)
+    dirty = calibration_records(bench, static + _static(), DIRTY, "3.6.0")["records"][1]
+    assert [t["time_us"] for t in dirty["tilings"]] == [None, None]  # timed with a clean flush
+
+
 def test_a_convolution_launches_as_the_dispatcher_does() -> None:
     """3 input channels take the few-channels kernel (K = 147 whole: 64 taps x 4); wider
     convolutions take the kernel layout, a chunk (128 columns of nibbles, 64 of bytes) an

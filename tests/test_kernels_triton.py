@@ -672,6 +672,32 @@ def test_shift_conv2d_split_k(dtype: torch.dtype, bits: int) -> None:
     assert_close_fp32_sum(y.cpu(), x, w, ref, k, split, conv)
 
 
+def test_every_conv_launch_on_offer_gives_the_same_bits() -> None:
+    """The 64- and 128-pixel tiles a GPU chooses between (``conv_mma_grids``, timed once by
+    ``swar.choose``) split K alike and walk it in the same order: every output is the same
+    sum, bit for bit, whichever is picked. 1,024 pixels of 128 outputs, K split 5 ways."""
+    from inq.kernels.triton import conv_mma as cm
+
+    shape, args = [128, 64, 3, 3], ([1, 1], [1, 1], [1, 1])
+    packed = pack_codes(random_codes(128, 64 * 9, 4, seed=11), 4).to(DEVICE)
+    x = torch.randn(1, 64, 32, 32, generator=torch.Generator().manual_seed(11)).half()
+    x = x.to(DEVICE)
+    layout = cm.conv_layout(packed, 4, 0, shape, torch.float16)
+    out = torch.empty(1, 128, 32, 32, dtype=torch.float16, device=DEVICE)
+    grids, chosen = cm.offered_grids(x, layout, shape, *args, out)
+    assert chosen == 0 and [(g.block_m, g.warps, g.split) for g in grids] == [
+        (64, 4, 5),
+        (128, 8, 5),
+    ]
+    outs = []
+    for grid in grids:
+        cm.launch_grid(x, layout, shape, None, *args, out, grid)
+        outs.append(out.cpu().view(torch.int16).clone())
+    assert torch.equal(outs[0], outs[1])
+    y = tk.shift_conv2d(x, packed, 4, 0, shape, None, *args, 1)  # the default, on the CPU
+    assert torch.equal(y.cpu().view(torch.int16), outs[0])
+
+
 # (N, H, W, kernel, stride, padding, dilation, K columns, pixel tile, tiles): a first conv's
 # 7x7 stride-2 geometry (49 taps in 64, 3 channels in 4; the tiles ragged in width), and 3x3
 # taps dilated on an output the tiles cover exactly (9 taps in 16)

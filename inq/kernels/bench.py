@@ -143,7 +143,7 @@ class BenchResult:
     time_graph_us: float  # inq op, per call back to back in a CUDA graph
     baseline_graph_us: float
     graph_copies: int  # copies of the inputs both graphs rotate over
-    tilings: list[Tiling] = field(default_factory=list)  # linear on the swar kernels only
+    tilings: list[Tiling] = field(default_factory=list)  # on the tensor-core kernels only
     chosen: int | None = None  # the index in tilings the dispatcher runs
     launch: dict[str, Any] | None = None  # conv2d: the launch made (model.ConvTiling's fields)
 
@@ -411,11 +411,39 @@ def bench_resnet18(
             ours = harness.time(op, (x_cl, packed), copies)
             base = harness.time(bound(F.conv2d, None, *args), (x_cl, weight_cl), copies)
             moved = packed.numel() + (x.numel() + math.prod(out_shape)) * x.element_size()
-            result = _result("conv2d", name, batch, bits, dtype, ours, base, moved, copy, copies)
+            tilings, chosen = conv_tilings(x_cl, packed, bits, n1, conv, harness)
+            result = _result("conv2d", name, batch, bits, dtype, ours, base, moved, copy, copies,
+                             tilings, chosen)  # fmt: skip
             case = model.ConvCase(shape, tuple(wshape), out_shape)
-            result.launch = asdict(model.conv_tiling(case, bits, sm_count(x.device)))
+            offered = model.conv_tilings(case, bits, sm_count(x.device))
+            result.launch = asdict(offered[chosen or 0])
             results.append(result)
     return results
+
+
+def conv_tilings(
+    x: Tensor, packed: Tensor, bits: int, n1: int, conv: nn.Conv2d, harness: Harness
+) -> tuple[list[Tiling], int | None]:
+    """Every launch the tensor-core convolution offers for ``inq::shift_conv2d`` on ``x`` and
+    ``packed`` (the geometry of ``conv``), each timed alone with the clean flush, and the index
+    of the one it runs; ``([], None)`` where another kernel runs."""
+    from inq.kernels.triton import conv_mma as cm
+
+    wshape = list(conv.weight.shape)
+    stride, padding, dilation, groups = geometry = _geometry(conv)
+    out = torch.ops.inq.shift_conv2d(x, packed, bits, n1, wshape, None, *geometry)  # picks
+    layout = cm.conv_layout(packed, bits, n1, wshape, x.dtype)
+    if groups != 1 or not cm.conv_mma_fits(wshape[1], bits) or layout is None:
+        return [], None
+    grids, chosen = cm.offered_grids(x, layout, wshape, stride, padding, dilation, out)
+    tilings = []
+    for grid in grids:
+        run = partial(cm.launch_grid, x, layout, wshape, None, stride, padding, dilation, out,
+                      grid)  # fmt: skip
+        us = time_cuda(run, harness.extra_repeats, harness.clean_flush)
+        tilings.append(Tiling("conv mma", grid.block_m, grid.block_n, grid.split, grid.warps,
+                              3, us))  # fmt: skip
+    return tilings, chosen
 
 
 def _geometry(conv: nn.Conv2d) -> tuple[list[int], list[int], list[int], int]:

@@ -71,6 +71,7 @@ __all__ = [
     "calibrate",
     "calibration_records",
     "conv_tiling",
+    "conv_tilings",
     "device_name",
     "estimate_convs",
     "estimate_linear",
@@ -343,28 +344,43 @@ class ConvTiling:
 
 def conv_tiling(case: ConvCase, bits: int, sms: int) -> ConvTiling:
     """The launch ``inq::shift_conv2d`` makes for ``case`` with fp16 activations on ``sms``
+    SMs before a GPU has timed what it offers (:func:`conv_tilings`): its default.
+
+    Raises:
+        ValueError: a depthwise convolution (one channel a group): not modelled.
+    """
+    return conv_tilings(case, bits, sms)[0]
+
+
+def conv_tilings(case: ConvCase, bits: int, sms: int) -> list[ConvTiling]:
+    """The launches ``inq::shift_conv2d`` offers for ``case`` with fp16 activations on ``sms``
     SMs (:func:`inq.kernels.triton.conv.shift_conv2d`'s choice, where the kernel layout holds
-    the weight, as it does for the power-of-two codes of a trained layer).
+    the weight, as it does for the power-of-two codes of a trained layer), the default first;
+    a GPU keeps the fastest (:func:`inq.kernels.triton.swar.choose`).
 
     Raises:
         ValueError: a depthwise convolution (one channel a group): not modelled.
     """
     from inq.kernels.layout import chunk_columns
     from inq.kernels.triton.conv import conv_config
-    from inq.kernels.triton.conv_mma import chunk_pairs, conv_mma_fits, conv_mma_grid, conv_mma_name
+    from inq.kernels.triton.conv_mma import (
+        chunk_pairs,
+        conv_mma_fits,
+        conv_mma_grids,
+        conv_mma_name,
+    )
 
     o, c, kh, kw = case.weight_shape
     if conv_mma_fits(c, bits):
         chunk = chunk_columns(bits)
-        grid = conv_mma_grid(case.pixels, o, c, kh * kw, chunk, sms)
-        m, n, split = grid.block_m, grid.block_n, grid.split
         pairs = chunk_pairs(c, chunk // CHUNK_WORDS)  # the columns a chunk multiplies
-        return ConvTiling(conv_mma_name(m, n, chunk // CHUNK_WORDS, pairs), m, n,
-                          min(chunk, 32 * pairs), split, True)  # fmt: skip
+        return [ConvTiling(conv_mma_name(g.block_m, g.block_n, chunk // CHUNK_WORDS, pairs),
+                           g.block_m, g.block_n, min(chunk, 32 * pairs), g.split, True)
+                for g in conv_mma_grids(case.pixels, o, c, kh * kw, chunk, sms)]  # fmt: skip
     cfg = conv_config(case.pixels, o, c, kh * kw)
     if cfg.kernel not in ("implicit_gemm", "few_channels"):
         raise ValueError(f"the time model has no {cfg.kernel} convolution ({case.weight_shape})")
-    return ConvTiling(cfg.variant, cfg.block_m, cfg.block_n, cfg.block_k, 1, False)
+    return [ConvTiling(cfg.variant, cfg.block_m, cfg.block_n, cfg.block_k, 1, False)]
 
 
 def predict_conv(
@@ -594,8 +610,8 @@ def estimate_convs(
     harness: Harness = CLEAN,
 ) -> list[ConvEstimate]:
     """The model's time of every convolution of the benchmark's ResNet-18 (224x224, batches
-    of :data:`inq.kernels.shapes.CONV_BATCHES`) on the launch ``inq::shift_conv2d`` makes,
-    from ``figures`` (compiled variants by name and bits: 5 to 8 bits take the byte-code
+    of :data:`inq.kernels.shapes.CONV_BATCHES`) on the fastest launch ``inq::shift_conv2d``
+    offers, from ``figures`` (compiled variants by name and bits: 5 to 8 bits take the byte-code
     variant's figures); layers whose variant was not compiled are left out."""
     from inq.kernels.shapes import CONV_BATCHES
 
@@ -604,10 +620,11 @@ def estimate_convs(
     for bits in bits_list:
         for batch in CONV_BATCHES:
             for name, case in cases[batch].items():
-                tiling = conv_tiling(case, bits, device.sms)
-                fig = figures.get((tiling.variant, code_width(bits)))
-                if fig is not None:
-                    p = predict_conv(case, bits, tiling, fig, device, harness)
+                timed = [(predict_conv(case, bits, t, figures[key], device, harness), t)
+                         for t in conv_tilings(case, bits, device.sms)
+                         if (key := (t.variant, code_width(bits))) in figures]  # fmt: skip
+                if timed:  # the GPU keeps the fastest
+                    p, tiling = min(timed, key=lambda pt: pt[0].total_us)
                     out.append(ConvEstimate(name, batch, bits, device.name, tiling, p))
     return out
 
@@ -677,13 +694,20 @@ def calibration_records(
                 cases[r["batch"]] = _resnet18_cases(r["batch"])
             case = cases[r["batch"]][r["name"]]
             # the launch as the run recorded it; earlier runs recorded none, and get what the
-            # dispatcher makes now (so make their file at the commit of the run)
+            # dispatcher makes now (so make their file at the commit of the run); runs that
+            # timed each launch on offer keep them all, with their times
             launch = r.get("launch")
             tiling = ConvTiling(**launch) if launch else conv_tiling(case, r["bits"], device.sms)
-            fig = Figures.from_record(figures[(tiling.variant, code_width(r["bits"]))])
-            ran = asdict(tiling) | {"figures": asdict(fig), "time_us": None}
+            offered, timed = [tiling], [None]
+            shown = [(t["block_m"], t["block_n"], t["split_k"]) for t in r.get("tilings", [])]
+            now = conv_tilings(case, r["bits"], device.sms)
+            if len(shown) > 1 and shown == [(t.block_m, t.block_n, t.split_k) for t in now]:
+                offered, timed = now, [t["time_us"] for t in r["tilings"]]
+            ran = [asdict(t) | {"time_us": None if harness.dirty_l2 else us, "figures": asdict(
+                       Figures.from_record(figures[(t.variant, code_width(r["bits"]))]))}
+                   for t, us in zip(offered, timed, strict=True)]  # fmt: skip
             records.append({"op": "conv2d"} | common | measured | {"case": asdict(case),
-                           "tilings": [ran]})  # fmt: skip
+                           "tilings": ran})  # fmt: skip
             continue
         out_f, in_f = map(int, r["name"].split("x"))
         # the tilings the run offered, as it recorded them; older runs recorded none, and get
@@ -754,6 +778,8 @@ def _spread(records: list[dict[str, Any]]) -> float:
     batch 1 and 16): the largest ratio minus one, 0 where no launch was timed twice."""
     times: dict[tuple[Any, ...], list[float]] = {}
     for r in records:
+        if r.get("op") == "conv2d":  # each shape a convolution of its own
+            continue
         for t in r["tilings"]:
             if t["time_us"] is not None:
                 grid = -(-r["batch"] // t["block_m"])
@@ -780,32 +806,36 @@ def calibrate(data: dict[str, Any]) -> list[Check]:
     tiling on offer against the measured op, the dense model against the measured cuBLAS
     baseline, and the order of the tilings where the run told them apart by more than it told
     the same launch apart from itself (:func:`_spread`); for a convolution the launch that
-    ran against the measured op (cuDNN has no model here: its algorithm differs by layer)."""
+    ran, or the fastest of those it offered where the run timed each, against the measured op
+    and in their order (cuDNN has no model here: its algorithm differs by layer)."""
     device, harness = DEVICES[data["device"]], HARNESSES[data["harness"]]
     spread = _spread(data["records"])
     checks = []
     for r in data["records"]:
         common = (r["name"], r["batch"], r["bits"])
         if r.get("op") == "conv2d":  # no model of cuDNN: the kernel alone
-            (t,) = r["tilings"]
-            tiling = ConvTiling(**{k: t[k] for k in ConvTiling.__dataclass_fields__})
             case = ConvCase(**{k: tuple(v) for k, v in r["case"].items()})
-            p = predict_conv(case, r["bits"], tiling, Figures(**t["figures"]), device, harness)
-            checks.append(Check(*common, "inq", r["time_us"], p.total_us, tiling.name))
-            continue
-        out_f, in_f = map(int, r["name"].split("x"))
-        predicted = [
-            predict_linear(out_f, in_f, r["batch"], r["bits"],
-                           Tiling(t["block_m"], t["block_n"], t["split_k"]),
-                           Figures(**t["figures"]), device, harness)
-            for t in r["tilings"]
-        ]  # fmt: skip
+            predicted = [
+                predict_conv(case, r["bits"],
+                             ConvTiling(**{k: t[k] for k in ConvTiling.__dataclass_fields__}),
+                             Figures(**t["figures"]), device, harness)
+                for t in r["tilings"]
+            ]  # fmt: skip
+        else:
+            out_f, in_f = map(int, r["name"].split("x"))
+            predicted = [
+                predict_linear(out_f, in_f, r["batch"], r["bits"],
+                               Tiling(t["block_m"], t["block_n"], t["split_k"]),
+                               Figures(**t["figures"]), device, harness)
+                for t in r["tilings"]
+            ]  # fmt: skip
         best = min(predicted, key=lambda p: p.total_us)
         times = [t["time_us"] for t in r["tilings"]]
         ranking = _ranking(times, [p.total_us for p in predicted], spread)
         checks.append(Check(*common, "inq", r["time_us"], best.total_us, best.tiling, ranking))
-        cublas = predict_dense(out_f, in_f, r["batch"], device, harness)
-        checks.append(Check(*common, "cuBLAS", r["baseline_us"], cublas, "dense"))
+        if r.get("op") != "conv2d":
+            cublas = predict_dense(out_f, in_f, r["batch"], device, harness)
+            checks.append(Check(*common, "cuBLAS", r["baseline_us"], cublas, "dense"))
     return checks
 
 

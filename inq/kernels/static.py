@@ -287,12 +287,12 @@ def variants() -> list[Variant]:
 
 def conv_mma_variants() -> list[Variant]:
     """The fp16/bf16 convolution on the kernel layout (:mod:`inq.kernels.triton.conv_mma`) in
-    the tiles it picks for ResNet-18's convolutions at batch 1 and 32, nibble and byte codes
+    the tiles it offers for ResNet-18's convolutions at batch 1 and 32, nibble and byte codes
     (and, where a tap's channels fill part of a chunk, the slots it multiplies), with the
     linear kernels' budgets: per MAC for 128-pixel tiles, per weight for narrower ones (their
     decode is shared by fewer pixels), twice for byte codes."""
     from inq.kernels.shapes import CONV_BATCHES, resnet18_convs
-    from inq.kernels.triton.conv_mma import chunk_pairs, conv_mma_name, conv_mma_tiles
+    from inq.kernels.triton.conv_mma import chunk_pairs, conv_mma_grids, conv_mma_name
 
     launches = set()
     for batch in CONV_BATCHES:
@@ -302,7 +302,9 @@ def conv_mma_variants() -> list[Variant]:
             if channels >= 32:  # conv1's 3 take the few-channels kernel
                 for per_word in (8, 4):
                     pairs = chunk_pairs(channels, per_word)
-                    launches.add((*conv_mma_tiles(n * oh * ow, o), per_word, pairs))
+                    chunk = 16 * per_word
+                    for g in conv_mma_grids(n * oh * ow, o, channels, 9, chunk, 132):
+                        launches.add((g.block_m, g.block_n, g.warps, per_word, pairs))
     out = []
     for m, n, warps, per_word, pairs in sorted(launches):
         for dtype in ("fp16", "bf16"):

@@ -42,7 +42,7 @@ from inq.kernels.triton.decode import (
     sm_count,
 )
 from inq.kernels.triton.geometry import k_splits, pixel_origins
-from inq.kernels.triton.swar import decode_pair, slot_dot
+from inq.kernels.triton.swar import choose, decode_pair, remembered, slot_dot
 
 __all__ = [
     "ConvLayout",
@@ -52,8 +52,11 @@ __all__ = [
     "conv_mma",
     "conv_mma_fits",
     "conv_mma_grid",
+    "conv_mma_grids",
     "conv_mma_name",
     "conv_mma_tiles",
+    "launch_grid",
+    "offered_grids",
 ]
 
 
@@ -221,6 +224,7 @@ def conv_mma_name(block_m: int, block_n: int, per_word: int, pairs: int) -> str:
 
 _FEW_STEPS = 9  # K steps (a 3x3 conv's taps) from which few tiles split K as far as one round
 _FEW_TILES_PER_SM = 8  # "few tiles": at most one an 8th of the SMs
+_BOTH_TILES_FROM = 1024  # output pixels from which 64- and 128-pixel tiles are both offered
 
 
 class ConvMmaGrid(NamedTuple):
@@ -260,6 +264,50 @@ def conv_mma_grid(
     return ConvMmaGrid(block_m, block_n, warps, per_tap, tiles, split)
 
 
+def conv_mma_grids(
+    pixels: int, out_channels: int, channels: int, taps: int, chunk: int, sms: int
+) -> tuple[ConvMmaGrid, ...]:
+    """The launches :func:`conv_mma` offers, :func:`conv_mma_grid`'s first: from
+    :data:`_BOTH_TILES_FROM` pixels of 128 outputs or more, 64- and 128-pixel tiles both, with
+    the same K split, so that whichever a GPU picks (:func:`inq.kernels.triton.swar.choose`,
+    timed once per shape) every output is the same sum in the same order. The time model ranks
+    them differently by layer (ResNet-18 at batch 32: 64 pixels for layer2, 128 for layer4).
+
+    Example:
+        >>> [g[:3] for g in conv_mma_grids(1568, 512, 512, 9, 128, 132)]  # layer4, batch 32
+        [(64, 128, 4), (128, 128, 8)]
+    """
+    first = conv_mma_grid(pixels, out_channels, channels, taps, chunk, sms)
+    if pixels < _BOTH_TILES_FROM or out_channels < 128:
+        return (first,)
+    block_m, warps = (64, 4) if first.block_m == 128 else (128, 8)
+    tiles = triton.cdiv(pixels, block_m) * triton.cdiv(out_channels, first.block_n)
+    return first, first._replace(block_m=block_m, warps=warps, tiles=tiles)
+
+
+def _offer(
+    x: Tensor, layout: ConvLayout, weight_shape: list[int], conv_args: tuple, out: Tensor
+) -> tuple[tuple[ConvMmaGrid, ...], tuple]:
+    """The launches on offer for one call, and the key :func:`choose` remembers its pick by."""
+    o, _, kh, kw = weight_shape
+    pixels = x.shape[0] * out.shape[-2] * out.shape[-1]
+    chunk = CHUNK_WORDS * layout.weight.per_word
+    grids = conv_mma_grids(pixels, o, layout.channels_padded, kh * kw, chunk, sm_count(x.device))
+    key = ("conv mma", x.device, x.dtype, layout.weight.per_word, tuple(x.shape),
+           tuple(weight_shape), *map(tuple, conv_args), out.is_contiguous())  # fmt: skip
+    return grids, key
+
+
+def offered_grids(
+    x: Tensor, layout: ConvLayout, weight_shape: list[int], stride: list[int],
+    padding: list[int], dilation: list[int], out: Tensor,
+) -> tuple[tuple[ConvMmaGrid, ...], int]:  # fmt: skip
+    """The launches :func:`conv_mma` offers for these arguments, and the index of the one it
+    runs: the pick :func:`choose` remembers for them, else the default (0)."""
+    grids, key = _offer(x, layout, weight_shape, (stride, padding, dilation), out)
+    return grids, remembered(key)
+
+
 def conv_mma(
     x: Tensor,
     layout: ConvLayout,
@@ -271,7 +319,20 @@ def conv_mma(
     out: Tensor,
 ) -> None:
     """Write the convolution of fp16/bf16 ``x [N, C, H, W]`` (any memory format; checked by the
-    caller, ``groups=1``) into ``out [N, O, OH, OW]``, dense NCHW or channels_last."""
+    caller, ``groups=1``) into ``out [N, O, OH, OW]``, dense NCHW or channels_last. On a GPU the
+    first call of a shape times the launches on offer (:func:`conv_mma_grids`); they give the
+    same result."""
+    grids, key = _offer(x, layout, weight_shape, (stride, padding, dilation), out)
+    args = (x, layout, weight_shape, bias, stride, padding, dilation, out)
+    best = choose(key, len(grids) if x.is_cuda else 1, lambda i: launch_grid(*args, grids[i]))
+    launch_grid(*args, grids[best])
+
+
+def launch_grid(
+    x: Tensor, layout: ConvLayout, weight_shape: list[int], bias: Tensor | None,
+    stride: list[int], padding: list[int], dilation: list[int], out: Tensor, grid: ConvMmaGrid,
+) -> None:  # fmt: skip
+    """:func:`conv_mma` on the launch ``grid`` (one of :func:`offered_grids`)."""
     o, c, kh, kw = weight_shape
     nb, _, h, w = x.shape
     oh, ow = out.shape[-2:]
@@ -279,9 +340,7 @@ def conv_mma(
     weight = layout.weight
     nhwc = x.permute(0, 2, 3, 1).contiguous()
     chunk = CHUNK_WORDS * weight.per_word
-    block_m, block_n, warps, per_tap, tiles, split = conv_mma_grid(
-        pixels, o, layout.channels_padded, kh * kw, chunk, sm_count(x.device)
-    )
+    per_tap, split = grid.per_tap, grid.split
     per_split = triton.cdiv(kh * kw * per_tap, split)
     channels_last = not out.is_contiguous()  # then dense channels_last (the caller's check)
     # the partial sums in out's order, and out as the reduce sees it: channels last or second
@@ -289,14 +348,14 @@ def conv_mma(
     part = target.new_empty((split, *target.shape), dtype=torch.float32) if split > 1 else out
     b = None if bias is None else bias.to(x.dtype).contiguous()
     pairs = chunk_pairs(c, weight.per_word)
-    _conv_mma_kernel[(tiles, split)](
+    _conv_mma_kernel[(grid.tiles, split)](
         nhwc, weight.words, weight.scale, out if b is None else b, out, part,
         pixels, h, w, c, oh, ow, o, weight.words.shape[1], per_tap, per_split,
         *stride, *padding, *dilation,
         KH=kh, KW=kw, PER_WORD=weight.per_word, BF16=weight.fmt == "bf16", HAS_BIAS=b is not None,
         IEEE=dot_upcast(x.dtype), EVEN_C=c % chunk == 0 or c == 32 * pairs, PAIRS=pairs,
-        SPLIT_K=split, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_N=8, CHANNELS_LAST=channels_last,
-        num_warps=warps, num_stages=3,
+        SPLIT_K=split, BLOCK_M=grid.block_m, BLOCK_N=grid.block_n, GROUP_N=8,
+        CHANNELS_LAST=channels_last, num_warps=grid.warps, num_stages=3,
     )  # fmt: skip
     if split > 1:
         reduce_partials(part, weight.scale, b, target, channel_dim=-1 if channels_last else 1)

@@ -48,6 +48,7 @@ __all__ = [
     "decode_pair",
     "launch",
     "offered",
+    "remembered",
     "slot_dot",
     "swar_config",
     "swar_linear",
@@ -393,6 +394,11 @@ def choose(key: tuple, count: int, run: Callable[[int], None], timer=None) -> in
     return _CHOSEN[key]
 
 
+def remembered(key: tuple) -> int:
+    """The candidate :func:`choose` picked for ``key``, else the default (0)."""
+    return _CHOSEN.get(key, 0)
+
+
 def _median_ms(run: Callable[[int], None], index: int) -> float:
     run(index)  # compile and load
     times = []
@@ -442,7 +448,7 @@ def offered(
         launch(x, weight, None, out, options[chosen])
     """
     options, key = _offer(x, weight, sms, split_k)
-    return options, _CHOSEN.get(key, 0)
+    return options, remembered(key)
 
 
 def launch(x: Tensor, weight: KernelWeight, bias: Tensor | None, out: Tensor,
