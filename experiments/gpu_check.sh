@@ -8,11 +8,11 @@
 #           after a clean L2 flush (a read-only sweep; the goals' figure, 50 runs), one after
 #           the former dirty flush (a write of twice L2, whose write-back lands in the call; 10
 #           runs), and per call back to back in one CUDA graph over rotating copies of its
-#           inputs (10 replays); each tiling the linear dispatcher offers (clean, 10 runs each);
-#           each harness's floor first (an add_, copies of 8-128 MiB); and ResNet-18 end to end
-#           as CUDA graphs (cuDNN fp16, shift fp16, the integer model on int8 tensor cores, whose
-#           logits must equal its CPU reference's, and each of its ops alone) (bench.log,
-#           kernel_bench.json); with the static step, the time model against this run
+#           inputs (10 replays); each tiling the linear and conv dispatchers offer (clean, 10
+#           runs each); each harness's floor first (an add_, copies of 8-128 MiB); and ResNet-18
+#           end to end as CUDA graphs (cuDNN fp16, shift fp16, the integer model on int8 tensor
+#           cores, whose logits must equal its CPU reference's, and each of its ops alone)
+#           (bench.log, kernel_bench.json); with the static step, the time model against this run
 #           (experiments/model_records.py, clean and dirty flush: model_clean.json,
 #           model_dirty.json; copy them into experiments/gpu/ under a dated name, where CI checks
 #           the model against every one; without it, make them here afterwards from a static

@@ -23,9 +23,10 @@ Every op is timed three ways, each a median:
 A short spin kernel queued before each timed run keeps the GPU busy while Python launches it,
 so the figures are GPU time, not host launch overhead; 50 ms of flushes before each op's
 timings bring the clocks up after a pause. Each harness's floor, a one-element
-``add_`` and device-to-device copies of 8, 32 and 128 MiB, is printed first. Linear rows also
-time, with the clean flush, every tiling the dispatcher offers for the call
-(:func:`inq.kernels.triton.swar.swar_config`) and name the one it picked. Baselines use the
+``add_`` and device-to-device copies of 8, 32 and 128 MiB, is printed first. Linear and
+convolution rows also time, with the clean flush, every tiling the dispatcher offers for the
+call (:func:`inq.kernels.triton.swar.swar_config`,
+:func:`inq.kernels.triton.conv_mma.conv_mma_grids`) and name the one it picked. Baselines use the
 same weights decoded to fp16/bf16; cuDNN runs channels_last. The device-to-device copy
 bandwidth measured in the same run is the roofline: effective GB/s of an op counts the bytes it
 must move (packed codes, activations, bias, output) over its clean-flush time.
