@@ -205,14 +205,13 @@ def stops_held() -> Iterator[None]:
     Outside the main thread, where no handler runs, nothing is held.
 
     Example:
-        >>> try:
-        ...     with stops_held():
-        ...         signal.raise_signal(signal.SIGINT)
-        ...         print("the block ends")
-        ... except KeyboardInterrupt:
-        ...     print("then Ctrl-C stops")
+        >>> previous = signal.signal(signal.SIGTERM, lambda *_: print("then the stop acts"))
+        >>> with stops_held():
+        ...     signal.raise_signal(signal.SIGTERM)
+        ...     print("the block ends")
         the block ends
-        then Ctrl-C stops
+        then the stop acts
+        >>> _ = signal.signal(signal.SIGTERM, previous)
     """
     if threading.current_thread() is not threading.main_thread():
         yield
