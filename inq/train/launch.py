@@ -24,6 +24,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
+from inq.errors import raised_while_handling
+
 __all__ = ["main"]
 
 # marks where inq-train's overrides stop in torchrun's parse; not an option (no "-"): argparse
@@ -90,14 +92,7 @@ def _signal_behind(err: BaseException) -> SignalException | None:
         >>> _signal_behind(late) is stop, _signal_behind(stop) is stop, _signal_behind(OSError())
         (True, True, None)
     """
-    seen: set[int] = set()
-    cause: BaseException | None = err
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, SignalException):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__context__
-    return None
+    return raised_while_handling(err, SignalException)
 
 
 def _exit_code(failed: ChildFailedError) -> int:

@@ -28,7 +28,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from inq.errors import ConfigError
+from inq.errors import ConfigError, raised_while_handling
 from inq.fileio import (
     LOCK_NAME,
     WRITE_FAILURES,
@@ -121,7 +121,7 @@ def claimed(
                 owner.start(claim.continues, hydra_files or {}, note)
             yield claim
     except BaseException as err:
-        cause = _interrupt_behind(err) or err
+        cause = raised_while_handling(err, KeyboardInterrupt) or err
         stop = (
             RunStopped.after(cause, claim.home)
             if isinstance(cause, (KeyboardInterrupt, OSError))
@@ -376,19 +376,6 @@ class RunDir:
             (self.path / LOCK_NAME).unlink(missing_ok=True)
             remove_if_empty(self.path)
         self.lock.close()  # closing the file drops the lock
-
-
-def _interrupt_behind(err: BaseException) -> KeyboardInterrupt | None:
-    """The Ctrl-C or SIGTERM that ``err`` was raised while handling, if any: a library whose
-    cleanup fails on a half-built object (OmegaConf's nodes) turns a stop into another error."""
-    seen: set[int] = set()
-    cause: BaseException | None = err
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return None
 
 
 def remove_if_empty(path: Path) -> None:
