@@ -97,3 +97,25 @@ def route_on_cpu(pairs: list[tuple[object, Callable[..., object], Callable[..., 
             return (kernel if CPU_ROUTE["triton"] else reference)(*args)
 
         op.register_kernel("cpu")(route)
+
+
+def residual_net(bits: int) -> nn.Module:
+    """A small ResNet (eval, ``bits``-bit power-of-two weights): a stem, a basic block whose
+    skip is the block's input and one whose skip is a strided 1x1 convolution, then pooling
+    and a classifier. Its integer model has both kinds of residual add."""
+    from torchvision.models.resnet import BasicBlock
+
+    from inq.pow2 import pow2_n1, pow2_quantize
+
+    torch.manual_seed(0)
+    down = nn.Sequential(nn.Conv2d(16, 32, 1, stride=2, bias=False), nn.BatchNorm2d(32))
+    net = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        BasicBlock(16, 16), BasicBlock(16, 32, stride=2, downsample=down),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 5),
+    ).eval()  # fmt: skip
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, nn.Conv2d | nn.Linear):
+                m.weight.copy_(pow2_quantize(m.weight, pow2_n1(m.weight), bits))
+    return net

@@ -86,23 +86,28 @@ def test_end_to_end_table_has_one_row_per_case() -> None:
 def test_integer_ops_are_timed_one_by_one_on_a_whole_runs_values(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Each op runs alone (``step``) on the values one whole ``run`` computed, with the clean
-    flush and --extra-repeats; a conv op also times cuBLASLt's int8 GEMM of its shape (padded
-    as ``torch._int_mm`` takes it); the table sums the ops against the graph's time."""
-    stepped: list[tuple[str, float]] = []
+    """Each op runs alone (``step``) as the forward runs them (``schedule``: a residual add with
+    its convolution) on the values one whole ``run`` computed, with the clean flush and
+    --extra-repeats; a conv op, alone or with its add, also times cuBLASLt's int8 GEMM of its
+    shape (padded as ``torch._int_mm`` takes it); the table sums the ops against the graph."""
+    stepped: list[tuple[str, str | None, float]] = []
     conv = {"weight_shape": [4, 2, 3, 3], "groups": 1}  # K = 18: padded to 24
+    ops = [SimpleNamespace(name="input", op="input", attrs={}),
+           SimpleNamespace(name="c1", op="conv", attrs=conv),
+           SimpleNamespace(name="c2", op="conv", attrs=conv),
+           SimpleNamespace(name="a1", op="add", attrs={})]  # fmt: skip
 
     class Program:
-        ops = (
-            SimpleNamespace(name="input", op="input", attrs={}),
-            SimpleNamespace(name="c1", op="conv", attrs=conv),
-        )
+        def schedule(self) -> list[tuple[SimpleNamespace, object]]:
+            return [(ops[0], None), (ops[1], None), (ops[3], (ops[2], 0))]
 
         def run(self, x: Tensor) -> dict[str, Tensor]:
-            return {"input": x + 1, "c1": torch.zeros(2, 4, 5, 5, dtype=torch.int8)}
+            feature_map = torch.zeros(2, 4, 5, 5, dtype=torch.int8)
+            return {"input": x + 1, "c1": feature_map, "c2": feature_map, "a1": feature_map}
 
-        def step(self, op: SimpleNamespace, values: dict[str, Tensor], x: Tensor) -> Tensor:
-            stepped.append((op.name, float(values["input"])))
+        def step(self, op: SimpleNamespace, values: dict[str, Tensor], x: Tensor,
+                 conv: tuple[SimpleNamespace, int] | None) -> Tensor:  # fmt: skip
+            stepped.append((op.name, conv and conv[0].name, float(values["input"])))
             return values[op.name]
 
     products: list[tuple[int, ...]] = []
@@ -118,14 +123,15 @@ def test_integer_ops_are_timed_one_by_one_on_a_whole_runs_values(
     harness = cpu_harness()
     monkeypatch.setattr(bench, "time_cuda", timed)
     times = integer_op_times(Program(), torch.tensor(1.0), harness)
-    assert times == [OpTime("input", "input", 6.0), OpTime("c1", "conv", 6.0, (50, 24, 8), 9.0)]
-    assert products == [(50, 24, 24, 8)]  # M: 2 x 5 x 5 pixels; N: 4 channels padded to 8
-    assert stepped == [("input", 2.0), ("c1", 2.0)]
+    assert times == [OpTime("input", "input", 6.0), OpTime("c1", "conv", 6.0, (50, 24, 8), 9.0),
+                     OpTime("a1", "conv+add", 6.0, (50, 24, 8), 9.0)]  # fmt: skip
+    assert products == [(50, 24, 24, 8)] * 2  # M: 2 x 5 x 5 pixels; N: 4 channels padded to 8
+    assert stepped == [("input", None, 2.0), ("c1", None, 2.0), ("a1", "c2", 2.0)]
     row = EndToEnd(32, 4, "fp16", 1.0, 2.0, 0.5, 0.25, 0.1, 0, times)
     table = format_int8_ops([row, EndToEnd(1, 4, "fp16", 1.0, 2.0, 0.5, 0.25)]).splitlines()
-    assert len(table) == 2 + 2 + 1 and table[2].split()[-1] == "6.0"
+    assert len(table) == 2 + 3 + 1 and table[2].split()[-1] == "6.0"
     assert table[3].split()[-3:] == ["9.0", "1.50x", "50x24x8"]
-    assert table[-1].endswith("2 ops 12.0 us alone, 100.0 us as one graph")
+    assert table[-1].endswith("3 ops 18.0 us alone, 100.0 us as one graph")
     assert format_int8_ops([EndToEnd(1, 4, "fp16", 1.0, 2.0, 0.5, 0.25)]) == ""
 
 

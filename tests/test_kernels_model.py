@@ -409,9 +409,10 @@ def test_the_integer_estimate_has_each_op_of_the_integer_resnet18(
     """experiments/integer_estimate.py: the integer ResNet-18's 33 ops under their names in
     the integer model (checked against one built on the CPU when the script was written), a
     residual add after each block's last conv, every op but the flatten (a view) a positive
-    time; with a bench file, the graph's measured time beside the sum."""
+    time; as ``IntegerModel.forward`` runs them, 25, each block's last conv and its add one op
+    named as the add; with a bench file, the graph's measured time beside the sum."""
     script = load_experiment("integer_estimate")
-    static = Path(__file__).parents[1] / "experiments/static/issue47_triton3.6.json"
+    static = Path(__file__).parents[1] / "experiments/static/issue48_residual_triton3.6.json"
     figures = {r["name"]: Figures.from_record(r) for r in json.loads(static.read_text())["variants"]
                if r["name"].startswith("int8 mma") and r["dtype"] == "uint8"}  # fmt: skip
     ops = script.estimate(figures, 1, H200)
@@ -422,7 +423,15 @@ def test_the_integer_estimate_has_each_op_of_the_integer_resnet18(
     assert names[-4:] == ["add_7", "avgpool", "flatten", "fc"]
     assert [name for name, us, _ in ops if us <= 0] == ["flatten"]
     assert names.index("add_2") == names.index("layer2_0_downsample_0") + 1
+    for batch in (1, 32):
+        apart = script.estimate(figures, batch, H200)
+        fused = script.estimate(figures, batch, H200, fused=True)
+        assert [name for name, _, _ in fused] == [n for n, _, _ in apart if "conv2" not in n]
+        assert [what for _, _, what in fused].count("requantized add") == 0
+        assert all(what.endswith("+ residual add") for name, _, what in fused if "add" in name)
+        # the adds' passes go; the skips are read where the convs write
+        assert sum(us for _, us, _ in fused) < sum(us for _, us, _ in apart)
     bench = Path(__file__).parents[1] / "experiments/gpu/kernel_bench_issue47_h200.json"
     monkeypatch.setattr(sys, "argv", ["integer_estimate.py", str(static), str(bench)])
     script.main()
-    assert "measured 222.5" in capsys.readouterr().out
+    assert "measured graph: 222.5" in capsys.readouterr().out

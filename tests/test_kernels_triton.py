@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from helpers import CPU_ROUTE, random_codes, route_on_cpu
+from helpers import CPU_ROUTE, random_codes, residual_net, route_on_cpu
 
 import inq.kernels  # registers torch.ops.inq.* and their CUDA implementations
 from inq.codes import decode_weight, pack_codes
@@ -52,6 +52,7 @@ from inq.kernels.layout import cached_kernel_weight, kernel_weight
 from inq.kernels.triton import decode as tdecode
 from inq.kernels.triton import swar
 from inq.kernels.triton.linear import GEMV_MAX_ROWS, SKINNY_MAX_ROWS, linear_config
+from inq.quant.integer import residual_fusions
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -1078,6 +1079,67 @@ def test_requant_add_bit_exact(x_dtype, y_dtype, layout, lo_hi) -> None:
     assert torch.equal(mixed.cpu(), int8.requant_add_reference(x, y, 1, 1, 1, *lo_hi))
 
 
+# (skip dtype, residual ranges): a uint8 skip into a ReLU-folded add, an int8 one saturating
+# both ways into an int8 add
+RESIDUALS = [(torch.uint8, (0, 255)), (torch.int8, (-128, 127))]
+
+
+@pytest.mark.parametrize(("skip_dtype", "add_range"), RESIDUALS)
+@pytest.mark.parametrize(
+    ("case", "kernel"),
+    [(IMMA_CONV_CASES[0], "auto"), (IMMA_CONV_CASES[1], "auto"), (IMMA_CONV_CASES[2], "auto"),
+     (IMMA_CONV_CASES[4], "auto"), (IMMA_CONV_CASES[1], "shift_add")],
+)  # fmt: skip
+def test_conv_requant_add_bit_exact(case, kernel: str, skip_dtype, add_range) -> None:
+    """The residual add in the convolution's epilogue (flat and tap-wise steps, 5-bit weights of
+    128 in a second product, odd channels, split-K's requantization pass; the shift-add
+    fallback) equals the two references in turn bit for bit: multipliers of either sign up to
+    31 bits, shifts 0 and 40, extreme skips, a skip in either memory format."""
+    n, cin, h, wd, cout, kh, kw, stride, padding, dilation, groups, bits, frac = case
+    shape = [cout, cin // groups, kh, kw]
+    k = math.prod(shape[1:])
+    packed = pack_codes(mma_codes(cout, k, bits, frac, seed=cout + k), bits)
+    x = extreme_activations((n, cin, h, wd), torch.uint8, seed=k)
+    geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    requant = (*random_requant(cout, seed=k), -128, 127)
+    out_shape = int8.shift_conv2d_int8_requant_reference(x, packed, bits, shape, *geometry, frac,
+                                                         *requant).shape  # fmt: skip
+    skip = extreme_activations(tuple(out_shape), skip_dtype, seed=cout)
+    on = [t.to(DEVICE) for t in requant[:3]]
+    adds = ((3, -5, 0), ((1 << 31) - 1, -(1 << 30), 40), (1, 1, 1))
+    for i, (m_conv, m_skip, add_shift) in enumerate(adds):  # the first skip channels_last
+        residual = (m_conv, m_skip, add_shift, *add_range)
+        skip_in = skip.contiguous(memory_format=torch.channels_last) if i == 0 else skip
+        want = int8.shift_conv2d_int8_requant_add_reference(
+            x, packed, bits, shape, *geometry, frac, *requant, skip_in, *residual
+        )
+        got = tk.shift_conv2d_int8_requant_add(
+            x.to(DEVICE), packed.to(DEVICE), bits, shape, *geometry, frac, *on, *requant[3:],
+            skip_in.to(DEVICE), *residual, kernel=kernel,
+        )  # fmt: skip
+        assert got.is_contiguous(memory_format=torch.channels_last)
+        assert got.dtype == want.dtype == int8.value_dtype(*add_range)
+        assert torch.equal(got.cpu(), want)
+
+
+def test_conv_requant_add_empty_and_refusals() -> None:
+    """An empty batch gives an empty result; a skip of another shape or a float skip is one
+    clear error, on the kernels and the reference alike."""
+    shape, geometry = [16, 32, 3, 3], ([1, 1], [1, 1], [1, 1], 1)
+    packed = pack_codes(mma_codes(16, 288, 4, 3, seed=0), 4).to(DEVICE)
+    requant = (*[t.to(DEVICE) for t in random_requant(16, seed=0)], -128, 127)
+    x = torch.zeros(0, 32, 5, 5, dtype=torch.uint8, device=DEVICE)
+    skip = torch.zeros(0, 16, 5, 5, dtype=torch.uint8, device=DEVICE)
+    args = (packed, 4, shape, *geometry, 3, *requant)
+    empty = tk.shift_conv2d_int8_requant_add(x, *args, skip, 1, 1, 0, 0, 255)
+    assert empty.shape == (0, 16, 5, 5) and empty.dtype == torch.uint8
+    x = torch.zeros(1, 32, 5, 5, dtype=torch.uint8, device=DEVICE)
+    for bad in (torch.zeros(1, 16, 4, 5, dtype=torch.uint8), torch.zeros(1, 16, 5, 5)):
+        for fn in (tk.shift_conv2d_int8_requant_add, int8.shift_conv2d_int8_requant_add_reference):
+            with pytest.raises(ValueError, match="skip must be an int8, uint8 or int32 tensor"):
+                fn(x, *args, bad.to(DEVICE), 1, 1, 0, 0, 255)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_quantize_input_bit_exact(dtype: torch.dtype) -> None:
     """Input quantization in one pass: float64 floor(x / scale + 1/2), ties (x / scale = k + 1/2)
@@ -1125,6 +1187,11 @@ def _register_cpu_route() -> None:
             int8.shift_conv2d_int8_requant,
             tk.shift_conv2d_int8_requant,
             int8.shift_conv2d_int8_requant_reference,
+        ),
+        (
+            int8.shift_conv2d_int8_requant_add,
+            tk.shift_conv2d_int8_requant_add,
+            int8.shift_conv2d_int8_requant_add_reference,
         ),
     ]
     route_on_cpu(pairs)
@@ -1191,8 +1258,24 @@ def test_opcheck_int8(triton_ops) -> None:
         torch.library.opcheck(torch.ops.inq.shift_linear_int8_requant.default, linear)
         add = (x, x.to(torch.int8), 3, -2, 1, lo, hi)
         torch.library.opcheck(torch.ops.inq.requant_add.default, add)
+        skip = torch.randint(-100, 100, (2, 16, 6, 7), dtype=torch.int8, device=DEVICE)
+        fused = (*conv[:-2], -128, 127, skip, 3, -2, 1, lo, hi)
+        torch.library.opcheck(torch.ops.inq.shift_conv2d_int8_requant_add.default, fused)
         images = torch.randn(2, 3, 4, 5, device=DEVICE)
         torch.library.opcheck(torch.ops.inq.quantize_input.default, (images, 0.25, lo, hi))
+
+
+def test_integer_model_with_fused_residual_adds(triton_ops) -> None:
+    """A small ResNet's integer model, each block's second convolution and its residual add as
+    one tensor-core op (the identity skip and the strided 1x1 one), gives the CPU reference's
+    logits bit for bit."""
+    from inq.quant.bench import integer_pair
+
+    model, reference = integer_pair(residual_net(4), 4, image_size=8, batches=2)
+    assert len(residual_fusions(model.ops)) == 2
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    want = reference.run(x)[reference.ops[-1].name]
+    assert torch.equal(model(x.to(DEVICE)).cpu(), want)
 
 
 def test_compile_fullgraph(triton_ops) -> None:

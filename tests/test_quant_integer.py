@@ -15,6 +15,7 @@ from export_fixtures import (
     packed_model,
     residual_integer_model,
 )
+from helpers import residual_net
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
@@ -30,6 +31,7 @@ from inq.quant.integer import (
     load_integer,
     program_problems,
     requantize,
+    residual_fusions,
     save_integer,
 )
 from inq.quant.lower import Lowering
@@ -325,3 +327,25 @@ def test_mobilenet_style_model_is_sound_round_trips_and_tracks_the_float_model(
     relative = (logits - reference).abs().mean() / reference.std()
     assert relative < 0.05, relative
     assert float((logits.argmax(1) == reference.argmax(1)).double().mean()) >= 0.9
+
+
+def test_forward_runs_each_residual_add_with_its_convolution() -> None:
+    """Each convolution only an add reads runs with that add as one op, whichever input of the
+    add it is (the multipliers go with their inputs), and the logits are :meth:`run`'s bit for
+    bit; a convolution that something else reads too stays on its own."""
+    from inq.quant.bench import integer_pair
+
+    model, _ = integer_pair(residual_net(4), 4, image_size=8, batches=2)
+    x = torch.randn(3, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    want = model.run(x)[model.ops[-1].name]
+    fused = {add: (conv.name, index) for add, (conv, index) in residual_fusions(model.ops).items()}
+    assert fused == {"add": ("_3_conv2", 0), "add_1": ("_4_conv2", 0)}  # not the downsample
+    assert torch.equal(model(x), want)
+    for add in (op for op in model.ops if op.op == "add"):  # the conv as the second input
+        add.inputs.reverse()
+        add.attrs["multipliers"].reverse()
+    fused = {add: (conv.name, index) for add, (conv, index) in residual_fusions(model.ops).items()}
+    assert fused == {"add": ("_3_conv2", 1), "add_1": ("_4_downsample_0", 0)}
+    assert torch.equal(model(x), want)
+    model.ops[-1].inputs = ["_4_downsample_0"]  # read twice now: the add's other conv fuses
+    assert residual_fusions(model.ops)["add_1"] == (model.ops[6], 1)

@@ -2,7 +2,8 @@
 
 Importing this package registers ``inq::shift_linear``, ``inq::shift_conv2d`` (pure-PyTorch
 reference, :mod:`inq.kernels.ops`, any device), ``inq::shift_linear_int8``,
-``inq::shift_conv2d_int8``, their ``_requant`` forms, ``inq::requant_add`` and
+``inq::shift_conv2d_int8``, their ``_requant`` forms, ``inq::requant_add``, the two fused
+(``inq::shift_conv2d_int8_requant_add``) and
 ``inq::quantize_input`` (integer references, :mod:`inq.kernels.int8`), ``inq::max_pool2d_int``
 and ``inq::avg_pool2d_requant`` (the integer model's pooling, :mod:`inq.kernels.pool`), and the
 Triton kernels of :mod:`inq.kernels.triton` as their CUDA implementations
@@ -16,6 +17,7 @@ import torch
 from inq.kernels.int8 import (
     shift_conv2d_int8,
     shift_conv2d_int8_requant,
+    shift_conv2d_int8_requant_add,
     shift_linear_int8,
     shift_linear_int8_requant,
 )
@@ -33,6 +35,7 @@ __all__ = [
     "shift_conv2d",
     "shift_conv2d_int8",
     "shift_conv2d_int8_requant",
+    "shift_conv2d_int8_requant_add",
     "shift_linear",
     "shift_linear_int8",
     "shift_linear_int8_requant",
@@ -64,6 +67,7 @@ if _triton is not None:
 
     torch.library.register_kernel("inq::shift_linear_int8", "cuda", _triton.shift_linear_int8)
     torch.library.register_kernel("inq::shift_conv2d_int8", "cuda", _triton.shift_conv2d_int8)
-    for _name in ("shift_linear_int8_requant", "shift_conv2d_int8_requant", "requant_add",
-                  "quantize_input", "max_pool2d_int", "avg_pool2d_requant"):  # fmt: skip
+    for _name in ("shift_linear_int8_requant", "shift_conv2d_int8_requant",
+                  "shift_conv2d_int8_requant_add", "requant_add", "quantize_input",
+                  "max_pool2d_int", "avg_pool2d_requant"):  # fmt: skip
         torch.library.register_kernel(f"inq::{_name}", "cuda", getattr(_triton, _name))

@@ -522,19 +522,22 @@ IntegerFactory = Callable[[nn.Module, int], tuple[nn.Module, nn.Module]]
 
 def integer_op_times(model: Any, x: Tensor, harness: Harness) -> list[OpTime]:
     """Each op of the integer model ``model`` (an ``inq.quant.integer.IntegerModel``: its
-    ``ops``, ``run`` and ``step``) timed alone on ``x`` after a clean flush, its inputs the
-    values one whole run computed: what each layer costs, to add up against the graph; beside
-    each conv and linear op, cuBLASLt's int8 GEMM of its shape (no im2col, no requantization:
-    what the vendor's int8 tensor-core product of the same MACs takes)."""
+    ``schedule``, ``run`` and ``step``) as its forward runs them (a residual add with its
+    convolution: op ``"conv+add"``, named as the add), timed alone on ``x`` after a clean flush,
+    its inputs the values one whole run computed: what each layer costs, to add up against the
+    graph; beside each conv and linear op, cuBLASLt's int8 GEMM of its shape (no im2col, no
+    requantization: what the vendor's int8 tensor-core product of the same MACs takes)."""
     times = []
     with torch.inference_mode():
         values = model.run(x)
-        for op in model.ops:
-            alone = time_cuda(partial(model.step, op, values, x), harness.extra_repeats,
+        for op, conv in model.schedule():
+            alone = time_cuda(partial(model.step, op, values, x, conv), harness.extra_repeats,
                               harness.clean_flush)  # fmt: skip
-            gemm = int8_gemm_shape(op, values[op.name])
+            product = op if conv is None else conv[0]
+            gemm = int8_gemm_shape(product, values[product.name])
             reference = None if gemm is None else _time_int_mm(gemm, x.device, harness)
-            times.append(OpTime(op.name, op.op, alone, gemm, reference))
+            kind = op.op if conv is None else "conv+add"
+            times.append(OpTime(op.name, kind, alone, gemm, reference))
     return times
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "check_conv2d_int8_args",
     "check_int8_args",
     "check_requant_args",
+    "check_skip",
     "exact_frac_bits",
     "int8_value",
     "max_frac_bits",
@@ -64,6 +65,8 @@ __all__ = [
     "shift_conv2d_int8",
     "shift_conv2d_int8_reference",
     "shift_conv2d_int8_requant",
+    "shift_conv2d_int8_requant_add",
+    "shift_conv2d_int8_requant_add_reference",
     "shift_conv2d_int8_requant_reference",
     "shift_linear_int8",
     "shift_linear_int8_reference",
@@ -273,6 +276,14 @@ def check_requant_args(op: str, rows: int, bias: Tensor, multiplier: Tensor, shi
         raise ValueError(f"{op}: shifts must lie in 0..62")
 
 
+def check_skip(op: str, shape: list[int], skip: Tensor) -> None:
+    """Raise ``ValueError`` unless ``skip``, the residual a fused add reads, is an integer value
+    (int8, uint8 or int32) of the convolution's output ``shape``."""
+    if skip.dtype not in (*INT_DTYPES, torch.int32) or list(skip.shape) != shape:
+        raise ValueError(f"{op}: skip must be an int8, uint8 or int32 tensor of the output's "
+                         f"shape {shape}, got {skip.dtype} {list(skip.shape)}")  # fmt: skip
+
+
 def _check_terms(op: str, x: Tensor, bits: int, terms: int, frac_bits: int) -> None:
     """Raise ``ValueError`` unless ``bits`` is valid, ``x`` int8/uint8 and ``frac_bits`` within
     :func:`max_frac_bits` of ``terms``."""
@@ -452,6 +463,66 @@ def requant_add_reference(
 def _(x, y, m_x, m_y, shift, lo, hi):
     torch._check(x.shape == y.shape, lambda: "requant_add: x and y differ in shape")
     return torch.empty_like(x, dtype=value_dtype(lo, hi))
+
+
+@torch.library.custom_op(
+    "inq::shift_conv2d_int8_requant_add",
+    mutates_args=(),
+    schema="(Tensor x, Tensor packed, int bits, int[] weight_shape, int[] stride, "
+    "int[] padding, int[] dilation, int groups, int frac_bits, Tensor bias, Tensor multiplier, "
+    "Tensor shift, int lo, int hi, Tensor skip, int m_conv, int m_skip, int add_shift, "
+    "int add_lo, int add_hi) -> Tensor",
+)
+def shift_conv2d_int8_requant_add(
+    x: Tensor, packed: Tensor, bits: int, weight_shape: list[int], stride: list[int],
+    padding: list[int], dilation: list[int], groups: int, frac_bits: int, bias: Tensor,
+    multiplier: Tensor, shift: Tensor, lo: int, hi: int, skip: Tensor, m_conv: int, m_skip: int,
+    add_shift: int, add_lo: int, add_hi: int,
+) -> Tensor:  # fmt: skip
+    """A convolution and the residual add that takes it, as one op:
+    ``requant_add(shift_conv2d_int8_requant(x, ...), skip, m_conv, m_skip, add_shift, add_lo,
+    add_hi)``, channels_last. The convolution's requantized value (clamped to ``[lo, hi]``) is
+    what the add reads, so the result is the two ops' bit for bit; on a GPU the add runs in the
+    convolution's epilogue and the convolution's output is never written.
+
+    Raises:
+        ValueError: as :func:`shift_conv2d_int8_requant`, or where ``skip`` is not an integer
+            tensor of the convolution's output shape.
+    """
+    return shift_conv2d_int8_requant_add_reference(
+        x, packed, bits, weight_shape, stride, padding, dilation, groups, frac_bits, bias,
+        multiplier, shift, lo, hi, skip, m_conv, m_skip, add_shift, add_lo, add_hi,
+    )  # fmt: skip
+
+
+def shift_conv2d_int8_requant_add_reference(
+    x: Tensor, packed: Tensor, bits: int, weight_shape: list[int], stride: list[int],
+    padding: list[int], dilation: list[int], groups: int, frac_bits: int, bias: Tensor,
+    multiplier: Tensor, shift: Tensor, lo: int, hi: int, skip: Tensor, m_conv: int, m_skip: int,
+    add_shift: int, add_lo: int, add_hi: int,
+) -> Tensor:  # fmt: skip
+    """The reference of ``inq::shift_conv2d_int8_requant_add``: the two references in turn."""
+    conv = shift_conv2d_int8_requant_reference(
+        x, packed, bits, weight_shape, stride, padding, dilation, groups, frac_bits, bias,
+        multiplier, shift, lo, hi,
+    )  # fmt: skip
+    check_skip("shift_conv2d_int8_requant_add", list(conv.shape), skip)
+    return requant_add_reference(conv, skip, m_conv, m_skip, add_shift, add_lo, add_hi)
+
+
+@shift_conv2d_int8_requant_add.register_fake
+def _(x, packed, bits, weight_shape, stride, padding, dilation, groups, frac_bits, bias,
+      multiplier, shift, lo, hi, skip, m_conv, m_skip, add_shift, add_lo, add_hi):  # fmt: skip
+    torch._check(x.dim() == 4, lambda: "shift_conv2d_int8_requant_add: x must be [N, Cin, H, W]")
+    spatial = conv2d_output_size(x.shape[-2:], weight_shape, stride, padding, dilation)
+    shape = [x.shape[0], weight_shape[0], *spatial]
+    torch._check(
+        list(skip.shape) == shape,
+        lambda: "shift_conv2d_int8_requant_add: skip differs from the output in shape",
+    )
+    return x.new_empty(shape, dtype=value_dtype(add_lo, add_hi)).contiguous(
+        memory_format=torch.channels_last
+    )
 
 
 @torch.library.custom_op(

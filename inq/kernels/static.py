@@ -348,16 +348,16 @@ def imma_variants() -> list[Variant]:
         configs[(cfg.block_m, cfg.block_n, cfg.block_k, cfg.tapwise, cfg.split_k > 1)] = cfg
     out = []
     # the integer model's layers requantize in the epilogue (uint8 in, after a ReLU) unless
-    # K is split; the bare ops store int32
-    settings = [(d, p, False) for d in ("int8", "uint8") for p in (1, 2)]
+    # K is split, a block's last conv with its residual add after that; the bare ops store int32
+    settings = [(d, p, False, False) for d in ("int8", "uint8") for p in (1, 2)]
     for (m, n, k, tapwise, split), cfg in sorted(configs.items()):
-        fused = [] if split else [("uint8", 1, True), ("uint8", 2, True)]
-        for dtype, parts, requant in settings + fused:
+        fused = [] if split else [("uint8", p, True, add) for add in (False, True) for p in (1, 2)]
+        for dtype, parts, requant, add in settings + fused:
             cx = {"KH": 3, "KW": 3, "UNSIGNED": dtype == "uint8", "PARTS": parts,
                   "TAPWISE": tapwise, "EVEN_K": tapwise, "EVEN_N": tapwise,
-                  "SPLIT_K": 2 if split else 1, "REQUANT": requant,
+                  "SPLIT_K": 2 if split else 1, "REQUANT": requant, "ADD": add,
                   "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}  # fmt: skip
-            name = imma_variant_name(m, n, k, tapwise, split, requant, parts)
+            name = imma_variant_name(m, n, k, tapwise, split, requant, parts, add)
             # MACs the tensor cores do: a second weight part is a second product
             work = _work(m, n, k * parts)
             budget = None if not tapwise else IMMA_SKINNY_BUDGET if m <= 16 else IMMA_BUDGET
@@ -368,15 +368,18 @@ def imma_variants() -> list[Variant]:
 
 
 def imma_variant_name(block_m: int, block_n: int, block_k: int, tapwise: bool, split: bool,
-                      requant: bool, parts: int) -> str:  # fmt: skip
+                      requant: bool, parts: int, residual: bool = False) -> str:  # fmt: skip
     """The static check's name of an int8 tensor-core variant (:func:`imma_variants`).
 
     Example:
         >>> imma_variant_name(64, 128, 128, True, False, True, 1)
         'int8 mma 64x128x128, requantized, 1 part'
+        >>> imma_variant_name(64, 128, 128, True, False, True, 2, residual=True)
+        'int8 mma 64x128x128, requantized, residual add, 2 parts'
     """
     kind = ("" if tapwise else " flat") + (", split-K" if split else "")
     kind += ", requantized" if requant else ""
+    kind += ", residual add" if residual else ""
     return f"int8 mma {block_m}x{block_n}x{block_k}{kind}, {parts} part{'s'[: parts - 1]}"
 
 
@@ -529,7 +532,8 @@ _POINTERS = {"codes_ptr": "*u8", "n1_ptr": "*i32", "part_ptr": "*fp32", "words_p
 _DIVISIBLE = {"K", "KB", "KW", "N", "row_stride", "stride_xm", "bytes_per_split", "words_per_split",
               "total", "sxn", "C", "CG", "COUT", "OG", "part_stride", "KWORDS"}  # fmt: skip
 _UNIT = {"stride_xk", "sxw", "INNER"}  # unit strides: Triton makes them constants at run time
-_WIDE = {"scale_bits", "m_x", "m_y", "half"}  # int64 arguments (a float64's bits, multipliers)
+# int64 arguments (a float64's bits, multipliers, rounding halves)
+_WIDE = {"scale_bits", "m_x", "m_y", "half", "m_conv", "m_skip", "add_half"}
 
 
 def compile_variant(variant: Variant, arch: int = 90) -> CompiledVariant:

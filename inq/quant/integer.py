@@ -55,6 +55,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
@@ -86,6 +87,7 @@ __all__ = [
     "problem_line",
     "program_problems",
     "requantize",
+    "residual_fusions",
     "save_integer",
     "value_dtype",
 ]
@@ -175,18 +177,49 @@ class IntegerModel(nn.Module):
         return float(self.ops[-1].attrs["scale"])
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.run(x)[self.ops[-1].name]
+        """The last op's integers for the float input ``x``: :meth:`run`'s, with each
+        convolution that only a residual add reads computed with that add as one op
+        (:func:`residual_fusions`; bit for bit the two: on a GPU the add runs in the
+        convolution's epilogue, and the convolution's output is never written)."""
+        values: dict[str, Tensor] = {}
+        for op, conv in self.schedule():
+            values[op.name] = self.step(op, values, x, conv)
+        return values[self.ops[-1].name]
+
+    def schedule(self) -> list[tuple[IntOp, tuple[IntOp, int] | None]]:
+        """The ops :meth:`forward` runs, in order, each with the convolution it runs with (and
+        which input of the add that is; see :meth:`step`) or ``None``."""
+        fused = residual_fusions(self.ops)
+        convs = {conv.name for conv, _ in fused.values()}
+        return [(op, fused.get(op.name)) for op in self.ops if op.name not in convs]
 
     def run(self, x: Tensor) -> dict[str, Tensor]:
-        """The value of every op for the float input ``x``."""
+        """The value of every op for the float input ``x``, one op at a time."""
         values: dict[str, Tensor] = {}
         for op in self.ops:
             values[op.name] = self.step(op, values, x)
         return values
 
-    def step(self, op: IntOp, values: Mapping[str, Tensor], x: Tensor) -> Tensor:
+    def step(
+        self,
+        op: IntOp,
+        values: Mapping[str, Tensor],
+        x: Tensor,
+        conv: tuple[IntOp, int] | None = None,
+    ) -> Tensor:
         """The value of ``op`` from the values of the ops before it (``x``: the float input,
-        which the first op reads)."""
+        which the first op reads); with ``conv``, a residual add's convolution and which input
+        of it that is, the add computed with the convolution from the convolution's input."""
+        if conv is not None:
+            source, index = conv
+            a = op.attrs
+            multipliers = a["multipliers"]
+            out: Tensor = torch.ops.inq.shift_conv2d_int8_requant_add(
+                *_conv_args(source, self.op_tensors(source.name), values[source.inputs[0]]),
+                values[op.inputs[1 - index]], multipliers[index], multipliers[1 - index],
+                a["shift"], a["lo"], a["hi"],
+            )  # fmt: skip
+            return out
         args = [values[i] for i in op.inputs] if op.inputs else [x]
         return _RUN[op.op](op, self.op_tensors(op.name), *args)
 
@@ -206,13 +239,39 @@ def _input(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
     return out
 
 
-def _conv(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
+def _conv_args(op: IntOp, t: dict[str, Tensor], x: Tensor) -> tuple[Any, ...]:
+    """The arguments of ``inq::shift_conv2d_int8_requant`` for conv ``op`` on ``x``."""
     a = op.attrs
-    out: Tensor = torch.ops.inq.shift_conv2d_int8_requant(
-        x, t["codes"], a["bits"], a["weight_shape"], a["stride"], a["padding"], a["dilation"],
-        a["groups"], a["frac"], t["bias"], t["multiplier"], t["shift"], a["lo"], a["hi"],
-    )  # fmt: skip
+    return (x, t["codes"], a["bits"], a["weight_shape"], a["stride"], a["padding"],
+            a["dilation"], a["groups"], a["frac"], t["bias"], t["multiplier"], t["shift"],
+            a["lo"], a["hi"])  # fmt: skip
+
+
+def _conv(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:
+    out: Tensor = torch.ops.inq.shift_conv2d_int8_requant(*_conv_args(op, t, x))
     return out
+
+
+def residual_fusions(ops: list[IntOp]) -> dict[str, tuple[IntOp, int]]:
+    """The residual adds :meth:`IntegerModel.forward` runs with a convolution: add name ->
+    (the conv, which input of the add it is). A conv qualifies where that add is its only
+    reader and it is not the program's result; of two, the add's first input.
+
+    Example:
+        >>> ops = [IntOp("x", "input", []), IntOp("c", "conv", ["x"]),
+        ...        IntOp("y", "add", ["x", "c"]), IntOp("z", "relu", ["y"])]
+        >>> {add: (conv.name, index) for add, (conv, index) in residual_fusions(ops).items()}
+        {'y': ('c', 1)}
+    """
+    readers = Counter(name for op in ops for name in op.inputs)
+    convs = {op.name: op for op in ops[:-1] if op.op == "conv"}
+    fused = {}
+    for op in ops:
+        for index, name in enumerate(op.inputs if op.op == "add" else []):
+            if name in convs and readers[name] == 1:
+                fused[op.name] = (convs[name], index)
+                break
+    return fused
 
 
 def _linear(op: IntOp, t: dict[str, Tensor], x: Tensor) -> Tensor:

@@ -12,6 +12,7 @@ from inq.kernels.triton.int8 import (
     requant_add,
     shift_conv2d_int8,
     shift_conv2d_int8_requant,
+    shift_conv2d_int8_requant_add,
     shift_linear_int8,
     shift_linear_int8_requant,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "shift_conv2d",
     "shift_conv2d_int8",
     "shift_conv2d_int8_requant",
+    "shift_conv2d_int8_requant_add",
     "shift_linear",
     "shift_linear_int8",
     "shift_linear_int8_requant",

@@ -38,10 +38,12 @@ __all__ = [
     "MIN_OUTPUTS",
     "ImmaConfig",
     "Requant",
+    "Residual",
     "imma_config",
     "imma_conv2d",
     "k_steps",
     "requant",
+    "residual",
 ]
 
 MIN_OUTPUTS = 16  # outputs per group below which the shift-add kernel runs (depthwise)
@@ -65,11 +67,12 @@ class ImmaConfig:
 @triton.jit
 def _imma_kernel(
     x_ptr, w_ptr, row_sum_ptr, out_ptr, acc_bias_ptr, mult_ptr, shift_ptr, lo, hi,
+    skip_ptr, m_conv, m_skip, add_half, add_shift, add_lo, add_hi,
     P, H, W, C, OH, OW, COUT, CG, OG, K, STEPS, STEPS_PER_SPLIT,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, part_stride,
     KH: tl.constexpr, KW: tl.constexpr, UNSIGNED: tl.constexpr, PARTS: tl.constexpr,
     TAPWISE: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr,
-    REQUANT: tl.constexpr,
+    REQUANT: tl.constexpr, ADD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     g, rp, rn = conv_tile(tl.program_id(0), P, OG, BLOCK_M, BLOCK_N)
@@ -146,6 +149,9 @@ def _imma_kernel(
         tl.atomic_add(out_ptr + offsets, acc, mask, sem="relaxed")
     elif REQUANT:
         q = requant(acc, oc, n_ok, acc_bias_ptr, mult_ptr, shift_ptr, lo, hi)
+        if ADD:
+            q = residual(q, skip_ptr + offsets, mask, m_conv, m_skip, add_half, add_shift,
+                         add_lo, add_hi)  # fmt: skip
         tl.store(out_ptr + offsets, q.to(out_ptr.dtype.element_ty), mask)
     else:
         tl.store(out_ptr + offsets, acc, mask)
@@ -165,9 +171,19 @@ def requant(acc, oc, oc_ok, acc_bias_ptr, mult_ptr, shift_ptr, lo, hi):
 
 
 @triton.jit
-def _requant_kernel(acc_ptr, acc_bias_ptr, mult_ptr, shift_ptr, out_ptr, lo, hi, ROWS, COUT,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """:func:`requant` of an int32 ``[ROWS, COUT]`` (channels last) into ``out``."""
+def residual(q, skip_ptrs, mask, m_conv, m_skip, half, shift, lo, hi):
+    """The residual add on a requantized tile ``q`` (int64): ``clamp((q * m_conv + skip *
+    m_skip + half) >> shift, lo, hi)``, exactly :func:`inq.kernels.int8.requant_add`."""
+    v = q * m_conv + tl.load(skip_ptrs, mask=mask, other=0).to(tl.int64) * m_skip
+    return tl.minimum(tl.maximum((v + half) >> shift, lo), hi)
+
+
+@triton.jit
+def _requant_kernel(acc_ptr, acc_bias_ptr, mult_ptr, shift_ptr, out_ptr, lo, hi, skip_ptr,
+                    m_conv, m_skip, add_half, add_shift, add_lo, add_hi, ROWS, COUT,
+                    ADD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """:func:`requant` of an int32 ``[ROWS, COUT]`` (channels last) into ``out`` (``ADD``: then
+    :func:`residual`)."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < COUT
@@ -175,6 +191,9 @@ def _requant_kernel(acc_ptr, acc_bias_ptr, mult_ptr, shift_ptr, out_ptr, lo, hi,
     offsets = rm[:, None] * COUT + rn[None, :]
     acc = tl.load(acc_ptr + offsets, mask=mask, other=0)
     q = requant(acc, rn, n_ok, acc_bias_ptr, mult_ptr, shift_ptr, lo, hi)
+    if ADD:
+        q = residual(q, skip_ptr + offsets, mask, m_conv, m_skip, add_half, add_shift, add_lo,
+                     add_hi)  # fmt: skip
     tl.store(out_ptr + offsets, q.to(out_ptr.dtype.element_ty), mask)
 
 
@@ -225,6 +244,25 @@ class Requant:
         return self.bias.contiguous(), self.multiplier.contiguous(), self.shift.contiguous()
 
 
+@dataclass(frozen=True)
+class Residual:
+    """The integer model's residual add after a requantized convolution: ``clamp((q * m_conv +
+    skip * m_skip) >> shift, lo, hi)`` (round half up), ``skip`` of the output's shape."""
+
+    skip: Tensor
+    m_conv: int
+    m_skip: int
+    shift: int
+    lo: int
+    hi: int
+
+    def arguments(self) -> tuple[object, ...]:
+        """The kernels' residual arguments, ``skip`` dense channels_last."""
+        skip = self.skip.contiguous(memory_format=torch.channels_last)
+        return (skip, self.m_conv, self.m_skip, (1 << self.shift) >> 1, self.shift, self.lo,
+                self.hi)  # fmt: skip
+
+
 def imma_conv2d(
     x: Tensor,
     weight: Int8Weight,
@@ -235,10 +273,12 @@ def imma_conv2d(
     groups: int,
     out: Tensor,
     requant: Requant | None = None,
+    residual: Residual | None = None,
 ) -> None:
     """Write ``inq::shift_conv2d_int8`` of int8/uint8 ``x [N, Cin, H, W]`` (checked by the
     caller) into ``out [N, O, OH, OW]`` (channels_last) on int8 tensor cores: the int32 sums, or
-    with ``requant`` the requantized values in ``out``'s dtype."""
+    with ``requant`` the requantized values in ``out``'s dtype (with ``residual`` too: the
+    residual add of those)."""
     o, cg, kh, kw = weight_shape
     nb, c, h, w = x.shape
     oh, ow = out.shape[-2:]
@@ -255,14 +295,18 @@ def imma_conv2d(
     parts = weight.parts
     fused = requant if requant is not None and cfg.split_k == 1 else None
     epilogue = (sums, sums, sums, 0, 0) if fused is None else (*fused.tensors(), fused.lo, fused.hi)
+    bare = (sums, 0, 0, 0, 0, 0, 0)  # no residual add (the pointer is never read)
+    add = bare if residual is None else residual.arguments()
+    added = fused is not None and residual is not None
     _imma_kernel[grid](
-        nhwc, parts, weight.row_sum, sums, *epilogue,
+        nhwc, parts, weight.row_sum, sums, *epilogue, *(add if added else bare),
         pixels, h, w, c, oh, ow, o, cg, o // groups, cg * kh * kw, steps,
         triton.cdiv(steps, cfg.split_k), *stride, *padding, *dilation,
         parts.stride(0) if parts.shape[0] > 1 else 0,
         KH=kh, KW=kw, UNSIGNED=x.dtype == torch.uint8, PARTS=parts.shape[0],
         TAPWISE=cfg.tapwise, EVEN_K=cfg.tapwise and cg % cfg.block_k == 0,
         EVEN_N=(o // groups) % cfg.block_n == 0, SPLIT_K=cfg.split_k, REQUANT=fused is not None,
+        ADD=added,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -270,6 +314,6 @@ def imma_conv2d(
         block_m, block_n = 64, 64
         rows = (pixels, o)
         _requant_kernel[(triton.cdiv(pixels, block_m), triton.cdiv(o, block_n))](
-            sums, *requant.tensors(), out, requant.lo, requant.hi, *rows,
-            BLOCK_M=block_m, BLOCK_N=block_n,
+            sums, *requant.tensors(), out, requant.lo, requant.hi, *add, *rows,
+            ADD=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n,
         )  # fmt: skip

@@ -37,6 +37,7 @@ from inq.kernels.int8 import (
     check_conv2d_int8_args,
     check_int8_args,
     check_requant_args,
+    check_skip,
     quantize_input_reference,
     requant_add_reference,
     requantize_channels,
@@ -47,7 +48,7 @@ from inq.kernels.ops import conv2d_output_size
 from inq.kernels.triton.conv import ConvConfig, gather_patches
 from inq.kernels.triton.decode import check_devices, check_operands, load_codes, output_tensor
 from inq.kernels.triton.geometry import conv_tile, pixel_origins
-from inq.kernels.triton.imma import MIN_OUTPUTS, Requant, imma_conv2d
+from inq.kernels.triton.imma import MIN_OUTPUTS, Requant, Residual, imma_conv2d
 
 __all__ = [
     "KERNELS",
@@ -56,6 +57,7 @@ __all__ = [
     "requant_add",
     "shift_conv2d_int8",
     "shift_conv2d_int8_requant",
+    "shift_conv2d_int8_requant_add",
     "shift_linear_int8",
     "shift_linear_int8_requant",
 ]
@@ -290,6 +292,42 @@ def shift_conv2d_int8_requant(
     out = torch.empty(shape, dtype=value_dtype(lo, hi), device=x.device,
                       memory_format=torch.channels_last)  # fmt: skip
     imma_conv2d(x, imma, *geometry, out, Requant(bias, multiplier, shift, lo, hi))
+    return out
+
+
+def shift_conv2d_int8_requant_add(
+    x: Tensor, packed: Tensor, bits: int, weight_shape: list[int], stride: list[int],
+    padding: list[int], dilation: list[int], groups: int, frac_bits: int, bias: Tensor,
+    multiplier: Tensor, shift: Tensor, lo: int, hi: int, skip: Tensor, m_conv: int, m_skip: int,
+    add_shift: int, add_lo: int, add_hi: int, kernel: str = "auto",
+) -> Tensor:  # fmt: skip
+    """``inq::shift_conv2d_int8_requant_add`` (channels_last): on int8 tensor cores, the
+    residual add in the epilogue after the requantization (in the requantization pass where K
+    is split); else :func:`shift_conv2d_int8_requant` then :func:`requant_add`. Bit for bit
+    :func:`inq.kernels.int8.shift_conv2d_int8_requant_add`.
+
+    Raises:
+        ValueError: as :func:`shift_conv2d_int8_requant` and
+            :func:`inq.kernels.int8.check_skip`.
+    """
+    op = "shift_conv2d_int8_requant_add"
+    geometry = (weight_shape, stride, padding, dilation, groups)
+    check_conv2d_int8_args(x, bits, *geometry, frac_bits)
+    check_requant_args(op, weight_shape[0], bias, multiplier, shift)
+    check_devices(op, x, packed, bias, multiplier, shift, skip)
+    o, cg, kh, kw = weight_shape
+    shape = [x.shape[0], o, *conv2d_output_size(x.shape[-2:], *geometry[:4])]
+    check_skip(op, shape, skip)
+    check_operands(op, packed, bits, o, cg * kh * kw, None, x.numel(), math.prod(shape))
+    imma = _imma_weight(op, kernel, packed, bits, cg * kh * kw, frac_bits, kh * kw, o // groups)
+    if imma is None or not math.prod(shape) or not 0 <= add_shift <= 62:
+        conv = shift_conv2d_int8_requant(x, packed, bits, *geometry, frac_bits, bias, multiplier,
+                                         shift, lo, hi, kernel="shift_add")  # fmt: skip
+        return requant_add(conv, skip, m_conv, m_skip, add_shift, add_lo, add_hi)
+    out = torch.empty(shape, dtype=value_dtype(add_lo, add_hi), device=x.device,
+                      memory_format=torch.channels_last)  # fmt: skip
+    imma_conv2d(x, imma, *geometry, out, Requant(bias, multiplier, shift, lo, hi),
+                Residual(skip, m_conv, m_skip, add_shift, add_lo, add_hi))  # fmt: skip
     return out
 
 
