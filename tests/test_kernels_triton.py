@@ -931,22 +931,29 @@ IMMA_CONV_CASES = [
 ]
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "view"])
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
 @pytest.mark.parametrize("case", IMMA_CONV_CASES)
-def test_imma_conv_bit_exact(case, dtype: torch.dtype, channels_last: bool) -> None:
-    """Bit-exact with the reference; uint8 with padding checks that a padded zero adds 0."""
+def test_imma_conv_bit_exact(case, dtype: torch.dtype, layout: str) -> None:
+    """Bit-exact with the reference; uint8 with padding checks that a padded zero adds 0. The
+    input NCHW, channels_last, or a view dense in neither."""
     n, cin, h, wd, cout, kh, kw, stride, padding, dilation, groups, bits, frac = case
     shape = [cout, cin // groups, kh, kw]
     k = math.prod(shape[1:])
     packed = pack_codes(mma_codes(cout, k, bits, frac, seed=cout + k), bits)
     x = extreme_activations((n, cin, h, wd), dtype, seed=k)
     args = (_pair(stride), _pair(padding), _pair(dilation), groups)
-    layout = torch.channels_last if channels_last else torch.contiguous_format
     ref = shift_conv2d_int8_reference(x, packed, bits, shape, *args, frac)
     out, check = guarded(tuple(ref.shape), torch.int32, channels_last=True)
-    y = tk.shift_conv2d_int8(x.to(DEVICE, memory_format=layout), packed.to(DEVICE), bits,
-                             shape, *args, frac, out=out, kernel="imma")  # fmt: skip
+    if layout == "view":  # every other column of a tensor twice as wide
+        wide = torch.zeros(n, cin, h, 2 * wd, dtype=dtype)
+        wide[..., ::2] = x
+        x_in = wide.to(DEVICE)[..., ::2]
+    else:
+        form = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+        x_in = x.to(DEVICE, memory_format=form)
+    y = tk.shift_conv2d_int8(x_in, packed.to(DEVICE), bits, shape, *args, frac, out=out,
+                             kernel="imma")  # fmt: skip
     check()
     assert torch.equal(y.cpu(), ref)
 
