@@ -100,3 +100,21 @@ def test_any_shape(bits: int, rows: int, k: int, n1: int, dtype, seed: int) -> N
         assert_layout_exact(codes, bits, n1, dtype)
     else:
         assert dtype == torch.float16 and bits == 8
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_paired_words_are_the_plain_ones_with_halves_traded(bits: int) -> None:
+    """fp16/bf16 layouts are paired by default (fp32 and conv layouts plain): word ``2j``
+    holds the low halves of the plain words ``2j`` and ``2j + 1``, word ``2j + 1`` their high
+    halves; both decode to the same weight."""
+    packed = pack_codes(every_code(bits, 3, 300, seed=bits), bits)
+    for dtype in (torch.float16, torch.bfloat16):
+        paired = kernel_weight(packed, bits, 0, 300, dtype)
+        plain = kernel_weight(packed, bits, 0, 300, dtype, paired=False)
+        assert paired.paired and not plain.paired
+        a, b = (plain.words.to(torch.int64) & 0xFFFFFFFF).view(3, -1, 2).unbind(-1)
+        low, high = (paired.words.to(torch.int64) & 0xFFFFFFFF).view(3, -1, 2).unbind(-1)
+        assert torch.equal(low, (a & 0xFFFF) | ((b & 0xFFFF) << 16))
+        assert torch.equal(high, (a >> 16) | (b & 0xFFFF0000))
+        assert torch.equal(dequantize(paired), dequantize(plain))
+    assert not kernel_weight(packed, bits, 0, 300, torch.float32).paired

@@ -412,7 +412,7 @@ def test_the_integer_estimate_has_each_op_of_the_integer_resnet18(
     time; as ``IntegerModel.forward`` runs them, 25, each block's last conv and its add one op
     named as the add; with a bench file, the graph's measured time beside the sum."""
     script = load_experiment("integer_estimate")
-    static = Path(__file__).parents[1] / "experiments/static/issue48_residual_triton3.6.json"
+    static = Path(__file__).parents[1] / "experiments/static/2026-12-08_triton3.6.json"
     figures = {r["name"]: Figures.from_record(r) for r in json.loads(static.read_text())["variants"]
                if r["name"].startswith("int8 mma") and r["dtype"] == "uint8"}  # fmt: skip
     ops = script.estimate(figures, 1, H200)

@@ -525,6 +525,18 @@ def test_every_candidate_tiling_gives_the_same_bits(m: int, dtype) -> None:
     assert all(torch.equal(outs[0].view(torch.int16), y.view(torch.int16)) for y in outs[1:])
 
 
+def test_a_layout_for_other_activations_is_refused() -> None:
+    """The tensor-core kernel reads the paired layout, the fp32 kernels the plain one: either
+    handed the other's is one clear error, not a wrong result."""
+    packed = pack_codes(random_codes(16, 128, 4, seed=0), 4).to(DEVICE)
+    cfg = swar.swar_config(2, 16, 1, False, sms=4)
+    for dtype, paired in ((torch.float16, False), (torch.float32, True)):
+        layout = kernel_weight(packed, 4, 0, 128, dtype, paired=paired)
+        x = torch.ones(2, 128, dtype=dtype, device=DEVICE)
+        with pytest.raises(ValueError, match="layout is not for"):
+            swar.launch(x, layout, None, torch.empty(2, 16, dtype=dtype, device=DEVICE), cfg)
+
+
 def test_choose_times_each_candidate_once_per_shape() -> None:
     calls: list[int] = []
 

@@ -19,6 +19,10 @@ per *pair* of weights, and ``n1`` out of the inner loop. So each row is re-encod
   of a chunk is 16 consecutive columns, so a kernel reads the activations it multiplies with
   contiguous loads, and a tensor core takes a slot as one K=16 step. Columns past ``K`` hold the
   zero code.
+- ``paired`` (the layout of fp16/bf16 linear layers): words ``2j`` and ``2j + 1`` of a chunk
+  are stored as the low halves of both, then the high halves of both. A decoded pair then
+  holds two weights adjacent in K, the two halves of one register of the tensor cores'
+  operand, with no instruction to bring them together (a half swap: its own inverse).
 
 The stored values per code width and format (``o' = o - o_min`` of the row's live codes):
 
@@ -92,6 +96,7 @@ class KernelWeight:
     scale: Tensor
     per_word: int  # codes per int32 word: 8 (nibbles) or 4 (bytes)
     fmt: str  # "fp16" or "bf16": what a decoded pair of codes is
+    paired: bool = False  # words 2j, 2j + 1 hold their low halves, then their high halves
 
 
 def chunk_columns(bits: int) -> int:
@@ -110,11 +115,18 @@ def layout_format(dtype: torch.dtype) -> str:
 
 
 def kernel_weight(
-    packed: Tensor, bits: int, n1: int | Tensor, in_features: int, dtype: torch.dtype
+    packed: Tensor,
+    bits: int,
+    n1: int | Tensor,
+    in_features: int,
+    dtype: torch.dtype,
+    paired: bool | None = None,
 ) -> KernelWeight | None:
     """``packed`` codes (``uint8 [rows, row_bytes]``, top exponent ``n1``: an int or one per
     row) in the layout of the kernels for ``dtype`` activations, or ``None`` where that layout
     cannot hold the weight exactly (see the module docstring). Runs on ``packed``'s device.
+    ``paired`` (default: for fp16 and bf16, whose linear kernel multiplies on the tensor cores)
+    stores the halves of word pairs together.
 
     Raises:
         ValueError: where a top level ``2**n1`` overflows ``dtype``.
@@ -151,7 +163,9 @@ def kernel_weight(
         return None  # 2**scale is no normal fp32: the generic kernels
     scale = torch.where(any_live, scale, 0).to(torch.int32)
     field = torch.where(live, (sign << (7 if per_word == 4 else 3)) | stored, 0)
-    return KernelWeight(_pack(field, per_word, fmt), scale, per_word, fmt)
+    words = _pack(field, per_word, fmt)
+    paired = dtype != torch.float32 if paired is None else paired
+    return KernelWeight(_pair_halves(words) if paired else words, scale, per_word, fmt, paired)
 
 
 # id(packed) -> (weak reference to packed, {key: (versions, weak reference to the per-row
@@ -252,6 +266,18 @@ def _pack(field: Tensor, per_word: int, fmt: str) -> Tensor:
     return words.to(torch.int32).view(rows, -1)
 
 
+def _pair_halves(words: Tensor) -> Tensor:
+    """Words ``2j`` and ``2j + 1`` of each chunk as (the low halves of both, the high halves of
+    both): the high half of the first and the low half of the second trade places. Applied
+    twice, the words come back."""
+    rows = words.shape[0]
+    a, b = (words.to(torch.int64) & 0xFFFFFFFF).view(rows, -1, 2).unbind(-1)
+    low = (a & 0xFFFF) | ((b & 0xFFFF) << 16)
+    high = (a >> 16) | (b & 0xFFFF0000)
+    both = torch.stack((low, high), -1).view(rows, -1)
+    return torch.where(both >= 1 << 31, both - (1 << 32), both).to(torch.int32)
+
+
 def _place(field: Tensor, g: int, per_word: int, fmt: str) -> Tensor:
     """The 16-bit half holding ``field`` as code of pair ``g``."""
     if per_word == 4:  # byte: sign bit 7, exponent bits 6..0
@@ -270,7 +296,8 @@ def _place(field: Tensor, g: int, per_word: int, fmt: str) -> Tensor:
 def dequantize(weight: KernelWeight) -> Tensor:
     """The fp32 weight ``[rows, chunks * chunk]`` that ``weight`` stands for, decoded the way the
     kernels decode it (SWAR masks, then ``2**scale``): the layout's own test oracle."""
-    words = weight.words.to(torch.int64) & 0xFFFFFFFF
+    stored = _pair_halves(weight.words) if weight.paired else weight.words
+    words = stored.to(torch.int64) & 0xFFFFFFFF
     rows = words.shape[0]
     words = words.view(rows, -1, CHUNK_WORDS)
     slots = []

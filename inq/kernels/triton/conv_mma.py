@@ -100,7 +100,8 @@ def conv_layout(
         tap_major[:, :, :c] = codes
         flat = tap_major.reshape(o, kh * kw * padded)
         exponents = n1 if rows is None else rows.to(torch.int64) + base
-        weight = kernel_weight(pack_codes(flat, bits), bits, exponents, flat.shape[1], dtype)
+        weight = kernel_weight(pack_codes(flat, bits), bits, exponents, flat.shape[1], dtype,
+                               paired=False)  # fmt: skip
         return None if weight is None else ConvLayout(weight, padded)
 
     return cached_layout(packed, key, build, rows)

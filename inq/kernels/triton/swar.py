@@ -192,13 +192,12 @@ def _chunk_dot(acc, words, x_ptrs, k0, K, PER_WORD: tl.constexpr, BF16: tl.const
     wgmma that Triton waits for an iteration later (depth 1), so the next chunk's decode runs
     while the tensor cores work; a dot per slot waits for each (depth 0).
 
-    The low halves of words ``2j`` and ``2j + 1`` are packed into one int32 before decoding
-    (and the high halves into another): decoded, each holds two weights adjacent in K, the pair
-    the MMA's register operand keeps in one register, so no decoded weight is moved again. Joins
-    and permutations put the slots in K order; they only rename registers."""
-    a, b = tl.split(tl.reshape(words, [BLOCK_N, 8, 2]))
-    lo = (a & 0xFFFF) | (b << 16)  # even slots of words 2j, 2j + 1
-    hi = ((a >> 16) & 0xFFFF) | (b & _HIGH)  # odd slots
+    The words are the ``paired`` layout: word ``2j`` holds the low halves of the layout's words
+    ``2j`` and ``2j + 1``, word ``2j + 1`` their high halves. Decoded, each holds two weights
+    adjacent in K, the pair the MMA's register operand keeps in one register, so no decoded
+    weight is moved again. Joins and permutations put the slots in K order; they only rename
+    registers."""
+    lo, hi = tl.split(tl.reshape(words, [BLOCK_N, 8, 2]))  # even slots, odd slots
     w = _cat(_slot_pair(lo, hi, 0, PER_WORD, BF16, BLOCK_N),
              _slot_pair(lo, hi, 1, PER_WORD, BF16, BLOCK_N), BLOCK_N, 32)  # fmt: skip
     if PER_WORD == 8:
@@ -457,6 +456,9 @@ def launch(x: Tensor, weight: KernelWeight, bias: Tensor | None, out: Tensor,
     m, k = x.shape
     n, kw = weight.words.shape
     fp32 = x.dtype == torch.float32
+    if weight.paired == fp32:  # the tensor-core kernel reads the paired layout, the rest not
+        raise ValueError(f"a {'paired' if weight.paired else 'plain'} layout is not for "
+                         f"{x.dtype} activations")  # fmt: skip
     part = out if cfg.split_k == 1 else x.new_empty((cfg.split_k, m, n), dtype=torch.float32)
     b = out if bias is None else bias  # any pointer: unused without HAS_BIAS
     steps = -(-kw // cfg.block_w)
