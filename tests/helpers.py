@@ -105,8 +105,6 @@ def residual_net(bits: int) -> nn.Module:
     and a classifier. Its integer model has both kinds of residual add."""
     from torchvision.models.resnet import BasicBlock
 
-    from inq.pow2 import pow2_n1, pow2_quantize
-
     torch.manual_seed(0)
     down = nn.Sequential(nn.Conv2d(16, 32, 1, stride=2, bias=False), nn.BatchNorm2d(32))
     net = nn.Sequential(
@@ -114,6 +112,14 @@ def residual_net(bits: int) -> nn.Module:
         BasicBlock(16, 16), BasicBlock(16, 32, stride=2, downsample=down),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 5),
     ).eval()  # fmt: skip
+    return pow2_weights(net, bits)
+
+
+def pow2_weights(net: nn.Module, bits: int) -> nn.Module:
+    """``net`` with every Conv2d and Linear weight power-of-two quantized to ``bits``, in
+    place."""
+    from inq.pow2 import pow2_n1, pow2_quantize
+
     with torch.no_grad():
         for m in net.modules():
             if isinstance(m, nn.Conv2d | nn.Linear):

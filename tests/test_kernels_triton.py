@@ -943,18 +943,25 @@ IMMA_CONV_CASES = [
 ]
 
 
+def imma_conv_operands(case: tuple, dtype: torch.dtype) -> tuple:
+    """``(x, packed, bits, weight_shape, geometry, frac)`` of an :data:`IMMA_CONV_CASES` case:
+    codes in the tensor cores' domain, activations of ``dtype`` with its extremes."""
+    n, cin, h, wd, cout, kh, kw, stride, padding, dilation, groups, bits, frac = case
+    shape = [cout, cin // groups, kh, kw]
+    k = math.prod(shape[1:])
+    packed = pack_codes(mma_codes(cout, k, bits, frac, seed=cout + k), bits)
+    x = extreme_activations((n, cin, h, wd), dtype, seed=k)
+    return x, packed, bits, shape, (_pair(stride), _pair(padding), _pair(dilation), groups), frac
+
+
 @pytest.mark.parametrize("layout", ["nchw", "channels_last", "view"])
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
 @pytest.mark.parametrize("case", IMMA_CONV_CASES)
 def test_imma_conv_bit_exact(case, dtype: torch.dtype, layout: str) -> None:
     """Bit-exact with the reference; uint8 with padding checks that a padded zero adds 0. The
     input NCHW, channels_last, or a view dense in neither."""
-    n, cin, h, wd, cout, kh, kw, stride, padding, dilation, groups, bits, frac = case
-    shape = [cout, cin // groups, kh, kw]
-    k = math.prod(shape[1:])
-    packed = pack_codes(mma_codes(cout, k, bits, frac, seed=cout + k), bits)
-    x = extreme_activations((n, cin, h, wd), dtype, seed=k)
-    args = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    x, packed, bits, shape, args, frac = imma_conv_operands(case, dtype)
+    n, cin, h, wd = x.shape
     ref = shift_conv2d_int8_reference(x, packed, bits, shape, *args, frac)
     out, check = guarded(tuple(ref.shape), torch.int32, channels_last=True)
     if layout == "view":  # every other column of a tensor twice as wide
@@ -1031,12 +1038,8 @@ def test_linear_requant_bit_exact(m, o, k, bits, frac, dtype, lo_hi) -> None:
 @pytest.mark.parametrize("case", [IMMA_CONV_CASES[i] for i in (0, 1, 4)])
 def test_conv_requant_bit_exact(case, lo_hi) -> None:
     """Fused conv requantization: first conv (flat steps), 5-bit weights of 128, split-K."""
-    n, cin, h, wd, cout, kh, kw, stride, padding, dilation, groups, bits, frac = case
-    shape = [cout, cin // groups, kh, kw]
-    k = math.prod(shape[1:])
-    packed = pack_codes(mma_codes(cout, k, bits, frac, seed=cout + k), bits)
-    x = extreme_activations((n, cin, h, wd), torch.uint8, seed=k)
-    geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    x, packed, bits, shape, geometry, frac = imma_conv_operands(case, torch.uint8)
+    cout, k = shape[0], math.prod(shape[1:])
     requant = random_requant(cout, seed=k)
     want = int8.shift_conv2d_int8_requant_reference(x, packed, bits, shape, *geometry, frac,
                                                     *requant, *lo_hi)  # fmt: skip
@@ -1114,12 +1117,8 @@ def test_conv_requant_add_bit_exact(case, kernel: str, skip_dtype, add_range) ->
     128 in a second product, odd channels, split-K's requantization pass; the shift-add
     fallback) equals the two references in turn bit for bit: multipliers of either sign up to
     31 bits, shifts 0 and 40, extreme skips, a skip in either memory format."""
-    n, cin, h, wd, cout, kh, kw, stride, padding, dilation, groups, bits, frac = case
-    shape = [cout, cin // groups, kh, kw]
-    k = math.prod(shape[1:])
-    packed = pack_codes(mma_codes(cout, k, bits, frac, seed=cout + k), bits)
-    x = extreme_activations((n, cin, h, wd), torch.uint8, seed=k)
-    geometry = (_pair(stride), _pair(padding), _pair(dilation), groups)
+    x, packed, bits, shape, geometry, frac = imma_conv_operands(case, torch.uint8)
+    cout, k = shape[0], math.prod(shape[1:])
     requant = (*random_requant(cout, seed=k), -128, 127)
     out_shape = int8.shift_conv2d_int8_requant_reference(x, packed, bits, shape, *geometry, frac,
                                                          *requant).shape  # fmt: skip

@@ -4,9 +4,9 @@ weights becomes an integer model calibrated on random images, the same on both d
 from __future__ import annotations
 
 import torch
+from helpers import pow2_weights
 from torch import nn
 
-from inq.pow2 import pow2_n1, pow2_quantize
 from inq.quant.bench import integer_pair, to_shift_layers
 
 
@@ -16,11 +16,7 @@ def tiny_net(bits: int) -> nn.Module:
         nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5),
     ).eval()  # fmt: skip
-    with torch.no_grad():
-        for m in net.modules():
-            if isinstance(m, nn.Conv2d | nn.Linear):
-                m.weight.copy_(pow2_quantize(m.weight, pow2_n1(m.weight), bits))
-    return net
+    return pow2_weights(net, bits)
 
 
 def test_integer_pair_runs_the_same_program_and_tracks_the_float_model() -> None:

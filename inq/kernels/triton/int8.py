@@ -275,17 +275,10 @@ def shift_conv2d_int8_requant(
         ValueError: as :func:`shift_conv2d_int8` and
             :func:`inq.kernels.int8.check_requant_args`.
     """
-    op = "shift_conv2d_int8_requant"
     geometry = (weight_shape, stride, padding, dilation, groups)
-    check_conv2d_int8_args(x, bits, *geometry, frac_bits)
-    check_requant_args(op, weight_shape[0], bias, multiplier, shift)
-    check_devices(op, x, packed, bias, multiplier, shift)
-    o, cg, kh, kw = weight_shape
-    og, k = o // groups, cg * kh * kw
-    oh, ow = conv2d_output_size(x.shape[-2:], weight_shape, stride, padding, dilation)
-    shape = (x.shape[0], o, oh, ow)
-    check_operands(op, packed, bits, o, k, None, x.numel(), math.prod(shape))
-    imma = _imma_weight(op, kernel, packed, bits, k, frac_bits, kh * kw, og)
+    requant = (bias, multiplier, shift)
+    shape, imma = _requant_conv_checks("shift_conv2d_int8_requant", x, packed, bits, geometry,
+                                       frac_bits, requant, kernel)  # fmt: skip
     if imma is None or not math.prod(shape):
         acc = shift_conv2d_int8(x, packed, bits, *geometry, frac_bits, kernel="shift_add")
         return requantize_channels(acc, bias, multiplier, shift, lo, hi, channel_dim=1)
@@ -312,14 +305,10 @@ def shift_conv2d_int8_requant_add(
     """
     op = "shift_conv2d_int8_requant_add"
     geometry = (weight_shape, stride, padding, dilation, groups)
-    check_conv2d_int8_args(x, bits, *geometry, frac_bits)
-    check_requant_args(op, weight_shape[0], bias, multiplier, shift)
-    check_devices(op, x, packed, bias, multiplier, shift, skip)
-    o, cg, kh, kw = weight_shape
-    shape = [x.shape[0], o, *conv2d_output_size(x.shape[-2:], *geometry[:4])]
+    requant = (bias, multiplier, shift)
+    shape, imma = _requant_conv_checks(op, x, packed, bits, geometry, frac_bits, requant, kernel,
+                                       skip)  # fmt: skip
     check_skip(op, shape, skip)
-    check_operands(op, packed, bits, o, cg * kh * kw, None, x.numel(), math.prod(shape))
-    imma = _imma_weight(op, kernel, packed, bits, cg * kh * kw, frac_bits, kh * kw, o // groups)
     if imma is None or not math.prod(shape) or not 0 <= add_shift <= 62:
         conv = shift_conv2d_int8_requant(x, packed, bits, *geometry, frac_bits, bias, multiplier,
                                          shift, lo, hi, kernel="shift_add")  # fmt: skip
@@ -329,6 +318,22 @@ def shift_conv2d_int8_requant_add(
     imma_conv2d(x, imma, *geometry, out, Requant(bias, multiplier, shift, lo, hi),
                 Residual(skip, m_conv, m_skip, add_shift, add_lo, add_hi))  # fmt: skip
     return out
+
+
+def _requant_conv_checks(
+    op: str, x: Tensor, packed: Tensor, bits: int, geometry: tuple, frac_bits: int,
+    requant: tuple[Tensor, Tensor, Tensor], kernel: str, *more: Tensor,
+) -> tuple[list[int], Int8Weight | None]:  # fmt: skip
+    """Check a requantized convolution's arguments (``more``: other tensors that must be on
+    ``x``'s device); its output shape, and its int8 layout (``None``: the shift-add kernel)."""
+    check_conv2d_int8_args(x, bits, *geometry, frac_bits)
+    (o, cg, kh, kw), groups = geometry[0], geometry[4]
+    check_requant_args(op, o, *requant)
+    check_devices(op, x, packed, *requant, *more)
+    shape = [x.shape[0], o, *conv2d_output_size(x.shape[-2:], *geometry[:4])]
+    check_operands(op, packed, bits, o, cg * kh * kw, None, x.numel(), math.prod(shape))
+    return shape, _imma_weight(op, kernel, packed, bits, cg * kh * kw, frac_bits, kh * kw,
+                               o // groups)  # fmt: skip
 
 
 def _imma_weight(
