@@ -20,7 +20,8 @@
 #           of the integer ResNet-18 op by op beside each op's time (integer_estimate.log);
 #   ncu     Nsight Compute on the batch-1 and a batch-1024 linear kernel: DRAM throughput,
 #           issue slots, pipe utilisation, warp stall reasons (ncu_batch1.txt, ncu_batch1024.txt);
-#   imma    the int8 tensor-core and fused requantization tests on the GPU (imma.log);
+#   imma    the int8 tensor-core tests on the GPU, fused requantization and residual adds and
+#           a small ResNet's integer model with them (imma.log);
 #   convtests  the conv kernel tests on the GPU (convtest.log);
 # and, when named in STEPS:
 #   static  the static sm_90 check with this machine's Triton (static.log, static.json);
@@ -140,7 +141,7 @@ fi
 if wanted imma; then
   limit=$(limit_of imma) step "int8 tensor-core and conv tests (GPU)" imma.log python3 -m pytest \
     tests/test_kernels_triton.py tests/test_kernels_int8_layout.py -q --tb=short \
-    -p no:cacheprovider -k "imma or requant or conv_int8 or opcheck_int8"
+    -p no:cacheprovider -k "imma or requant or conv_int8 or opcheck_int8 or fused_residual"
   grep -E "passed|failed|error" "$logs/imma.log" | tail -n 3
   grep -E "^(FAILED|ERROR)" "$logs/imma.log" | head -n 20
 fi
