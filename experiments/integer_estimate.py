@@ -134,8 +134,9 @@ def main() -> None:
         if graph:  # a run before 2026-12-08 timed the ops apart
             fused = any(o["op"] == "conv+add" for o in run.get("int8_ops", []))
             which = total if fused else apart
-            print(f"  measured graph: {1e3 * graph:.1f} us, the estimate of what it ran "
-                  f"{100 * (which / (1e3 * graph) - 1):+.0f} %")  # fmt: skip
+            print(f"  measured graph: {1e3 * graph:.1f} us; this commit's kernels, run as it "
+                  f"ran them, {100 * (which / (1e3 * graph) - 1):+.0f} % (a run of other "
+                  f"kernels compares as far as they are alike)")  # fmt: skip
 
 
 if __name__ == "__main__":

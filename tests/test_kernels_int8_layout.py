@@ -1,6 +1,7 @@
 """The int8 tensor cores' weight layout (:mod:`inq.kernels.int8_layout`): the parts add up to
-the integer weight of every term bit for bit, in ``(kh, kw, c)`` order; layers whose terms
-floor, or that need three parts, have none; the cache follows in-place changes."""
+the integer weight of every term bit for bit, in ``(kh, kw, c)`` order (few channels padded
+with zeros to flat steps); layers whose terms floor, or that need three parts, have none; the
+cache follows in-place changes."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from hypothesis import strategies as st
 
 from inq.codes import pack_codes, row_bytes
 from inq.kernels.int8_layout import (
+    FLAT_BLOCK_K,
     MAX_PARTS,
     PART_SHIFT,
     cached_int8_weight,
+    flat_columns,
     int8_weight,
 )
 
@@ -26,6 +29,20 @@ def integer_weight(codes: torch.Tensor, bits: int, frac: int) -> torch.Tensor:
     sign = 1 - 2 * ((c >> (bits - 2)) & 1)
     offset = c & ((1 << (bits - 2)) - 1)
     return torch.where(live, sign * (1 << (frac - offset).clamp(min=0)), 0)
+
+
+def tap_columns(parts: torch.Tensor, channels: int, taps: int) -> torch.Tensor:
+    """``parts [P, O, columns]`` as ``[P, O, taps * channels]``: a flat layout's padding (its
+    channels to a power of two, its rows to whole steps) dropped, after checking it is zero."""
+    flat = flat_columns(channels, taps)
+    if flat is None:
+        return parts
+    padded, columns = flat
+    assert parts.shape[-1] == columns and columns % FLAT_BLOCK_K == 0
+    assert not parts[..., taps * padded :].any()
+    by_tap = parts[..., : taps * padded].reshape(*parts.shape[:-1], taps, padded)
+    assert not by_tap[..., channels:].any()
+    return by_tap[..., :channels].reshape(*parts.shape[:-1], taps * channels)
 
 
 @settings(max_examples=60)
@@ -48,7 +65,7 @@ def test_parts_add_up_to_the_integer_weight(bits, rows, channels, taps, seed, da
     weight = int8_weight(pack_codes(codes.to(torch.uint8), bits), bits, k, frac, taps)
     want = integer_weight(codes, bits, frac)
     assert weight is not None and weight.parts.dtype == torch.int8
-    parts = weight.parts.to(torch.int64)
+    parts = tap_columns(weight.parts.to(torch.int64), channels, taps)
     total = sum(parts[p] << (PART_SHIFT * p) for p in range(parts.shape[0]))  # [O, K]
     tap_major = want.view(rows, channels, taps).transpose(1, 2).reshape(rows, k)
     assert torch.equal(total, tap_major)
@@ -61,7 +78,7 @@ def test_weights_of_128_take_a_second_part() -> None:
     codes = torch.tensor([[16, 23, 31, 0]], dtype=torch.uint8)  # 5 bits: +2**7, +1, -1 (frac 7)
     weight = int8_weight(pack_codes(codes, 5), 5, 4, frac_bits=7, taps=1)
     assert weight is not None and weight.parts.shape[0] == 2
-    assert weight.parts[:, 0].tolist() == [[0, 1, -1, 0], [1, 0, 0, 0]]
+    assert tap_columns(weight.parts, 4, 1)[:, 0].tolist() == [[0, 1, -1, 0], [1, 0, 0, 0]]
     assert weight.row_sum.tolist() == [128]
 
 
@@ -80,13 +97,13 @@ def test_cache_follows_in_place_changes() -> None:
     assert first is not cached_int8_weight(packed, 4, 2, 2, 1)  # another frac
     packed.fill_(0x99)
     again = cached_int8_weight(packed, 4, 2, 3, 1)
-    assert again is not first and again.parts[0, 0].tolist() == [4, 4]
+    assert again is not first and tap_columns(again.parts, 2, 1)[0, 0].tolist() == [4, 4]
 
 
 @pytest.mark.parametrize("bits", [4, 5])
 def test_empty_weight(bits: int) -> None:
     weight = int8_weight(torch.zeros(0, row_bytes(2, bits), dtype=torch.uint8), bits, 2, 1, 1)
-    assert weight is not None and weight.parts.shape == (1, 0, 2)
+    assert weight is not None and weight.parts.shape == (1, 0, FLAT_BLOCK_K)
 
 
 def test_cache_takes_inference_tensors() -> None:

@@ -105,6 +105,9 @@ class Variant:
     loop_macs: int = 0  # multiply-accumulates one CTA does per main-loop iteration
     budget: Budget | None = None
     out_dtype: str | None = None  # Triton type of out_ptr's elements, if not the default
+    # arguments the launches really pass unaligned: compiled without the multiple-of-16
+    # specialisation Triton makes for them elsewhere (a first conv's 3 or 4 channels)
+    unaligned: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -325,14 +328,18 @@ def conv_mma_variants() -> list[Variant]:
 # as the skinny byte-code tiles of issue 31
 IMMA_BUDGET = Budget(per_mac=0.05, int_per_mac=0.025, async_copies=True)
 IMMA_SKINNY_BUDGET = Budget(per_weight=10, int_per_weight=5, async_copies=True)
+# flat steps (a first conv): each column's tap and channel from constants (0.09-0.10 lane-ops a
+# MAC on Triton 3.6 and 3.8 at one part); dividing by the channel count per column cost 0.6
+IMMA_FLAT_BUDGET = Budget(per_mac=0.125, async_copies=True)
 
 
 def imma_variants() -> list[Variant]:
     """The int8 tensor-core kernel (:mod:`inq.kernels.triton.imma`) in every configuration
     ``imma_config`` picks for ResNet-18's convolutions at batch 1 and 32 and a 4096 x 4096
     linear layer, for int8 and uint8 activations and one or two weight parts, each with
-    :data:`IMMA_BUDGET` (tap-wise K steps; the flat steps of a first conv gather per column,
-    and are reported without one)."""
+    :data:`IMMA_BUDGET` (tap-wise K steps; the flat steps of a first conv, which gather per
+    column, :data:`IMMA_FLAT_BUDGET`, compiled with the first conv's channel count: no
+    multiple of 16)."""
     from inq.kernels.shapes import CONV_BATCHES, resnet18_convs
     from inq.kernels.triton.imma import imma_config
 
@@ -354,16 +361,21 @@ def imma_variants() -> list[Variant]:
         fused = [] if split else [("uint8", p, True, add) for add in (False, True) for p in (1, 2)]
         for dtype, parts, requant, add in settings + fused:
             cx = {"KH": 3, "KW": 3, "UNSIGNED": dtype == "uint8", "PARTS": parts,
-                  "TAPWISE": tapwise, "EVEN_K": tapwise, "EVEN_N": tapwise,
+                  "TAPWISE": tapwise, "FLAT_CG": 1 if tapwise else 4,
+                  "FLAT_C": 1 if tapwise else 4, "EVEN_K": True,
+                  "EVEN_N": tapwise,
                   "SPLIT_K": 2 if split else 1, "REQUANT": requant, "ADD": add,
                   "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}  # fmt: skip
             name = imma_variant_name(m, n, k, tapwise, split, requant, parts, add)
             # MACs the tensor cores do: a second weight part is a second product
             work = _work(m, n, k * parts)
-            budget = None if not tapwise else IMMA_SKINNY_BUDGET if m <= 16 else IMMA_BUDGET
+            budget = (IMMA_FLAT_BUDGET if not tapwise else IMMA_SKINNY_BUDGET if m <= 16
+                      else IMMA_BUDGET)  # fmt: skip
+            unaligned = frozenset() if tapwise else frozenset({"C", "CG"})  # 4 channels
             out.append(Variant(name, "imma", "_imma_kernel", dtype, cx, cfg.num_warps,
                                cfg.num_stages, False, True, **work, budget=budget,
-                               out_dtype="u8" if requant else None))  # fmt: skip
+                               out_dtype="u8" if requant else None,
+                               unaligned=unaligned))  # fmt: skip
     return out
 
 
@@ -565,7 +577,7 @@ def compile_variant(variant: Variant, arch: int = 90) -> CompiledVariant:
             attrs[(index,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "i64" if name in _WIDE else "i32"
-            if name in _DIVISIBLE:
+            if name in _DIVISIBLE and name not in variant.unaligned:
                 attrs[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": variant.num_warps, "num_stages": variant.num_stages,

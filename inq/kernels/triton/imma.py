@@ -8,8 +8,10 @@ integer matrix product, and an int8 x int8 -> int32 MMA computes it exactly. One
   ``K = kh * kw * Cin/groups`` in ``(kh, kw, c)`` order, on a channels_last copy of the input:
   a K step is one tap times ``BLOCK_K`` consecutive channels, so its index math (input row and
   column, bounds, address) is per pixel, not per element, and its loads are contiguous. Layers
-  with fewer than 32 channels a group (a network's first conv) take ``FLAT`` steps: the taps
-  and channels of a K step are worked out per column.
+  with fewer than 32 channels a group (a network's first conv) take flat steps of 64 columns
+  over any taps, on a copy of the input whose channels are padded to ``FLAT_CG``, a power of
+  two (the weights alike: :func:`inq.kernels.int8_layout.flat_columns`): a column's tap and
+  channel are a shift and a mask, and no step divides.
 - uint8 activations are flipped to ``x - 128`` on load and corrected by ``128 * row_sum`` at the
   end; weights beyond int8 run a second product (``parts[1]``, shifted by 7).
 - Where the tiles of an output would leave SMs idle, or run more than ``MAX_STEPS`` serial
@@ -26,11 +28,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from inq.kernels.int8_layout import PART_SHIFT, Int8Weight
+from inq.kernels.int8_layout import (
+    FLAT_BLOCK_K,
+    FLAT_CHANNELS,
+    PART_SHIFT,
+    Int8Weight,
+    flat_columns,
+)
 from inq.kernels.triton.decode import sm_count
 from inq.kernels.triton.geometry import conv_tile, k_splits, pixel_origins
 
@@ -47,7 +56,6 @@ __all__ = [
 ]
 
 MIN_OUTPUTS = 16  # outputs per group below which the shift-add kernel runs (depthwise)
-_TAPWISE_CHANNELS = 32
 SHIFT = tl.constexpr(PART_SHIFT)
 
 
@@ -71,8 +79,8 @@ def _imma_kernel(
     P, H, W, C, OH, OW, COUT, CG, OG, K, STEPS, STEPS_PER_SPLIT,
     stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, part_stride,
     KH: tl.constexpr, KW: tl.constexpr, UNSIGNED: tl.constexpr, PARTS: tl.constexpr,
-    TAPWISE: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr,
-    REQUANT: tl.constexpr, ADD: tl.constexpr,
+    TAPWISE: tl.constexpr, FLAT_CG: tl.constexpr, FLAT_C: tl.constexpr, EVEN_K: tl.constexpr,
+    EVEN_N: tl.constexpr, SPLIT_K: tl.constexpr, REQUANT: tl.constexpr, ADD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     g, rp, rn = conv_tile(tl.program_id(0), P, OG, BLOCK_M, BLOCK_N)
@@ -114,15 +122,16 @@ def _imma_kernel(
             next_row = s == KW
             s = tl.where(next_row, 0, s)
             r = tl.where(next_row, r + 1, r)
-        else:  # columns k of any tap
+        else:  # columns k of any tap: FLAT_CG channels a tap (padded, the weights too) of the
+            # FLAT_C of a pixel; constants, so no column divides
             k = t * BLOCK_K + rk
-            k_ok = k < K
-            tap_k = k // CG
-            c = k - tap_k * CG
+            k_ok = rk < BLOCK_K  # whole steps: the padding's weights are 0
+            tap_k = k // FLAT_CG
             ih = ih0[:, None] + ((tap_k // KW) * dil_h)[None, :]
             iw = iw0[:, None] + ((tap_k % KW) * dil_w)[None, :]
-            x_ok = p_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            x_offsets = ((n[:, None] * H + ih) * W + iw) * C + (g * CG + c)[None, :]
+            x_ok = p_ok[:, None] & (ih.to(tl.uint32) < H) & (iw.to(tl.uint32) < W)
+            channel = g * FLAT_CG + k % FLAT_CG
+            x_offsets = ((n[:, None] * H + ih) * W + iw) * FLAT_C + channel[None, :]
         x = tl.load(x_ptr + x_offsets, mask=x_ok, other=0)
         if UNSIGNED:  # x - 128 as an int8: flip the top bit
             x = (x ^ 0x80).to(tl.int8, bitcast=True)
@@ -198,10 +207,12 @@ def _requant_kernel(acc_ptr, acc_bias_ptr, mult_ptr, shift_ptr, out_ptr, lo, hi,
 
 
 def k_steps(channels: int, taps: int, block_k: int, tapwise: bool) -> int:
-    """K steps of one output tile: taps x channel tiles, or flat ``block_k`` columns."""
-    if tapwise:
+    """K steps of one output tile: taps x channel tiles, or flat ``block_k`` columns over the
+    padded taps (:func:`inq.kernels.int8_layout.flat_columns`)."""
+    flat = flat_columns(channels, taps)
+    if tapwise or flat is None:
         return taps * triton.cdiv(channels, block_k)
-    return triton.cdiv(channels * taps, block_k)
+    return triton.cdiv(flat[1], block_k)
 
 
 def imma_config(pixels: int, out_per_group: int, groups: int, channels: int, taps: int,
@@ -216,8 +227,8 @@ def imma_config(pixels: int, out_per_group: int, groups: int, channels: int, tap
     """  # noqa: E501
     block_n = 128 if out_per_group >= 128 else 64 if out_per_group >= 64 else 32
     tiles_n = groups * triton.cdiv(out_per_group, block_n)
-    tapwise = channels >= _TAPWISE_CHANNELS
-    block_k = 128 if channels >= 128 else 64 if channels >= 64 or not tapwise else 32
+    tapwise = channels >= FLAT_CHANNELS
+    block_k = 128 if channels >= 128 else 64 if channels >= 64 else 32 if tapwise else FLAT_BLOCK_K
     steps = k_steps(channels, taps, block_k, tapwise)
     # 128-pixel tiles from 2048 pixels (a batch-1 56x56 layer), unless a long K would then
     # leave SMs idle; 64 below; 16 for a linear layer's few rows
@@ -280,11 +291,14 @@ def imma_conv2d(
     with ``requant`` the requantized values in ``out``'s dtype (with ``residual`` too: the
     residual add of those)."""
     o, cg, kh, kw = weight_shape
-    nb, c, h, w = x.shape
+    nb, _, h, w = x.shape
     oh, ow = out.shape[-2:]
     pixels = nb * oh * ow
     cfg = imma_config(pixels, o // groups, groups, cg, kh * kw, sm_count(x.device))
     nhwc = x.permute(0, 2, 3, 1).contiguous()
+    flat = flat_columns(cg, kh * kw)
+    if flat is not None:  # each group's channels padded to a power of two, as the weights
+        nhwc = F.pad(nhwc.view(nb, h, w, groups, cg), (0, flat[0] - cg)).view(nb, h, w, -1)
     steps = k_steps(cg, kh * kw, cfg.block_k, cfg.tapwise)
     sums = out
     if cfg.split_k > 1:
@@ -300,11 +314,13 @@ def imma_conv2d(
     added = fused is not None and residual is not None
     _imma_kernel[grid](
         nhwc, parts, weight.row_sum, sums, *epilogue, *(add if added else bare),
-        pixels, h, w, c, oh, ow, o, cg, o // groups, cg * kh * kw, steps,
+        pixels, h, w, nhwc.shape[-1], oh, ow, o, cg, o // groups, parts.shape[-1], steps,
         triton.cdiv(steps, cfg.split_k), *stride, *padding, *dilation,
         parts.stride(0) if parts.shape[0] > 1 else 0,
         KH=kh, KW=kw, UNSIGNED=x.dtype == torch.uint8, PARTS=parts.shape[0],
-        TAPWISE=cfg.tapwise, EVEN_K=cfg.tapwise and cg % cfg.block_k == 0,
+        TAPWISE=cfg.tapwise, FLAT_CG=1 if flat is None else flat[0],
+        FLAT_C=1 if flat is None else nhwc.shape[-1],
+        EVEN_K=flat is not None or cg % cfg.block_k == 0,
         EVEN_N=(o // groups) % cfg.block_n == 0, SPLIT_K=cfg.split_k, REQUANT=fused is not None,
         ADD=added,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
