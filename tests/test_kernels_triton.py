@@ -977,6 +977,32 @@ def test_imma_conv_bit_exact(case, dtype: torch.dtype, layout: str) -> None:
     assert torch.equal(y.cpu(), ref)
 
 
+def test_every_int8_launch_on_offer_gives_the_same_bits() -> None:
+    """Where K is split, the same tiles with K whole are offered too (``imma_launches``, timed
+    once by ``swar.choose`` on a GPU): the int32 sums, the requantized values and the residual
+    add are the reference's bit for bit on each."""
+    from inq.kernels.int8_layout import cached_int8_weight
+    from inq.kernels.triton.imma import Requant, Residual, imma_launches, launch_imma
+
+    x, packed, bits, shape, geometry, frac = imma_conv_operands(IMMA_CONV_CASES[4], torch.uint8)
+    cout, k = shape[0], math.prod(shape[1:])
+    options = imma_launches(16, cout, 1, shape[1], 9, sms=132)
+    assert [cfg.split_k for cfg in options] == [4, 1]
+    weight = cached_int8_weight(packed.to(DEVICE), bits, k, frac, 9)
+    requant = random_requant(cout, seed=k)
+    skip = extreme_activations((1, cout, 4, 4), torch.int8, seed=3)
+    sums = shift_conv2d_int8_reference(x, packed, bits, shape, *geometry, frac)
+    conv = int8.requantize_channels(sums, *requant, -128, 127, channel_dim=1)
+    added = int8.requant_add_reference(conv, skip, 3, -2, 1, 0, 255)
+    for cfg in options:
+        for epilogue, want in (((), sums), ((Requant(*requant, -128, 127),), conv),
+                               ((Requant(*requant, -128, 127), Residual(skip, 3, -2, 1, 0, 255)),
+                                added)):  # fmt: skip
+            out = torch.empty_like(want).to(DEVICE, memory_format=torch.channels_last)
+            launch_imma(x.to(DEVICE), weight, shape, *geometry, out, cfg, *epilogue)
+            assert torch.equal(out.cpu(), want), (cfg, len(epilogue))
+
+
 def test_imma_dispatch_empty_and_refusals() -> None:
     """``auto`` takes the tensor cores only where a layer allows; empty batches give empty
     results; ``imma`` refuses a layer it cannot run, naming why."""

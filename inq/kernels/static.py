@@ -334,14 +334,14 @@ IMMA_FLAT_BUDGET = Budget(per_mac=0.125, async_copies=True)
 
 
 def imma_variants() -> list[Variant]:
-    """The int8 tensor-core kernel (:mod:`inq.kernels.triton.imma`) in every configuration
-    ``imma_config`` picks for ResNet-18's convolutions at batch 1 and 32 and a 4096 x 4096
+    """The int8 tensor-core kernel (:mod:`inq.kernels.triton.imma`) in every launch
+    ``imma_launches`` offers for ResNet-18's convolutions at batch 1 and 32 and a 4096 x 4096
     linear layer, for int8 and uint8 activations and one or two weight parts, each with
     :data:`IMMA_BUDGET` (tap-wise K steps; the flat steps of a first conv, which gather per
     column, :data:`IMMA_FLAT_BUDGET`, compiled with the first conv's channel count: no
     multiple of 16)."""
     from inq.kernels.shapes import CONV_BATCHES, resnet18_convs
-    from inq.kernels.triton.imma import imma_config
+    from inq.kernels.triton.imma import imma_launches
 
     shapes = [(1, 4096, 1, 4096, 1), (256, 4096, 1, 4096, 1)]  # (pixels, O, groups, C, taps)
     for batch in CONV_BATCHES:
@@ -351,8 +351,8 @@ def imma_variants() -> list[Variant]:
             shapes.append((n * oh * ow, o, 1, c, kh * kw))
     configs = {}
     for pixels, o, groups, c, taps in shapes:
-        cfg = imma_config(pixels, o // groups, groups, c, taps, sms=132)
-        configs[(cfg.block_m, cfg.block_n, cfg.block_k, cfg.tapwise, cfg.split_k > 1)] = cfg
+        for cfg in imma_launches(pixels, o // groups, groups, c, taps, sms=132):
+            configs[(cfg.block_m, cfg.block_n, cfg.block_k, cfg.tapwise, cfg.split_k > 1)] = cfg
     out = []
     # the integer model's layers requantize in the epilogue (uint8 in, after a ReLU) unless
     # K is split, a block's last conv with its residual add after that; the bare ops store int32

@@ -25,7 +25,7 @@ floors, or weights needing three parts) keep the shift-add kernels of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,7 @@ from inq.kernels.int8_layout import (
 )
 from inq.kernels.triton.decode import sm_count
 from inq.kernels.triton.geometry import conv_tile, k_splits, pixel_origins
+from inq.kernels.triton.swar import choose
 
 __all__ = [
     "MIN_OUTPUTS",
@@ -50,7 +51,9 @@ __all__ = [
     "Residual",
     "imma_config",
     "imma_conv2d",
+    "imma_launches",
     "k_steps",
+    "launch_imma",
     "requant",
     "residual",
 ]
@@ -274,6 +277,21 @@ class Residual:
                 self.hi)  # fmt: skip
 
 
+def imma_launches(pixels: int, out_per_group: int, groups: int, channels: int, taps: int,
+                  sms: int) -> list[ImmaConfig]:  # fmt: skip
+    """The launches offered for one shape: :func:`imma_config`'s first, and where it splits K
+    the same tiles with K whole (no zeroed sums, no requantization pass, fewer CTAs, a longer
+    loop). On a GPU the first call of a shape times each once and keeps the faster
+    (:func:`inq.kernels.triton.swar.choose`); the sums are integers, so both give the same bits.
+
+    Example:
+        >>> [cfg.split_k for cfg in imma_launches(1568, 512, 1, 512, 9, 132)]  # layer4, batch 32
+        [2, 1]
+    """
+    cfg = imma_config(pixels, out_per_group, groups, channels, taps, sms)
+    return [cfg] if cfg.split_k == 1 else [cfg, replace(cfg, split_k=1)]
+
+
 def imma_conv2d(
     x: Tensor,
     weight: Int8Weight,
@@ -289,12 +307,38 @@ def imma_conv2d(
     """Write ``inq::shift_conv2d_int8`` of int8/uint8 ``x [N, Cin, H, W]`` (checked by the
     caller) into ``out [N, O, OH, OW]`` (channels_last) on int8 tensor cores: the int32 sums, or
     with ``requant`` the requantized values in ``out``'s dtype (with ``residual`` too: the
-    residual add of those)."""
+    residual add of those); on the launch :func:`imma_launches` offers and the GPU picks."""
+    o, cg, kh, kw = weight_shape
+    pixels = x.shape[0] * out.shape[-2] * out.shape[-1]
+    options = imma_launches(pixels, o // groups, groups, cg, kh * kw, sm_count(x.device))
+    geometry = (weight_shape, stride, padding, dilation, groups)
+    key = ("imma", x.device, x.dtype, tuple(x.shape), *map(tuple, geometry[:4]), groups,
+           weight.parts.shape[0], requant is not None, residual is not None)  # fmt: skip
+
+    def run(i: int) -> None:
+        launch_imma(x, weight, *geometry, out, options[i], requant, residual)
+
+    run(choose(key, len(options) if x.is_cuda else 1, run))
+
+
+def launch_imma(
+    x: Tensor,
+    weight: Int8Weight,
+    weight_shape: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    out: Tensor,
+    cfg: ImmaConfig,
+    requant: Requant | None = None,
+    residual: Residual | None = None,
+) -> None:
+    """:func:`imma_conv2d` on the launch ``cfg`` (one of :func:`imma_launches`)."""
     o, cg, kh, kw = weight_shape
     nb, _, h, w = x.shape
     oh, ow = out.shape[-2:]
     pixels = nb * oh * ow
-    cfg = imma_config(pixels, o // groups, groups, cg, kh * kw, sm_count(x.device))
     nhwc = x.permute(0, 2, 3, 1).contiguous()
     flat = flat_columns(cg, kh * kw)
     if flat is not None:  # each group's channels padded to a power of two, as the weights
