@@ -431,6 +431,10 @@ def test_the_integer_estimate_has_each_op_of_the_integer_resnet18(
         assert all(what.endswith("+ residual add") for name, _, what in fused if "add" in name)
         # the adds' passes go; the skips are read where the convs write
         assert sum(us for _, us, _ in fused) < sum(us for _, us, _ in apart)
+        five = script.estimate(figures, batch, H200, fused=True, parts=2)  # 5 bits: +-128
+        assert [name for name, _, _ in five] == [name for name, _, _ in fused]
+        assert all("2 parts" in what for _, _, what in five if "int8 mma" in what)
+        assert sum(us for _, us, _ in five) > sum(us for _, us, _ in fused)
     bench = Path(__file__).parents[1] / "experiments/gpu/kernel_bench_issue47_h200.json"
     monkeypatch.setattr(sys, "argv", ["integer_estimate.py", str(static), str(bench)])
     script.main()
