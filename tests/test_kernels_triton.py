@@ -999,7 +999,7 @@ def test_every_int8_launch_on_offer_gives_the_same_bits() -> None:
                                ((Requant(*requant, -128, 127), Residual(skip, 3, -2, 1, 0, 255)),
                                 added)):  # fmt: skip
             out = torch.empty_like(want).to(DEVICE, memory_format=torch.channels_last)
-            launch_imma(x.to(DEVICE), weight, shape, *geometry, out, cfg, *epilogue)
+            launch_imma(x.to(DEVICE), weight, (shape, *geometry), out, cfg, *epilogue)
             assert torch.equal(out.cpu(), want), (cfg, len(epilogue))
 
 

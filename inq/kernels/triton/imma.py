@@ -316,7 +316,7 @@ def imma_conv2d(
            weight.parts.shape[0], requant is not None, residual is not None)  # fmt: skip
 
     def run(i: int) -> None:
-        launch_imma(x, weight, *geometry, out, options[i], requant, residual)
+        launch_imma(x, weight, geometry, out, options[i], requant, residual)
 
     run(choose(key, len(options) if x.is_cuda else 1, run))
 
@@ -324,17 +324,15 @@ def imma_conv2d(
 def launch_imma(
     x: Tensor,
     weight: Int8Weight,
-    weight_shape: list[int],
-    stride: list[int],
-    padding: list[int],
-    dilation: list[int],
-    groups: int,
+    geometry: tuple,
     out: Tensor,
     cfg: ImmaConfig,
     requant: Requant | None = None,
     residual: Residual | None = None,
 ) -> None:
-    """:func:`imma_conv2d` on the launch ``cfg`` (one of :func:`imma_launches`)."""
+    """:func:`imma_conv2d` on the launch ``cfg`` (one of :func:`imma_launches`); ``geometry``
+    is its ``(weight_shape, stride, padding, dilation, groups)``."""
+    weight_shape, stride, padding, dilation, groups = geometry
     o, cg, kh, kw = weight_shape
     nb, _, h, w = x.shape
     oh, ow = out.shape[-2:]
