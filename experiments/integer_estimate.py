@@ -48,7 +48,7 @@ def imma_us(figures: dict, pixels: int, o: int, c: int, taps: int, read: int,
 def launch_us(figures: dict, cfg: ImmaConfig, pixels: int, o: int, c: int, taps: int, read: int,
               device: model.Device, residual: bool, parts: int) -> tuple[float, str]:  # fmt: skip
     """:func:`imma_us` on the launch ``cfg``."""
-    steps = k_steps(c, taps, cfg.block_k, cfg.tapwise)
+    steps = k_steps(c, taps, cfg.block_k)
     split, fused = cfg.split_k, cfg.split_k == 1
     name = imma_variant_name(cfg.block_m, cfg.block_n, cfg.block_k, cfg.tapwise, not fused,
                              fused, parts=parts, residual=residual and fused)  # fmt: skip

@@ -262,8 +262,7 @@ def _pack(field: Tensor, per_word: int, fmt: str) -> Tensor:
     for p in range(per_word):
         g, half = divmod(p, 2)
         words |= _place(slots[:, :, p], g, per_word, fmt) << (16 * half)
-    words = torch.where(words >= 1 << 31, words - (1 << 32), words)
-    return words.to(torch.int32).view(rows, -1)
+    return _int32(words).view(rows, -1)
 
 
 def _pair_halves(words: Tensor) -> Tensor:
@@ -274,8 +273,12 @@ def _pair_halves(words: Tensor) -> Tensor:
     a, b = (words.to(torch.int64) & 0xFFFFFFFF).view(rows, -1, 2).unbind(-1)
     low = (a & 0xFFFF) | ((b & 0xFFFF) << 16)
     high = (a >> 16) | (b & 0xFFFF0000)
-    both = torch.stack((low, high), -1).view(rows, -1)
-    return torch.where(both >= 1 << 31, both - (1 << 32), both).to(torch.int32)
+    return _int32(torch.stack((low, high), -1).view(rows, -1))
+
+
+def _int32(words: Tensor) -> Tensor:
+    """Unsigned 32-bit words held in int64 as the int32 of the same bits."""
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
 
 
 def _place(field: Tensor, g: int, per_word: int, fmt: str) -> Tensor:

@@ -437,7 +437,7 @@ def imma_grids(sms: int = 132) -> list[Grid]:
             c, kh, kw = layer.conv.weight.shape[1:]
             cfg = imma_config(n * oh * ow, o, 1, c, kh * kw, sms)
             tiles = triton.cdiv(n * oh * ow, cfg.block_m) * triton.cdiv(o, cfg.block_n)
-            steps = k_steps(c, kh * kw, cfg.block_k, cfg.tapwise)
+            steps = k_steps(c, kh * kw, cfg.block_k)
             tile = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}{'' if cfg.tapwise else ' flat'}"
             grids.append(Grid(layer.name, batch, tile, cfg.split_k, tiles * cfg.split_k,
                               triton.cdiv(steps, cfg.split_k)))  # fmt: skip

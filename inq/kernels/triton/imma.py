@@ -185,7 +185,8 @@ def requant(acc, oc, oc_ok, acc_bias_ptr, mult_ptr, shift_ptr, lo, hi):
 @triton.jit
 def residual(q, skip_ptrs, mask, m_conv, m_skip, half, shift, lo, hi):
     """The residual add on a requantized tile ``q`` (int64): ``clamp((q * m_conv + skip *
-    m_skip + half) >> shift, lo, hi)``, exactly :func:`inq.kernels.int8.requant_add`."""
+    m_skip + half) >> shift, lo, hi)``, exactly :func:`inq.kernels.int8.requant_add` (whose
+    one-pass kernel is this on its first input)."""
     v = q * m_conv + tl.load(skip_ptrs, mask=mask, other=0).to(tl.int64) * m_skip
     return tl.minimum(tl.maximum((v + half) >> shift, lo), hi)
 
@@ -209,11 +210,12 @@ def _requant_kernel(acc_ptr, acc_bias_ptr, mult_ptr, shift_ptr, out_ptr, lo, hi,
     tl.store(out_ptr + offsets, q.to(out_ptr.dtype.element_ty), mask)
 
 
-def k_steps(channels: int, taps: int, block_k: int, tapwise: bool) -> int:
-    """K steps of one output tile: taps x channel tiles, or flat ``block_k`` columns over the
-    padded taps (:func:`inq.kernels.int8_layout.flat_columns`)."""
+def k_steps(channels: int, taps: int, block_k: int) -> int:
+    """K steps of one output tile: taps x channel tiles, or where the steps are flat (few
+    channels), ``block_k`` columns over the padded taps
+    (:func:`inq.kernels.int8_layout.flat_columns`)."""
     flat = flat_columns(channels, taps)
-    if tapwise or flat is None:
+    if flat is None:
         return taps * triton.cdiv(channels, block_k)
     return triton.cdiv(flat[1], block_k)
 
@@ -232,7 +234,7 @@ def imma_config(pixels: int, out_per_group: int, groups: int, channels: int, tap
     tiles_n = groups * triton.cdiv(out_per_group, block_n)
     tapwise = channels >= FLAT_CHANNELS
     block_k = 128 if channels >= 128 else 64 if channels >= 64 else 32 if tapwise else FLAT_BLOCK_K
-    steps = k_steps(channels, taps, block_k, tapwise)
+    steps = k_steps(channels, taps, block_k)
     # 128-pixel tiles from 2048 pixels (a batch-1 56x56 layer), unless a long K would then
     # leave SMs idle; 64 below; 16 for a linear layer's few rows
     wide = pixels >= 2048 and (steps < 16 or triton.cdiv(pixels, 128) * tiles_n >= sms)
@@ -341,7 +343,7 @@ def launch_imma(
     flat = flat_columns(cg, kh * kw)
     if flat is not None:  # each group's channels padded to a power of two, as the weights
         nhwc = F.pad(nhwc.view(nb, h, w, groups, cg), (0, flat[0] - cg)).view(nb, h, w, -1)
-    steps = k_steps(cg, kh * kw, cfg.block_k, cfg.tapwise)
+    steps = k_steps(cg, kh * kw, cfg.block_k)
     sums = out
     if cfg.split_k > 1:
         sums = out if requant is None else torch.empty_like(out, dtype=torch.int32)

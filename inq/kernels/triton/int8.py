@@ -48,7 +48,7 @@ from inq.kernels.ops import conv2d_output_size
 from inq.kernels.triton.conv import ConvConfig, gather_patches
 from inq.kernels.triton.decode import check_devices, check_operands, load_codes, output_tensor
 from inq.kernels.triton.geometry import conv_tile, pixel_origins
-from inq.kernels.triton.imma import MIN_OUTPUTS, Requant, Residual, imma_conv2d
+from inq.kernels.triton.imma import MIN_OUTPUTS, Requant, Residual, imma_conv2d, residual
 
 __all__ = [
     "KERNELS",
@@ -362,9 +362,8 @@ def _requant_add_kernel(x_ptr, y_ptr, out_ptr, m_x, m_y, half, shift, lo, hi, to
                         BLOCK: tl.constexpr):  # fmt: skip
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < total
-    v = tl.load(x_ptr + offs, mask=ok, other=0).to(tl.int64) * m_x
-    v += tl.load(y_ptr + offs, mask=ok, other=0).to(tl.int64) * m_y
-    q = tl.minimum(tl.maximum((v + half) >> shift, lo), hi)
+    x = tl.load(x_ptr + offs, mask=ok, other=0).to(tl.int64)
+    q = residual(x, y_ptr + offs, ok, m_x, m_y, half, shift, lo, hi)
     tl.store(out_ptr + offs, q.to(out_ptr.dtype.element_ty), ok)
 
 
